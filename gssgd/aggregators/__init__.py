@@ -1,0 +1,95 @@
+"""Gradient aggregators: one module per algorithm, one registry, one constructor.
+
+Every aggregator has the same contract: ``update = agg.step(grad)`` is a collective over the
+process group that returns the averaged update (1-D, length d, bitwise the same on every
+rank) and keeps its error feedback inside; ``agg.last_stats`` says what the step cost.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch.distributed as dist
+
+from gssgd.aggregators.base import Aggregator, StepStats
+from gssgd.aggregators.dense import DenseAllReduce
+from gssgd.aggregators.gs import GlobalSketchSGD
+from gssgd.aggregators.gtopk import GlobalTopk
+from gssgd.aggregators.options import default_sketch_cols, resolve_k
+from gssgd.aggregators.sketched import SketchedSGD
+from gssgd.aggregators.topk import LocalTopk
+
+__all__ = ["AGGREGATORS", "Aggregator", "StepStats", "make_aggregator", "build_options"]
+
+#: Method name -> aggregator class. The CLI, the DDP hook and the benchmarks all use it.
+AGGREGATORS: dict[str, type[Aggregator]] = {
+    cls.name: cls for cls in (DenseAllReduce, LocalTopk, GlobalTopk, SketchedSGD, GlobalSketchSGD)
+}
+
+
+def build_options(name: str, d: int, density: float | None = None, **options: object):
+    """Validate ``name``, ``density``/``k`` and the method's options without any collective.
+
+    Returns:
+        ``(cls, k, options)``: the aggregator class, the resolved k and the options dataclass.
+
+    Raises:
+        ValueError: unknown method or option, or an option out of range.
+    """
+    if name not in AGGREGATORS:
+        raise ValueError(
+            f"unknown method {name!r}; valid methods: {', '.join(AGGREGATORS)}."
+        )
+    cls = AGGREGATORS[name]
+    k_given = options.pop("k", None)
+    if name == "dense":
+        if k_given is not None:
+            raise ValueError("method 'dense' sends every coordinate and takes no k; drop k=.")
+        resolve_k(d, density, None)  # validates d and density even though dense ignores them
+        k = d
+    else:
+        k = resolve_k(d, density, k_given)  # type: ignore[arg-type]
+    valid = [f.name for f in dataclasses.fields(cls.Options)]
+    unknown = sorted(set(options) - set(valid))
+    if unknown:
+        raise ValueError(
+            f"unknown option(s) {unknown} for method {name!r}; valid options: "
+            f"{', '.join(valid + ([] if name == 'dense' else ['k']))}."
+        )
+    opts = cls.Options(**options)  # type: ignore[arg-type]
+    if getattr(opts, "cols", 0) is None:
+        opts = dataclasses.replace(opts, cols=default_sketch_cols(d, k))  # type: ignore[call-arg]
+    return cls, k, opts
+
+
+def make_aggregator(
+    name: str,
+    d: int,
+    density: float | None = None,
+    group: dist.ProcessGroup | None = None,
+    **options: object,
+) -> Aggregator:
+    """Build the aggregator ``name`` for gradients of length ``d``.
+
+    Every option is validated before the process group is touched.
+
+    Args:
+        name: one of :data:`AGGREGATORS` ("dense", "topk", "gtopk", "sketched", "gs").
+        d: gradient length.
+        density: fraction of coordinates sent, in (0, 1]; default 0.01. ``k`` instead.
+        group: process group; None means the default group.
+        **options: the method's options (see :mod:`gssgd.aggregators.options`), and ``k``.
+
+    Returns:
+        The aggregator; call ``agg.step(grad)`` on every rank, every step.
+
+    Raises:
+        ValueError: unknown method or option, an option out of range, or both density and k.
+        RuntimeError: torch.distributed is not initialised.
+
+    Example:
+        >>> agg = make_aggregator("gs", d=1_000_000, density=0.001, rows=5)  # doctest: +SKIP
+        >>> update = agg.step(flat_grad)
+    """
+    cls, k, opts = build_options(name, d, density, **options)
+    return cls(d, k, opts, group=group)

@@ -1,0 +1,280 @@
+"""What every aggregator shares: the step contract, error feedback state, statistics,
+rank agreement and the non-finite guard.
+
+The algorithms themselves live one per module; each one's ``step`` shows its compression,
+communication and error feedback in order. This base only supplies the bookkeeping.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import torch
+import torch.distributed as dist
+
+from gssgd.aggregators.options import CommonOptions
+from gssgd.comm import Communicator
+
+__all__ = ["Aggregator", "StepStats", "index_dtype"]
+
+
+@dataclass
+class StepStats:
+    """What one ``step`` cost this rank.
+
+    Attributes:
+        bytes_sent, bytes_received: payload bytes, control messages included.
+        messages: point-to-point messages this rank sent.
+        rounds: sequential communication steps on the critical path.
+        seconds_compress: time spent selecting/sketching before communication.
+        seconds_communicate: time inside collectives.
+        seconds_decompress: time spent after communication (recovery, update, residual).
+        k, d: coordinates sent per rank, and the vector length.
+        skipped: True when the step was skipped for a non-finite gradient.
+        delivered_fraction: for sparse methods, the share of the global accumulated mass
+            (squared l2) that this step delivered, where the method can measure it; else None.
+    """
+
+    bytes_sent: int = 0
+    bytes_received: int = 0
+    messages: int = 0
+    rounds: int = 0
+    seconds_compress: float = 0.0
+    seconds_communicate: float = 0.0
+    seconds_decompress: float = 0.0
+    k: int = 0
+    d: int = 0
+    skipped: bool = False
+    delivered_fraction: float | None = None
+
+
+def index_dtype(d: int) -> torch.dtype:
+    """Indices travel as int32 when ``d < 2^31``, else int64."""
+    return torch.int32 if d < 2**31 else torch.int64
+
+
+def _field_hash(value: object) -> int:
+    digest = hashlib.blake2b(repr(value).encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") >> 1  # fits in int64
+
+
+class Aggregator:
+    """Base class: ``update = agg.step(grad)`` is a collective over the process group.
+
+    Subclasses set ``name`` and ``Options`` and implement ``step`` with, in order:
+    ``self._begin(grad)`` (agreement, non-finite guard), compression, communication through
+    ``self.comm``, and ``self._finish(...)``.
+
+    Args:
+        d: gradient length.
+        k: coordinates per rank (``d`` for dense).
+        options: the method's validated options dataclass.
+        group: process group (None: the default group).
+    """
+
+    name: ClassVar[str] = ""
+    Options: ClassVar[type[CommonOptions]] = CommonOptions
+    has_residual: ClassVar[bool] = True
+
+    def __init__(
+        self, d: int, k: int, options: CommonOptions, group: dist.ProcessGroup | None = None
+    ) -> None:
+        self.d, self.k, self.options = d, k, options
+        self.comm = Communicator(group)
+        self.rank, self.world_size = self.comm.rank, self.comm.world_size
+        self.residual: torch.Tensor | None = None
+        self.momentum_buffer: torch.Tensor | None = None
+        self.steps = 0
+        self.consecutive_skips = 0
+        self._agreed = False
+        self._timings = {"compress": 0.0, "decompress": 0.0}
+        self.last_stats = StepStats(k=k, d=d)
+
+    # ---------------------------------------------------------------- contract
+    def step(self, grad: torch.Tensor) -> torch.Tensor:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def agreement_fields(self) -> dict[str, Any]:
+        """What all ranks must agree on before the first update."""
+        return {
+            "method": self.name,
+            "d": self.d,
+            "k": self.k,
+            "options": self.options.as_dict(),
+            "world_size": self.world_size,
+        }
+
+    # ---------------------------------------------------------------- step pieces
+    def _begin(self, grad: torch.Tensor) -> torch.Tensor | None:
+        """Validate ``grad``, check rank agreement once, and apply the non-finite guard.
+
+        Returns:
+            None to go on with the step, or the all-zero update of a skipped step.
+
+        Raises:
+            ValueError: wrong shape, or ranks disagree.
+            FloatingPointError: non-finite gradient with ``nonfinite="raise"``, or too many
+                consecutive skips.
+        """
+        if grad.dim() != 1 or grad.numel() != self.d:
+            raise ValueError(
+                f"{self.name}.step expects a 1-D gradient of length d={self.d}, got shape "
+                f"{tuple(grad.shape)}; flatten and concatenate the gradients first."
+            )
+        if not grad.dtype.is_floating_point:
+            raise ValueError(f"gradient dtype {grad.dtype} is not floating point")
+        self.comm.take_stats()
+        self._timings = {"compress": 0.0, "decompress": 0.0}
+        self._step_start = time.perf_counter()
+        if not self._agreed:
+            self._check_agreement()
+            self._agreed = True
+        bad_here = torch.tensor([0 if bool(torch.isfinite(grad).all()) else 1], dtype=torch.int32)
+        bad_anywhere = self.comm.allgather_backend(bad_here) if self.world_size > 1 else [bad_here]
+        bad_ranks = [r for r, flag in enumerate(bad_anywhere) if int(flag)]
+        if not bad_ranks:
+            self.consecutive_skips = 0
+            return None
+        self.consecutive_skips += 1
+        where = f"step {self.steps}: non-finite gradient (NaN or Inf) on rank(s) {bad_ranks}"
+        if self.options.nonfinite == "raise":
+            raise FloatingPointError(
+                f"{where}; every rank stops (nonfinite='raise'). Lower the learning rate, "
+                "clip gradients, or pass nonfinite='skip' to skip such steps."
+            )
+        if self.consecutive_skips >= self.options.max_consecutive_skips:
+            raise FloatingPointError(
+                f"{where}; {self.consecutive_skips} consecutive steps were skipped "
+                f"(max_consecutive_skips={self.options.max_consecutive_skips}), so the model "
+                "has probably diverged. Resume from an earlier checkpoint with a lower "
+                "learning rate or a higher density."
+            )
+        self.steps += 1
+        self._record(skipped=True)
+        return torch.zeros_like(grad)
+
+    def _error_compensated(self, grad: torch.Tensor) -> torch.Tensor:
+        """``u = rho*u + g`` (with momentum), ``a = e + u``: the vector to compress."""
+        if self.residual is None:
+            self.residual = torch.zeros_like(grad)
+        elif self.residual.device != grad.device or self.residual.dtype != grad.dtype:
+            self.residual = self.residual.to(grad.device, grad.dtype)
+        rho = getattr(self.options, "momentum", 0.0)
+        if rho > 0:
+            if self.momentum_buffer is None:
+                self.momentum_buffer = torch.zeros_like(grad)
+            self.momentum_buffer = self.momentum_buffer.to(grad.device, grad.dtype)
+            self.momentum_buffer.mul_(rho).add_(grad)
+            return self.residual + self.momentum_buffer
+        return self.residual + grad
+
+    def _keep_residual(self, accumulated: torch.Tensor, delivered: torch.Tensor) -> None:
+        """``e = a`` with ``a[delivered] = 0`` (and momentum stopping ``u[delivered] = 0``)."""
+        accumulated[delivered] = 0
+        self.residual = accumulated
+        if self.momentum_buffer is not None:
+            self.momentum_buffer[delivered] = 0
+
+    @contextmanager
+    def _timed(self, phase: str) -> Iterator[None]:
+        """Add the wall time of the block to ``compress`` or ``decompress``."""
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            self._timings[phase] += time.perf_counter() - start
+
+    def _finish(self, update: torch.Tensor, delivered_fraction: float | None = None) -> torch.Tensor:
+        self.steps += 1
+        self._record(skipped=False, delivered_fraction=delivered_fraction)
+        return update
+
+    def _record(self, skipped: bool, delivered_fraction: float | None = None) -> None:
+        c = self.comm.take_stats()
+        self.last_stats = StepStats(
+            bytes_sent=c.bytes_sent,
+            bytes_received=c.bytes_received,
+            messages=c.messages,
+            rounds=c.rounds,
+            seconds_compress=self._timings["compress"],
+            seconds_communicate=c.seconds,
+            seconds_decompress=self._timings["decompress"],
+            k=self.k,
+            d=self.d,
+            skipped=skipped,
+            delivered_fraction=delivered_fraction,
+        )
+
+    # ---------------------------------------------------------------- agreement
+    def _check_agreement(self) -> None:
+        """All-gather a hash per agreement field; name every field that differs.
+
+        Raises:
+            ValueError: on every rank, naming the fields and the ranks that differ.
+        """
+        fields_ = self.agreement_fields()
+        names = sorted(fields_)
+        mine = torch.tensor([_field_hash(fields_[n]) for n in names], dtype=torch.int64)
+        if self.world_size == 1:
+            return
+        everyone = self.comm.allgather_backend(mine)
+        differing = []
+        for i, n in enumerate(names):
+            values = [int(t[i]) for t in everyone]
+            if len(set(values)) > 1:
+                groups: dict[int, list[int]] = {}
+                for r, v in enumerate(values):
+                    groups.setdefault(v, []).append(r)
+                ranks = "; ".join(f"ranks {g}" for g in groups.values())
+                differing.append(f"{n} (this rank {self.rank}: {fields_[n]!r}; groups: {ranks})")
+        if differing:
+            raise ValueError(
+                "ranks disagree on the aggregator configuration: "
+                + ", ".join(differing)
+                + ". Launch every rank with the same method, density/k, options and seed."
+            )
+
+    # ---------------------------------------------------------------- state
+    def state_dict(self) -> dict[str, Any]:
+        """This rank's state for resume: residual, momentum buffer, counters."""
+        sd: dict[str, Any] = {
+            "method": self.name,
+            "d": self.d,
+            "k": self.k,
+            "steps": self.steps,
+            "consecutive_skips": self.consecutive_skips,
+        }
+        if self.has_residual:
+            sd["residual"] = (
+                self.residual.clone() if self.residual is not None else torch.zeros(self.d)
+            )
+        if self.momentum_buffer is not None:
+            sd["momentum"] = self.momentum_buffer.clone()
+        return sd
+
+    def load_state_dict(self, sd: dict[str, Any]) -> None:
+        """Restore :meth:`state_dict` output (of the same method, d and k).
+
+        Raises:
+            ValueError: the state was saved by another method or for another size.
+        """
+        for key, want in (("method", self.name), ("d", self.d), ("k", self.k)):
+            if sd.get(key) != want:
+                raise ValueError(
+                    f"cannot load aggregator state: {key}={sd.get(key)!r} in the state but "
+                    f"{want!r} here; resume with the same method, model and density."
+                )
+        self.steps = int(sd.get("steps", 0))
+        self.consecutive_skips = int(sd.get("consecutive_skips", 0))
+        if self.has_residual and "residual" in sd:
+            residual = sd["residual"]
+            if tuple(residual.shape) != (self.d,):
+                raise ValueError(f"residual has shape {tuple(residual.shape)}, expected ({self.d},)")
+            self.residual = residual.clone()
+        mom = sd.get("momentum")
+        self.momentum_buffer = mom.clone() if mom is not None else None

@@ -1,0 +1,95 @@
+"""Global Top-k by recursive doubling (gTop-k; Shi et al., ICDCS 2019).
+
+Steps (per rank p, each step):
+    1. Accumulate: ``a_p = e_p + u_p``.
+    2. Compress: the local top-k of ``|a_p|`` as an (index, value) list.
+    3. Communicate and merge, log2(P) rounds: exchange lists with partner ``p XOR 2^i``; sum
+       the values of equal indices; keep the top-k of the merged list by ``|value|`` (ties
+       by lower index). Both partners compute bitwise the same list. With P not a power of
+       two, the extra ranks fold their list into partner ``p - P2`` first and receive the
+       final list, plus which of their contributions survived, last.
+    4. Track survival: this rank's contribution at index i is *delivered* only if i stayed
+       in the merged list after every merge it took part in.
+    5. Update: the final list / P. Error feedback: ``e_p = a_p`` with only the delivered
+       coordinates zeroed; contributions cut during a merge stay in the residual.
+
+Each rank sends about 8k bytes per round for log2(P) rounds.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from gssgd._select import topk_indices
+from gssgd.aggregators.base import Aggregator, index_dtype
+from gssgd.aggregators.options import TopkOptions
+from gssgd.comm import recursive_doubling_plan
+
+__all__ = ["GlobalTopk", "merge_topk"]
+
+
+def merge_topk(
+    mine: list[torch.Tensor], theirs: list[torch.Tensor], k: int
+) -> list[torch.Tensor]:
+    """Merge two (index, value) lists: sum equal indices, keep the top-k by |value|.
+
+    Symmetric: ``merge_topk(a, b, k)`` equals ``merge_topk(b, a, k)`` bitwise, because the
+    union is sorted by index and float addition of two numbers is commutative.
+    """
+    all_idx = torch.cat([mine[0], theirs[0]]).to(torch.int64)
+    all_vals = torch.cat([mine[1], theirs[1]])
+    union, slot = torch.unique(all_idx, sorted=True, return_inverse=True)
+    summed = torch.zeros(union.numel(), dtype=all_vals.dtype, device=all_vals.device)
+    summed.index_add_(0, slot, all_vals)
+    keep = topk_indices(summed.abs(), min(k, union.numel()))
+    return [union[keep].to(mine[0].dtype), summed[keep]]
+
+
+class GlobalTopk(Aggregator):
+    """Global top-k: every rank applies the same k coordinates of the summed gradient."""
+
+    name = "gtopk"
+    Options = TopkOptions
+    options: TopkOptions
+
+    def step(self, grad: torch.Tensor) -> torch.Tensor:
+        skipped = self._begin(grad)
+        if skipped is not None:
+            return skipped
+        with self._timed("compress"):
+            accumulated = self._error_compensated(grad)
+            own_idx = topk_indices(accumulated.abs(), self.k).to(index_dtype(self.d))
+            merged = [own_idx, accumulated[own_idx.to(torch.int64)]]
+            own_alive = torch.ones(self.k, dtype=torch.bool, device=grad.device)
+
+        plan = recursive_doubling_plan(self.rank, self.world_size)
+        self.comm.count_rounds(plan.rounds)
+        if plan.fold_into is not None:
+            # An extra rank: fold in, then receive the final list and what of ours survived.
+            self.comm.send(merged, plan.fold_into)
+            *merged, alive_u8 = self.comm.recv(
+                [*merged, own_alive.to(torch.uint8)], plan.fold_into
+            )
+            own_alive = alive_u8.bool()
+        else:
+            folded: list[torch.Tensor] | None = None
+            if plan.folded_from is not None:
+                folded = self.comm.recv(merged, plan.folded_from)
+                folded_idx = folded[0]
+                merged = merge_topk(merged, folded, self.k)
+                own_alive &= torch.isin(own_idx, merged[0])
+                folded_alive = torch.isin(folded_idx, merged[0])
+            for peer in plan.partners:
+                merged = merge_topk(merged, self.comm.exchange(merged, peer), self.k)
+                own_alive &= torch.isin(own_idx, merged[0])
+                if folded is not None:
+                    folded_alive &= torch.isin(folded_idx, merged[0])
+            if folded is not None:
+                self.comm.send([*merged, folded_alive.to(torch.uint8)], plan.folded_from)
+
+        with self._timed("decompress"):
+            final_idx, final_vals = merged[0].to(torch.int64), merged[1]
+            update = torch.zeros_like(grad)
+            update[final_idx] = final_vals / self.world_size
+            self._keep_residual(accumulated, own_idx[own_alive].to(torch.int64))
+        return self._finish(update)

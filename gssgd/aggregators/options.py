@@ -1,0 +1,213 @@
+"""Typed, validated options of every aggregator (one frozen dataclass per method).
+
+Each dataclass checks its values in ``__post_init__`` and raises a ``ValueError`` that names
+the option, the value, the valid range and the fix, before any collective runs.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, fields
+
+import torch
+
+__all__ = [
+    "CommonOptions",
+    "DenseOptions",
+    "TopkOptions",
+    "SketchedOptions",
+    "GSOptions",
+    "resolve_k",
+    "default_sketch_cols",
+    "DEFAULT_DENSITY",
+]
+
+#: Density used when neither ``density`` nor ``k`` is given.
+DEFAULT_DENSITY = 0.01
+#: Default rows of a sketch (odd, so the median is one of them).
+DEFAULT_ROWS = 5
+
+
+def _bad(name: str, value: object, valid: str, fix: str) -> ValueError:
+    return ValueError(f"{name}={value!r} is invalid: {valid}. {fix}")
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def resolve_k(d: int, density: float | None, k: int | None) -> int:
+    """The number of coordinates a sparse method sends: ``max(1, round(density * d))`` or ``k``.
+
+    Args:
+        d: vector length (>= 1).
+        density: fraction in (0, 1], or None (then ``k`` or the default 0.01 is used).
+        k: explicit count in [1, d], or None.
+
+    Raises:
+        ValueError: both given, or either out of range.
+    """
+    if not _is_int(d) or d < 1:
+        raise _bad("d", d, "it must be an integer >= 1", "Pass the number of gradient elements.")
+    if density is not None and k is not None:
+        raise ValueError(
+            f"both density={density!r} and k={k!r} were given; give only one of them "
+            "(k = max(1, round(density * d)) otherwise)."
+        )
+    if k is not None:
+        if not _is_int(k) or not 1 <= k <= d:
+            raise _bad("k", k, f"it must be an integer in [1, d={d}]", "Choose a smaller k.")
+        return k
+    density = DEFAULT_DENSITY if density is None else density
+    if (
+        isinstance(density, bool)
+        or not isinstance(density, (int, float))
+        or not math.isfinite(density)
+        or not 0 < density <= 1
+    ):
+        raise _bad(
+            "density", density, "it must be a number in (0, 1]", "For example density=0.01."
+        )
+    return max(1, round(density * d))
+
+
+def default_sketch_cols(d: int, k: int) -> int:
+    """The default number of sketch columns for ``k`` heavy coordinates out of ``d``.
+
+    See docs/benchmarks.md (sketch sizing) for the sweep behind this rule.
+    """
+    return max(10 * k, 256)
+
+
+@dataclass(frozen=True)
+class CommonOptions:
+    """Options every method takes.
+
+    Attributes:
+        nonfinite: "skip" (default): a NaN/Inf gradient on any rank makes every rank skip
+            the step (zero update, state untouched); "raise": raise FloatingPointError.
+        max_consecutive_skips: after this many non-finite steps in a row every rank raises
+            (a model whose parameters went non-finite would otherwise skip forever).
+    """
+
+    nonfinite: str = "skip"
+    max_consecutive_skips: int = 100
+
+    def __post_init__(self) -> None:
+        if self.nonfinite not in ("skip", "raise"):
+            raise _bad(
+                "nonfinite", self.nonfinite, "it must be 'skip' or 'raise'", "Use 'skip'."
+            )
+        if not _is_int(self.max_consecutive_skips) or self.max_consecutive_skips < 1:
+            raise _bad(
+                "max_consecutive_skips",
+                self.max_consecutive_skips,
+                "it must be an integer >= 1",
+                "For example 100.",
+            )
+
+    def as_dict(self) -> dict[str, object]:
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+
+_DENSE_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+
+
+@dataclass(frozen=True)
+class DenseOptions(CommonOptions):
+    """Dense all-reduce. ``dtype``: payload dtype (float32, float16 or bfloat16)."""
+
+    dtype: torch.dtype = torch.float32
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.dtype not in _DENSE_DTYPES:
+            raise _bad(
+                "dtype",
+                self.dtype,
+                "it must be torch.float32, torch.float16 or torch.bfloat16",
+                "Use torch.float16 for a 16-bit payload.",
+            )
+
+
+def _check_momentum(value: float) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < 1:
+        raise _bad(
+            "momentum",
+            value,
+            "it must be a number in [0, 1) (0 turns local momentum off)",
+            "For example momentum=0.9.",
+        )
+
+
+@dataclass(frozen=True)
+class TopkOptions(CommonOptions):
+    """Local / global Top-k. ``momentum``: local momentum with momentum stopping (0 = off)."""
+
+    momentum: float = 0.0
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        _check_momentum(self.momentum)
+
+
+@dataclass(frozen=True)
+class SketchedOptions(TopkOptions):
+    """Sketch options shared by Sketched-SGD and gs-SGD.
+
+    Attributes:
+        rows: hash rows of the Count Sketch (odd).
+        cols: buckets per row, or None for :func:`default_sketch_cols`.
+        candidates: m; the sketch proposes m * k candidates (capped at d) whose exact
+            values are then fetched.
+        seed: hash seed shared by all ranks.
+    """
+
+    rows: int = DEFAULT_ROWS
+    cols: int | None = None
+    candidates: int = 4
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if not _is_int(self.rows) or self.rows < 1 or self.rows % 2 == 0:
+            raise _bad(
+                "rows",
+                self.rows,
+                "it must be an odd integer >= 1 so the median of the rows is one of them",
+                "For example rows=5.",
+            )
+        if self.cols is not None and (not _is_int(self.cols) or self.cols < 1):
+            raise _bad("cols", self.cols, "it must be an integer >= 1 or None", "Leave it None.")
+        if not _is_int(self.candidates) or self.candidates < 1:
+            raise _bad(
+                "candidates", self.candidates, "it must be an integer >= 1", "For example 4."
+            )
+        if not _is_int(self.seed) or self.seed < 0:
+            raise _bad("seed", self.seed, "it must be an integer >= 0", "For example seed=0.")
+
+
+@dataclass(frozen=True)
+class GSOptions(SketchedOptions):
+    """gs-SGD options on top of the sketch options.
+
+    Attributes:
+        exact: fetch the exact sums of the candidates in a second all-reduce (True), or
+            use the sketch's estimates (False, one round; mass is not conserved).
+        allreduce: how the sketch tables are summed: "recursive_doubling" or "backend".
+    """
+
+    exact: bool = True
+    allreduce: str = "recursive_doubling"
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if not isinstance(self.exact, bool):
+            raise _bad("exact", self.exact, "it must be True or False", "Use exact=True.")
+        if self.allreduce not in ("recursive_doubling", "backend"):
+            raise _bad(
+                "allreduce",
+                self.allreduce,
+                "it must be 'recursive_doubling' or 'backend'",
+                "Use 'backend' for a bandwidth-optimal ring at large P.",
+            )

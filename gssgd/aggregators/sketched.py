@@ -1,0 +1,83 @@
+"""Sketched-SGD (Ivkin, Rothchild, Ullah, Braverman, Stoica, Arora; NeurIPS 2019).
+
+The original parameter-server topology: rank 0 is the server (and also a worker).
+
+Steps (per rank p, each step):
+    1. Accumulate: ``a_p = e_p + u_p``.
+    2. Compress: Count-Sketch ``a_p`` (rows x cols, hashes shared through the seed).
+    3. Every rank sends its sketch to rank 0; rank 0 sums them (in rank order) and takes the
+       top ``m*k`` candidates by |estimate| (ties by lower index).
+    4. Rank 0 sends the candidate indices to every rank; every rank sends back ``a_p`` at
+       the candidates.
+    5. Rank 0 sums the exact values, keeps the top k, and sends (index, value) to every rank.
+    6. Update: the k exact sums / P. Error feedback: every rank zeroes those k coordinates
+       of ``a_p`` (each rank's contribution is in the exact sum).
+
+The server's link carries P-1 sketches in and P-1 copies of each reply out per step: the
+bottleneck gs-SGD removes.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from gssgd._select import topk_indices
+from gssgd.aggregators.base import Aggregator, index_dtype
+from gssgd.aggregators.options import SketchedOptions
+from gssgd.sketch import CountSketch
+
+__all__ = ["SketchedSGD"]
+
+
+class SketchedSGD(Aggregator):
+    """Sketched-SGD with a star (parameter-server) topology through rank 0."""
+
+    name = "sketched"
+    Options = SketchedOptions
+    options: SketchedOptions
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        o = self.options
+        self.sketch = CountSketch(self.d, rows=o.rows, cols=o.cols, seed=o.seed)
+        self.num_candidates = min(o.candidates * self.k, self.d)
+
+    def step(self, grad: torch.Tensor) -> torch.Tensor:
+        skipped = self._begin(grad)
+        if skipped is not None:
+            return skipped
+        is_server = self.rank == 0
+        with self._timed("compress"):
+            accumulated = self._error_compensated(grad)
+            self.sketch = self.sketch.to(grad.device, grad.dtype).zero_()
+            self.sketch.accumulate(accumulated)
+
+        tables = self.comm.gather_to_root([self.sketch.table])
+        candidates = torch.empty(self.num_candidates, dtype=index_dtype(self.d), device=grad.device)
+        if is_server:
+            with self._timed("decompress"):
+                summed = self.sketch.copy()
+                for (table,) in tables[1:]:
+                    summed.table += table
+                candidates = summed.heavy_hitters(self.num_candidates)[0].to(candidates.dtype)
+        (candidates,) = self.comm.broadcast_from_root([candidates])
+
+        cand64 = candidates.to(torch.int64)
+        values = self.comm.gather_to_root([accumulated[cand64]])
+        final = [torch.empty(self.k, dtype=candidates.dtype, device=grad.device),
+                 torch.empty(self.k, dtype=grad.dtype, device=grad.device)]
+        if is_server:
+            with self._timed("decompress"):
+                exact = values[0][0].clone()
+                for (v,) in values[1:]:
+                    exact += v
+                keep = topk_indices(exact.abs(), self.k)
+                final = [candidates[keep], exact[keep]]
+        final_idx, final_vals = self.comm.broadcast_from_root(final)
+
+        with self._timed("decompress"):
+            final_idx = final_idx.to(torch.int64)
+            update = torch.zeros_like(grad)
+            update[final_idx] = final_vals / self.world_size
+            self._keep_residual(accumulated, final_idx)
+        return self._finish(update)

@@ -1,0 +1,256 @@
+"""Collectives with exact byte, message, round and time accounting.
+
+Every byte an aggregator moves goes through a :class:`Communicator`, which counts, per
+rank, the payload bytes it sends and receives under the algorithm's own message pattern:
+
+* **recursive doubling** (:meth:`Communicator.recursive_doubling`): ``log2 P`` rounds in
+  which rank ``p`` exchanges its payload with ``p XOR 2^i`` and combines the two. For a world
+  size that is not a power of two, the ranks past the largest power of two ``P2`` first
+  *fold in* (send their payload to rank ``p - P2``, which combines it into its own) and
+  *receive the result last*. Used for the dense sketch all-reduce of gs-SGD and for gTop-k's
+  sparse merges.
+* **star** (:meth:`Communicator.gather_to_root`, :meth:`Communicator.broadcast_from_root`):
+  every rank talks to rank 0 alone, as Sketched-SGD's parameter server does.
+* **backend** (:meth:`Communicator.allreduce_backend`, :meth:`Communicator.allgather_backend`):
+  the process group's own collective, counted with the bandwidth-optimal ring figures: an
+  all-reduce of ``n`` bytes sends and receives ``floor(2(P-1)/P * n)``, an all-gather
+  ``(P-1) * n``.
+
+``rounds`` counts the sequential communication steps on the algorithm's critical path (the
+same on every rank), ``messages`` the point-to-point messages this rank sent (one per
+tensor), and ``seconds`` the wall time spent inside collectives.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, fields
+
+import torch
+import torch.distributed as dist
+
+__all__ = ["CommStats", "Communicator", "recursive_doubling_plan", "RecursiveDoublingPlan"]
+
+Payload = list[torch.Tensor]
+
+
+@dataclass
+class CommStats:
+    """What one rank's collectives cost: payload bytes, messages, rounds and seconds."""
+
+    bytes_sent: int = 0
+    bytes_received: int = 0
+    messages: int = 0
+    rounds: int = 0
+    seconds: float = 0.0
+
+    def add(self, other: CommStats) -> None:
+        for f in fields(self):
+            setattr(self, f.name, getattr(self, f.name) + getattr(other, f.name))
+
+
+@dataclass(frozen=True)
+class RecursiveDoublingPlan:
+    """Who a rank talks to in recursive doubling over ``world_size`` ranks.
+
+    Attributes:
+        world_size: the number of ranks.
+        power: the largest power of two ``<= world_size`` (the ranks that do the doubling).
+        fold_into: for a rank ``>= power``, the rank it folds into (``rank - power``), else None.
+        folded_from: for a rank ``< world_size - power``, the extra rank folding into it.
+        partners: the partner of each doubling round (empty for folded ranks).
+    """
+
+    world_size: int
+    power: int
+    fold_into: int | None
+    folded_from: int | None
+    partners: tuple[int, ...]
+
+    @property
+    def rounds(self) -> int:
+        """Rounds on the critical path: log2(power), plus fold-in and result if P != power."""
+        return (self.power.bit_length() - 1) + (2 if self.world_size != self.power else 0)
+
+
+def recursive_doubling_plan(rank: int, world_size: int) -> RecursiveDoublingPlan:
+    """The recursive-doubling schedule of ``rank`` among ``world_size`` ranks."""
+    power = 1 << (world_size.bit_length() - 1)
+    if rank >= power:
+        return RecursiveDoublingPlan(world_size, power, rank - power, None, ())
+    folded = rank + power if rank + power < world_size else None
+    partners = tuple(rank ^ (1 << i) for i in range(power.bit_length() - 1))
+    return RecursiveDoublingPlan(world_size, power, None, folded, partners)
+
+
+def _nbytes(tensors: Sequence[torch.Tensor]) -> int:
+    return sum(t.numel() * t.element_size() for t in tensors)
+
+
+class Communicator:
+    """Accounted collectives over one process group.
+
+    Args:
+        group: the process group (None: the default group). The communicator works with
+            group-local ranks and translates them for point-to-point calls.
+
+    Attributes:
+        rank, world_size: this process's rank in ``group`` and the group's size.
+        stats: running :class:`CommStats`; :meth:`take_stats` returns and resets it.
+    """
+
+    def __init__(self, group: dist.ProcessGroup | None = None) -> None:
+        if not dist.is_available() or not dist.is_initialized():
+            raise RuntimeError(
+                "torch.distributed is not initialised: call "
+                "torch.distributed.init_process_group('gloo' or 'nccl') first (torchrun or "
+                "`gssgd train` do this for you)."
+            )
+        self.group = group
+        self.rank = dist.get_rank(group)
+        self.world_size = dist.get_world_size(group)
+        self.stats = CommStats()
+
+    def take_stats(self) -> CommStats:
+        """Return the statistics gathered since the last call and start afresh."""
+        out, self.stats = self.stats, CommStats()
+        return out
+
+    def _global(self, rank: int) -> int:
+        return rank if self.group is None else dist.get_global_rank(self.group, rank)
+
+    def count_rounds(self, rounds: int) -> None:
+        """Record ``rounds`` sequential communication steps (for hand-written schedules)."""
+        self.stats.rounds += rounds
+
+    # ----------------------------------------------------------- point to point
+    def send(self, tensors: Sequence[torch.Tensor], dst: int) -> None:
+        """Send each tensor to group rank ``dst`` (one message per tensor)."""
+        start = time.perf_counter()
+        for t in tensors:
+            dist.send(t.contiguous(), self._global(dst), group=self.group)
+        self.stats.bytes_sent += _nbytes(tensors)
+        self.stats.messages += len(tensors)
+        self.stats.seconds += time.perf_counter() - start
+
+    def recv(self, like: Sequence[torch.Tensor], src: int) -> Payload:
+        """Receive tensors shaped like ``like`` from group rank ``src``."""
+        start = time.perf_counter()
+        out = [torch.empty_like(t) for t in like]
+        for t in out:
+            dist.recv(t, self._global(src), group=self.group)
+        self.stats.bytes_received += _nbytes(out)
+        self.stats.seconds += time.perf_counter() - start
+        return out
+
+    def exchange(self, tensors: Sequence[torch.Tensor], peer: int) -> Payload:
+        """Send ``tensors`` to ``peer`` and receive same-shaped tensors from it, concurrently."""
+        start = time.perf_counter()
+        out = [torch.empty_like(t) for t in tensors]
+        reqs = [dist.isend(t.contiguous(), self._global(peer), group=self.group) for t in tensors]
+        for t in out:
+            dist.recv(t, self._global(peer), group=self.group)
+        for r in reqs:
+            r.wait()
+        self.stats.bytes_sent += _nbytes(tensors)
+        self.stats.bytes_received += _nbytes(out)
+        self.stats.messages += len(tensors)
+        self.stats.seconds += time.perf_counter() - start
+        return out
+
+    # ----------------------------------------------------------- recursive doubling
+    def recursive_doubling(
+        self, payload: Payload, combine: Callable[[Payload, Payload], Payload]
+    ) -> Payload:
+        """Combine every rank's payload by recursive doubling; all ranks get the result.
+
+        Steps: (1) a rank past the largest power of two ``P2`` sends its payload to
+        ``rank - P2`` and waits for the result; (2) that partner combines it into its own;
+        (3) for ``i`` in ``0..log2(P2)-1`` each rank exchanges its payload with
+        ``rank XOR 2^i`` and combines; (4) partners send the result to their folded rank.
+
+        Args:
+            payload: this rank's tensors; every intermediate result must keep their shapes.
+            combine: ``combine(mine, theirs)``; it must be symmetric (give bitwise the same
+                result with the arguments swapped) so both partners agree.
+
+        Returns:
+            The combined payload, bitwise identical on every rank.
+        """
+        plan = recursive_doubling_plan(self.rank, self.world_size)
+        self.count_rounds(plan.rounds)
+        if plan.fold_into is not None:
+            self.send(payload, plan.fold_into)
+            return self.recv(payload, plan.fold_into)
+        if plan.folded_from is not None:
+            payload = combine(payload, self.recv(payload, plan.folded_from))
+        for peer in plan.partners:
+            payload = combine(payload, self.exchange(payload, peer))
+        if plan.folded_from is not None:
+            self.send(payload, plan.folded_from)
+        return payload
+
+    def allreduce_recursive_doubling(self, tensor: torch.Tensor) -> torch.Tensor:
+        """Sum ``tensor`` over ranks by recursive doubling (returns a new tensor)."""
+        return self.recursive_doubling([tensor], lambda a, b: [a[0] + b[0]])[0]
+
+    # ----------------------------------------------------------- star (rank 0)
+    def gather_to_root(self, tensors: Sequence[torch.Tensor]) -> list[Payload] | None:
+        """Every rank sends ``tensors`` to rank 0; rank 0 gets all ranks' lists, by rank.
+
+        Returns:
+            On rank 0, a list indexed by rank (its own tensors included, not copied); on
+            other ranks, None.
+        """
+        self.count_rounds(1)
+        if self.rank != 0:
+            self.send(tensors, 0)
+            return None
+        return [list(tensors)] + [self.recv(tensors, src) for src in range(1, self.world_size)]
+
+    def broadcast_from_root(self, tensors: Sequence[torch.Tensor]) -> Payload:
+        """Rank 0 sends ``tensors`` to every other rank, one by one (a star, not a tree).
+
+        Non-root ranks pass tensors of the right shape and dtype (their content is ignored).
+        """
+        self.count_rounds(1)
+        if self.rank == 0:
+            for dst in range(1, self.world_size):
+                self.send(tensors, dst)
+            return list(tensors)
+        return self.recv(tensors, 0)
+
+    # ----------------------------------------------------------- backend collectives
+    def allreduce_backend(
+        self, tensor: torch.Tensor, op: dist.ReduceOp.RedOpType = dist.ReduceOp.SUM
+    ) -> torch.Tensor:
+        """The backend's all-reduce, in place; counted as a ring: 2(P-1)/P * n bytes."""
+        start = time.perf_counter()
+        if self.world_size > 1:
+            dist.all_reduce(tensor, op=op, group=self.group)
+        p, n = self.world_size, _nbytes([tensor])
+        moved = (2 * (p - 1) * n) // p
+        self.stats.bytes_sent += moved
+        self.stats.bytes_received += moved
+        self.stats.messages += 2 * (p - 1)
+        self.stats.rounds += 2 * (p - 1)
+        self.stats.seconds += time.perf_counter() - start
+        return tensor
+
+    def allgather_backend(self, tensor: torch.Tensor) -> list[torch.Tensor]:
+        """The backend's all-gather, by rank.
+
+        Counted by the all-gather's logical pattern (design.md's Top-k figure): this rank's
+        ``n`` bytes are sent once and every other rank's ``(P-1) * n`` are received.
+        """
+        start = time.perf_counter()
+        out = [torch.empty_like(tensor) for _ in range(self.world_size)]
+        dist.all_gather(out, tensor.contiguous(), group=self.group)
+        p, n = self.world_size, _nbytes([tensor])
+        self.stats.bytes_sent += n if p > 1 else 0
+        self.stats.bytes_received += (p - 1) * n
+        self.stats.messages += p - 1
+        self.stats.rounds += p - 1
+        self.stats.seconds += time.perf_counter() - start
+        return out

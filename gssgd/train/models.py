@@ -1,0 +1,235 @@
+"""Small models sized to the offline datasets, built by name.
+
+==========  ======================================================  =========================
+name        what                                                    fits
+==========  ======================================================  =========================
+``mlp``     flatten, two hidden layers (128, 64), ReLU              any :class:`ImageData`
+``cnn``     two 3x3 conv + max-pool stages (16, 32 channels),       images of at least 4x4
+            one hidden layer of 48                                  (~81k parameters on MNIST)
+``resnet``  a ResNet of three BasicBlocks (16, 32, 64 channels)     images of any size
+            with GroupNorm, global average pooling                  (~78k parameters)
+``lm``      character embedding (64), 2-layer LSTM (128), linear    :class:`TextData`
+            head to the vocabulary
+==========  ======================================================  =========================
+
+No model has BatchNorm: its running statistics are buffers outside the gradient,
+which would make data-parallel runs of different methods awkward to compare. The
+ResNet uses GroupNorm instead.
+
+Weights come from PyTorch's default initialisation and the global RNG: seed it with
+``torch.manual_seed`` before :func:`build_model` to build the same model on every
+rank (nothing here seeds on its own).
+
+Example::
+
+    torch.manual_seed(0)
+    data = load_dataset("mnist")
+    model = build_model(default_model(data), data)   # "cnn"
+    logits = model(data.x_train[:32])                # (32, 10)
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from gssgd.train.data import ImageData, TextData
+
+__all__ = ["MODELS", "build_model", "default_model"]
+
+MODELS: tuple[str, ...] = ("mlp", "cnn", "resnet", "lm")
+"""The model names :func:`build_model` accepts."""
+
+_IMAGE_MODELS = ("mlp", "cnn", "resnet")
+
+
+class MLP(nn.Module):
+    """Flatten, then ``in -> 128 -> 64 -> num_classes`` with ReLU between."""
+
+    def __init__(self, in_features: int, num_classes: int, hidden: tuple[int, ...] = (128, 64)):
+        super().__init__()
+        layers: list[nn.Module] = [nn.Flatten()]
+        width = in_features
+        for h in hidden:
+            layers += [nn.Linear(width, h), nn.ReLU()]
+            width = h
+        layers.append(nn.Linear(width, num_classes))
+        self.net = nn.Sequential(*layers)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """``(B, ...) -> (B, num_classes)`` logits."""
+        return self.net(x)
+
+
+class SmallCNN(nn.Module):
+    """Two stages of 3x3 conv + ReLU + 2x2 max-pool, then one hidden layer.
+
+    On 28x28 MNIST: 28 -> 14 -> 7, a 32*7*7 = 1568 feature vector, ~81k parameters;
+    on 8x8 digits: 8 -> 4 -> 2, ~12k parameters.
+    """
+
+    def __init__(self, in_channels: int, height: int, width: int, num_classes: int):
+        super().__init__()
+        self.features = nn.Sequential(
+            nn.Conv2d(in_channels, 16, kernel_size=3, padding=1),
+            nn.ReLU(),
+            nn.MaxPool2d(2),
+            nn.Conv2d(16, 32, kernel_size=3, padding=1),
+            nn.ReLU(),
+            nn.MaxPool2d(2),
+        )
+        flat = 32 * (height // 4) * (width // 4)
+        self.classifier = nn.Sequential(
+            nn.Flatten(), nn.Linear(flat, 48), nn.ReLU(), nn.Linear(48, num_classes)
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """``(B, C, H, W) -> (B, num_classes)`` logits."""
+        return self.classifier(self.features(x))
+
+
+def _group_norm(channels: int) -> nn.GroupNorm:
+    return nn.GroupNorm(min(8, channels), channels)
+
+
+class BasicBlock(nn.Module):
+    """He et al.'s two-conv residual block, GroupNorm in place of BatchNorm.
+
+    ``out = relu(norm(conv(relu(norm(conv(x))))) + shortcut(x))``; the shortcut is a
+    strided 1x1 conv + norm when the stride or the width changes, else identity.
+    """
+
+    def __init__(self, in_channels: int, out_channels: int, stride: int = 1):
+        super().__init__()
+        self.conv1 = nn.Conv2d(in_channels, out_channels, 3, stride=stride, padding=1, bias=False)
+        self.norm1 = _group_norm(out_channels)
+        self.conv2 = nn.Conv2d(out_channels, out_channels, 3, padding=1, bias=False)
+        self.norm2 = _group_norm(out_channels)
+        self.shortcut: nn.Module = nn.Identity()
+        if stride != 1 or in_channels != out_channels:
+            self.shortcut = nn.Sequential(
+                nn.Conv2d(in_channels, out_channels, 1, stride=stride, bias=False),
+                _group_norm(out_channels),
+            )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """``(B, C_in, H, W) -> (B, C_out, H / stride, W / stride)``."""
+        out = torch.relu(self.norm1(self.conv1(x)))
+        out = self.norm2(self.conv2(out))
+        return torch.relu(out + self.shortcut(x))
+
+
+class SmallResNet(nn.Module):
+    """A 3x3 stem, BasicBlocks of 16, 32 (stride 2) and 64 (stride 2) channels,
+    global average pooling and a linear head. Works on any image size."""
+
+    def __init__(self, in_channels: int, num_classes: int, widths: tuple[int, ...] = (16, 32, 64)):
+        super().__init__()
+        self.stem = nn.Sequential(
+            nn.Conv2d(in_channels, widths[0], 3, padding=1, bias=False),
+            _group_norm(widths[0]),
+            nn.ReLU(),
+        )
+        blocks = []
+        width = widths[0]
+        for i, w in enumerate(widths):
+            blocks.append(BasicBlock(width, w, stride=1 if i == 0 else 2))
+            width = w
+        self.blocks = nn.Sequential(*blocks)
+        self.head = nn.Sequential(
+            nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(width, num_classes)
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """``(B, C, H, W) -> (B, num_classes)`` logits."""
+        return self.head(self.blocks(self.stem(x)))
+
+
+class CharLSTM(nn.Module):
+    """Character LM: embedding, a multi-layer LSTM, a linear head over the vocabulary."""
+
+    def __init__(self, vocab_size: int, embed: int = 64, hidden: int = 128, layers: int = 2):
+        super().__init__()
+        self.embed = nn.Embedding(vocab_size, embed)
+        self.lstm = nn.LSTM(embed, hidden, num_layers=layers, batch_first=True)
+        self.head = nn.Linear(hidden, vocab_size)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        """``(B, T)`` int64 ids -> ``(B, T, vocab_size)`` next-character logits."""
+        out, _ = self.lstm(self.embed(ids))
+        return self.head(out)
+
+
+def default_model(data: ImageData | TextData) -> str:
+    """The model name to use when the user names none.
+
+    Args:
+        data: a loaded dataset.
+
+    Returns:
+        ``"lm"`` for text, ``"cnn"`` for images with spatial dimensions and
+        ``"mlp"`` for flat features.
+
+    Raises:
+        TypeError: ``data`` is neither :class:`ImageData` nor :class:`TextData`.
+    """
+    if isinstance(data, TextData):
+        return "lm"
+    if isinstance(data, ImageData):
+        return "cnn" if len(data.input_shape) == 3 else "mlp"
+    raise TypeError(f"data must be ImageData or TextData, got {type(data).__name__}")
+
+
+def build_model(name: str, data: ImageData | TextData) -> nn.Module:
+    """Build the named model, sized to ``data``.
+
+    Args:
+        name: one of :data:`MODELS`.
+        data: the dataset the model will train on (its sample shape, number of
+            classes or vocabulary fix the input and output sizes).
+
+    Returns:
+        An ``nn.Module`` in training mode on the CPU. Image models map
+        ``(B, *data.input_shape)`` float32 to ``(B, num_classes)`` logits; ``lm`` maps
+        ``(B, T)`` int64 ids to ``(B, T, vocab_size)`` logits.
+
+    Raises:
+        ValueError: an unknown name, or a model that does not fit the data (the
+            message says which models do).
+        TypeError: ``data`` is neither :class:`ImageData` nor :class:`TextData`.
+    """
+    if name not in MODELS:
+        raise ValueError(f"unknown model {name!r}; valid models are {', '.join(MODELS)}")
+    suggestion = default_model(data)  # also checks the type of data
+    if isinstance(data, TextData):
+        if name != "lm":
+            raise ValueError(
+                f"model {name!r} needs image data but dataset {data.name!r} is text; use --model lm"
+            )
+        return CharLSTM(data.vocab_size)
+    if name == "lm":
+        raise ValueError(
+            f"model 'lm' needs text data but dataset {data.name!r} holds images or features; "
+            f"use one of {', '.join(_IMAGE_MODELS)} (e.g. --model {suggestion})"
+        )
+    return _build_image_model(name, data)
+
+
+def _build_image_model(name: str, data: ImageData) -> nn.Module:
+    shape = data.input_shape
+    if name == "mlp":
+        return MLP(int(torch.Size(shape).numel()), data.num_classes)
+    if len(shape) != 3:
+        raise ValueError(
+            f"model {name!r} needs images of shape (C, H, W) but dataset {data.name!r} has flat "
+            f"features of shape {shape}; use --model mlp or store x as (N, H, W) or (N, C, H, W)"
+        )
+    channels, height, width = shape
+    if name == "resnet":
+        return SmallResNet(channels, data.num_classes)
+    if height < 4 or width < 4:
+        raise ValueError(
+            f"model 'cnn' needs images of at least 4x4 (it pools twice by 2) but dataset "
+            f"{data.name!r} has {height}x{width}; use --model resnet or --model mlp"
+        )
+    return SmallCNN(channels, height, width, data.num_classes)

@@ -1,0 +1,112 @@
+"""Worker functions for the distributed aggregator tests (importable by spawned processes)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+
+import gssgd
+
+D = 3000
+STEPS = 50
+SKETCH = {"rows": 5, "cols": 300, "candidates": 3}
+
+#: config name -> (method, options incl. density or k, vector length)
+CONFIGS: dict[str, tuple[str, dict, int]] = {
+    "dense": ("dense", {}, D),
+    "dense16": ("dense", {"dtype": torch.float16}, D),
+    "topk": ("topk", {"density": 0.01}, D),
+    "topk_momentum": ("topk", {"density": 0.01, "momentum": 0.9}, D),
+    "gtopk": ("gtopk", {"density": 0.01}, D),
+    "gtopk_momentum": ("gtopk", {"density": 0.01, "momentum": 0.9}, D),
+    "sketched": ("sketched", {"density": 0.01, **SKETCH}, D),
+    "gs": ("gs", {"density": 0.01, **SKETCH}, D),
+    "gs_backend": ("gs", {"density": 0.01, "allreduce": "backend", **SKETCH}, D),
+    "gs_estimate": ("gs", {"density": 0.01, "exact": False, **SKETCH}, D),
+}
+#: configs whose statistics alone are kept (for byte-count tests)
+STATS_ONLY: dict[str, tuple[str, dict, int]] = {
+    "gs_k_small_d": ("gs", {"k": 30, **SKETCH}, D),
+    "gs_k_large_d": ("gs", {"k": 30, **SKETCH}, 10 * D),
+}
+
+
+def make_grad(rank: int, step: int, d: int) -> torch.Tensor:
+    """A different gradient per (rank, step): noise plus heavy coordinates, some shared."""
+    gen = torch.Generator().manual_seed(1_000_003 * step + 7919 * rank + d)
+    g = torch.randn(d, generator=gen)
+    shared = torch.Generator().manual_seed(31 * step + d)
+    heavy = torch.randperm(d, generator=shared)[:20]
+    g[heavy] += 4 * torch.randn(20, generator=shared)
+    own = torch.randperm(d, generator=gen)[:10]
+    g[own] += 6.0
+    return g
+
+
+def build(name: str, table: dict) -> gssgd.Aggregator:
+    method, opts, d = table[name]
+    opts = dict(opts)
+    density = opts.pop("density", None)
+    return gssgd.make_aggregator(method, d, density=density, **opts)
+
+
+def run_all(rank: int, world_size: int) -> dict:
+    out: dict = {}
+    for name in CONFIGS:
+        agg = build(name, CONFIGS)
+        d = CONFIGS[name][2]
+        updates, stats, grad_sum = [], [], torch.zeros(d, dtype=torch.float64)
+        for t in range(STEPS):
+            g = make_grad(rank, t, d)
+            grad_sum += g.double()
+            updates.append(agg.step(g))
+            stats.append(dataclasses.asdict(agg.last_stats))
+        sd = agg.state_dict()
+        out[name] = {
+            "updates": torch.stack(updates),
+            "residual": sd.get("residual"),
+            "grad_sum": grad_sum,
+            "stats": stats,
+        }
+    for name in STATS_ONLY:
+        agg = build(name, STATS_ONLY)
+        d = STATS_ONLY[name][2]
+        stats = []
+        for t in range(3):
+            agg.step(make_grad(rank, t, d))
+            stats.append(dataclasses.asdict(agg.last_stats))
+        out[name] = {"stats": stats}
+    return out
+
+
+def mismatched_density(rank: int, world_size: int, method: str) -> str:
+    """Rank 1 asks for another density: every rank must raise a ValueError."""
+    density = 0.02 if rank == 1 else 0.01
+    agg = gssgd.make_aggregator(method, D, density=density, **({} if method in (
+        "dense", "topk", "gtopk") else SKETCH))
+    if method == "dense":  # dense ignores density: make it disagree on the payload dtype
+        agg = gssgd.make_aggregator(method, D, dtype=torch.float16 if rank == 1 else torch.float32)
+    try:
+        agg.step(make_grad(rank, 0, D))
+    except ValueError as exc:
+        return str(exc)
+    return "no error"
+
+
+def nonfinite_step(rank: int, world_size: int, method: str) -> dict:
+    """Rank 1 produces NaN at step 1 (Inf at step 2): every rank skips those steps."""
+    opts = {} if method in ("dense", "topk", "gtopk") else dict(SKETCH)
+    agg = gssgd.make_aggregator(method, D, density=None if method == "dense" else 0.01, **opts)
+    out = {"updates": [], "residuals": []}
+    for t in range(4):
+        g = make_grad(rank, t, D)
+        if rank == world_size - 1 and t == 1:
+            g[5] = float("nan")
+        if rank == world_size - 1 and t == 2:
+            g[7] = float("inf")
+        out["updates"].append(agg.step(g))
+        res = agg.state_dict().get("residual")
+        out["residuals"].append(None if res is None else res.clone())
+        out.setdefault("skipped", []).append(agg.last_stats.skipped)
+    return out

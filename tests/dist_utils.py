@@ -1,0 +1,66 @@
+"""Run a function on real gloo processes (file rendezvous, so tests never collide)."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import traceback
+from collections.abc import Callable
+from datetime import timedelta
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+
+def _worker(rank: int, world_size: int, init_file: str, out_dir: str, fn, args) -> None:
+    torch.set_num_threads(1)
+    dist.init_process_group(
+        "gloo",
+        init_method=f"file://{init_file}",
+        rank=rank,
+        world_size=world_size,
+        timeout=timedelta(seconds=120),
+    )
+    try:
+        result: Any = fn(rank, world_size, *args)
+    except BaseException as exc:  # report to the parent, which re-raises
+        result = {"__error__": repr(exc), "__type__": type(exc).__name__,
+                  "__traceback__": traceback.format_exc()}
+    torch.save(result, os.path.join(out_dir, f"{rank}.pt"))
+    dist.destroy_process_group()
+
+
+def run_workers(world_size: int, fn: Callable[..., Any], *args: Any) -> list[Any]:
+    """Run ``fn(rank, world_size, *args)`` on ``world_size`` gloo processes.
+
+    Returns the per-rank results (anything torch.save can hold). An exception in a worker
+    is returned as a dict with ``__error__``/``__type__``/``__traceback__`` so tests can
+    assert on errors raised on every rank.
+    """
+    with tempfile.TemporaryDirectory() as tmp:
+        init_file = os.path.join(tmp, "rendezvous")
+        ctx = mp.get_context("spawn")
+        procs = [
+            ctx.Process(target=_worker, args=(r, world_size, init_file, tmp, fn, args))
+            for r in range(world_size)
+        ]
+        for p in procs:
+            p.start()
+        for p in procs:
+            p.join(timeout=300)
+        for r, p in enumerate(procs):
+            if p.is_alive():
+                p.kill()
+                raise TimeoutError(f"rank {r} did not finish")
+            if p.exitcode != 0:
+                raise RuntimeError(f"rank {r} exited with code {p.exitcode}")
+        return [torch.load(os.path.join(tmp, f"{r}.pt"), weights_only=False)
+                for r in range(world_size)]
+
+
+def raise_worker_errors(results: list[Any]) -> None:
+    for r, res in enumerate(results):
+        if isinstance(res, dict) and "__error__" in res:
+            raise AssertionError(f"rank {r} failed:\n{res['__traceback__']}")
