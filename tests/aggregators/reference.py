@@ -75,7 +75,7 @@ def reference_run(method: str, grads: list[list[torch.Tensor]], k: int, opts: di
                         lists[p] = lists[q] = _merge(lists[p], lists[q], k)
                 step <<= 1
             final = lists[0]
-            for i, (v, who) in final.items():
+            for i, (v, _who) in final.items():
                 update[i] = v
             delivered = [np.array([i for i, (_, w) in final.items() if p in w], dtype=np.int64)
                          for p in range(world)]
