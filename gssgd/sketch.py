@@ -17,7 +17,7 @@ computed on the fly, in chunks, from the seed with a multiply-add-shift hash
 ``sign = top bit of (c_r * i + e_r) mod 2^64``. The 64-bit multipliers come from a
 SplitMix64 stream of the seed, so every process computes identical hashes on CPU and CUDA.
 Sketching a 100M-element vector therefore needs only a chunk of hash work space beyond the
-vector; ``cache_hashes=True`` trades ``rows * d * 5`` bytes of memory for speed.
+vector; ``cache_hashes=True`` trades ``rows * d * 8`` bytes of memory for speed.
 
 Example:
     >>> import torch, gssgd
@@ -85,8 +85,8 @@ class CountSketch:
         seed: hash seed; sketches are addable only when built with the same seed.
         device: device of the table (and of the vectors it accepts).
         dtype: dtype of the table.
-        cache_hashes: precompute and keep the bucket indices (int32) and signs (int8) of
-            all ``d`` coordinates: ``5 * rows * d`` bytes, faster repeated sketching.
+        cache_hashes: precompute and keep the signed buckets (int64) of all ``d``
+            coordinates: ``8 * rows * d`` bytes, for faster repeated sketching and queries.
 
     Raises:
         ValueError: a size is out of range, or ``rows`` is even.
@@ -116,63 +116,63 @@ class CountSketch:
         self.d, self.rows, self.cols, self.seed = d, rows, cols, seed
         self.table = torch.zeros(rows, cols, device=device, dtype=dtype)
         self._params = sketch_hash_params(seed, rows)
-        self._cache: tuple[torch.Tensor, torch.Tensor] | None = None
+        self._cache: torch.Tensor | None = None
         if cache_hashes:
-            self._cache = self._hashes(torch.arange(d, device=self.table.device), compact=True)
+            self._cache = self._all_signed_buckets()
 
     # ------------------------------------------------------------------ hashing
     @property
     def device(self) -> torch.device:
         return self.table.device
 
-    def _hashes(
-        self, idx: torch.Tensor, compact: bool = False
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Flat table positions ``r * cols + h_r(i)`` and signs ``s_r(i)`` for ``idx``.
+    def _signed_buckets(self, idx: torch.Tensor) -> torch.Tensor:
+        """Signed buckets of ``idx``: ``h_r(i) + cols * [s_r(i) < 0]``, shape (rows, n), int64.
 
-        Returns ``(positions, signs)`` of shape ``(rows, len(idx))``: positions int64 (int32
-        when ``compact``), signs in the table's dtype (int8 when ``compact``).
+        A signed bucket indexes a *doubled* row ``[+table[r], -table[r]]`` (length 2*cols),
+        so that sketching is a plain scatter-add and querying a plain gather: the sign never
+        needs a multiplication.
         """
+        if self._cache is not None:
+            return self._cache.index_select(1, idx)
         idx = idx.to(torch.int64)
-        pos_rows, sign_rows = [], []
-        for r, (a, b, c, e) in enumerate(self._params):
-            hb = idx * a + b  # wraps mod 2^64 in int64, as multiply-shift wants
+        out = []
+        for r in range(self.rows):
+            a, b, c, e = self._params[r]
+            hb = idx * a + b  # wraps mod 2^64 in int64, as multiply-add-shift wants
             bucket = (((hb >> 32) & _MASK32) * self.cols) >> 32
-            pos = bucket + r * self.cols
-            hs = idx * c + e
-            neg = hs < 0  # top bit of the 64-bit word
-            if compact:
-                pos_rows.append(pos.to(torch.int32))
-                sign_rows.append(1 - 2 * neg.to(torch.int8))
-            else:
-                pos_rows.append(pos)
-                sign_rows.append(1 - 2 * neg.to(self.table.dtype))
-        return torch.stack(pos_rows), torch.stack(sign_rows)
+            negative = (idx * c + e) < 0  # the top bit of the sign hash
+            out.append(bucket + self.cols * negative)
+        return torch.stack(out)
+
+    def _all_signed_buckets(self) -> torch.Tensor:
+        idx = torch.arange(self.d, device=self.device)
+        return torch.cat(
+            [self._signed_buckets(idx[s : s + HASH_CHUNK]) for s in range(0, self.d, HASH_CHUNK)],
+            dim=1,
+        )
 
     def _chunks(self, indices: torch.Tensor | None):
-        """Yield ``(slice_or_None, idx, positions, signs)`` over ``indices`` (or all of d)."""
-        if indices is None:
-            if self._cache is not None:
-                pos, sgn = self._cache
-                yield slice(0, self.d), None, pos, sgn.to(self.table.dtype)
-                return
-            for start in range(0, self.d, HASH_CHUNK):
-                stop = min(self.d, start + HASH_CHUNK)
-                idx = torch.arange(start, stop, device=self.device)
-                pos, sgn = self._hashes(idx)
-                yield slice(start, stop), idx, pos, sgn
+        """Yield ``(part, signed_buckets)`` over ``indices`` (all of d when None), chunked
+        unless hashes are cached, so hash work space stays bounded whatever d is."""
+        n = self.d if indices is None else indices.numel()
+        if self._cache is not None and indices is None:
+            yield slice(0, n), self._cache
             return
-        for start in range(0, indices.numel(), HASH_CHUNK):
-            idx = indices[start : start + HASH_CHUNK]
-            if self._cache is not None:
-                pos, sgn = self._cache[0][:, idx], self._cache[1][:, idx].to(self.table.dtype)
+        step = n if self._cache is not None else HASH_CHUNK
+        for start in range(0, n, step):
+            stop = min(n, start + step)
+            if indices is None:
+                idx = torch.arange(start, stop, device=self.device)
             else:
-                pos, sgn = self._hashes(idx)
-            yield slice(start, start + idx.numel()), idx, pos, sgn
+                idx = indices[start:stop]
+            yield slice(start, stop), self._signed_buckets(idx)
 
     # ------------------------------------------------------------------ sketching
     def accumulate(self, vec: torch.Tensor) -> None:
         """Add the sketch of ``vec`` to the table, in place.
+
+        One scatter-add per chunk into the doubled table ``(rows, 2*cols)``; the positive
+        half minus the negative half is then added to ``table``.
 
         Args:
             vec: 1-D tensor of length ``d`` on the sketch's device.
@@ -181,11 +181,11 @@ class CountSketch:
             ValueError: ``vec`` has the wrong shape or device.
         """
         self._check_vector(vec)
-        flat = self.table.view(-1)
         vec = vec.to(self.table.dtype)
-        for part, _idx, pos, sgn in self._chunks(None):
-            vals = sgn * vec[part].unsqueeze(0)
-            flat.index_add_(0, pos.reshape(-1), vals.reshape(-1))
+        doubled = torch.zeros(self.rows, 2 * self.cols, dtype=self.table.dtype, device=self.device)
+        for part, buckets in self._chunks(None):
+            doubled.scatter_add_(1, buckets, vec[part].unsqueeze(0).expand(self.rows, -1))
+        self.table += doubled[:, : self.cols] - doubled[:, self.cols :]
 
     def zero_(self) -> CountSketch:
         """Reset the table to zeros (hashes are unchanged). Returns self."""
@@ -214,7 +214,9 @@ class CountSketch:
         out.table += other.table
         return out
 
-    def to(self, device: torch.device | str | None, dtype: torch.dtype | None = None) -> CountSketch:
+    def to(
+        self, device: torch.device | str | None, dtype: torch.dtype | None = None
+    ) -> CountSketch:
         """This sketch with its table on ``device``/``dtype`` (self when already there)."""
         dtype = dtype or self.table.dtype
         if self.table.device == torch.device(device) and self.table.dtype == dtype:
@@ -222,7 +224,7 @@ class CountSketch:
         out = self.copy()
         out.table = self.table.to(device, dtype)
         if out._cache is not None:
-            out._cache = (out._cache[0].to(device), out._cache[1].to(device))
+            out._cache = out._cache.to(device)
         return out
 
     def copy(self) -> CountSketch:
@@ -234,6 +236,14 @@ class CountSketch:
         return out
 
     # ------------------------------------------------------------------ queries
+    def _doubled(self) -> torch.Tensor:
+        return torch.cat([self.table, -self.table], dim=1)
+
+    def _estimates(self, buckets: torch.Tensor, doubled: torch.Tensor) -> torch.Tensor:
+        """Median over rows of the signed bucket values (one gather per row)."""
+        values = [doubled[r].index_select(0, buckets[r]) for r in range(self.rows)]
+        return median_of_rows(values)
+
     def query(self, indices: torch.Tensor | None = None) -> torch.Tensor:
         """Median-of-rows estimates of the given coordinates (or of all ``d``).
 
@@ -247,17 +257,25 @@ class CountSketch:
             indices = self._check_indices(indices)
         n = self.d if indices is None else indices.numel()
         out = torch.empty(n, dtype=self.table.dtype, device=self.device)
-        flat = self.table.view(-1)
-        for part, _idx, pos, sgn in self._chunks(indices):
-            vals = flat[pos.to(torch.int64)] * sgn
-            out[part] = vals.median(dim=0).values if self.rows > 1 else vals[0]
+        doubled = self._doubled()
+        for part, buckets in self._chunks(indices):
+            out[part] = self._estimates(buckets, doubled)
         return out
 
     def heavy_hitters(self, k: int) -> tuple[torch.Tensor, torch.Tensor]:
         """The ``k`` coordinates with the largest ``|estimate|``.
 
         Ties are broken by the lower index, so every process holding the same table selects
-        the same set.
+        the same set. The result equals ranking all ``d`` estimates, but is found without
+        estimating every coordinate:
+
+        1. Estimate a strided sample of the coordinates and take a threshold ``tau`` a
+           little below where the k-th largest ``|estimate|`` should lie.
+        2. A coordinate whose median estimate reaches ``tau`` has a bucket with
+           ``|value| >= tau`` in a majority of rows. Keep the coordinates that do (one byte
+           gather per row; no medians).
+        3. Estimate only the survivors. If at least k of them reach ``tau``, their top k is
+           exactly the top k of all d; otherwise fall back to estimating everything.
 
         Args:
             k: how many coordinates, ``1 <= k <= d``.
@@ -270,9 +288,37 @@ class CountSketch:
             ValueError: ``k`` is out of range.
         """
         _check_int("k", k, 1, self.d, "the number of heavy coordinates to recover")
-        est = self.query()
-        idx = topk_indices(est.abs(), k)
-        return idx, est[idx]
+        stride = 16
+        if self.d < 64 * stride or k * stride * 4 > self.d:
+            est = self.query()
+            idx = topk_indices(est.abs(), k)
+            return idx, est[idx]
+        if self._cache is not None:  # a strided view of the cache: no gather, no hashing
+            sample_buckets = self._cache[:, ::stride]
+        else:
+            sample_buckets = self._signed_buckets(
+                torch.arange(0, self.d, stride, device=self.device)
+            )
+        sample_abs = self._estimates(sample_buckets, self._doubled()).abs()
+        want = min(sample_abs.numel(), 2 * -(-k // stride) + 16)
+        tau = torch.topk(sample_abs, want, sorted=False).values.min()
+        heavy = torch.cat([self.table.abs() >= tau] * 2, dim=1).to(torch.uint8)
+        majority = (self.rows + 1) // 2
+        survivors = []
+        for part, buckets in self._chunks(None):
+            votes = heavy[0].index_select(0, buckets[0])
+            for r in range(1, self.rows):
+                votes += heavy[r].index_select(0, buckets[r])
+            survivors.append(torch.nonzero(votes >= majority).flatten() + part.start)
+        cand = torch.cat(survivors)
+        est = self.query(cand) if cand.numel() else cand.to(self.table.dtype)
+        est_abs = est.abs()
+        if int((est_abs >= tau).sum()) < k:
+            est = self.query()
+            idx = topk_indices(est.abs(), k)
+            return idx, est[idx]
+        keep = topk_indices(est_abs, k)
+        return cand[keep], est[keep]
 
     def l2_estimate(self) -> float:
         """Estimate of ``||x||_2`` of the sketched vector: median over rows of the row norm."""
@@ -312,3 +358,25 @@ def _check_int(name: str, value: object, low: int, high: int | None, hint: str) 
         return
     rng = f"[{low}, {high}]" if high is not None else f">= {low}"
     raise ValueError(f"{name}={value!r} is invalid: it must be an integer {rng} ({hint}).")
+
+
+def median_of_rows(values: list[torch.Tensor]) -> torch.Tensor:
+    """Element-wise median of an odd number of equal-length vectors.
+
+    Three and five rows use min/max networks (a few element-wise passes, instead of
+    ``torch.median``'s sort); the result is the same order statistic, bit for bit.
+    """
+    n = len(values)
+    if n == 1:
+        return values[0].clone()
+    if n == 3:
+        a, b, c = values
+        return torch.maximum(torch.minimum(a, b), torch.minimum(torch.maximum(a, b), c))
+    if n == 5:
+        a, b, c, d, e = values
+        lo_ab, hi_ab = torch.minimum(a, b), torch.maximum(a, b)
+        lo_cd, hi_cd = torch.minimum(c, d), torch.maximum(c, d)
+        # Neither the least nor the greatest of a..d can be the median of five.
+        x, y = torch.maximum(lo_ab, lo_cd), torch.minimum(hi_ab, hi_cd)
+        return torch.maximum(torch.minimum(x, y), torch.minimum(torch.maximum(x, y), e))
+    return torch.stack(values).median(dim=0).values

@@ -26,8 +26,11 @@ def _worker(rank: int, world_size: int, init_file: str, out_dir: str, fn, args) 
     try:
         result: Any = fn(rank, world_size, *args)
     except BaseException as exc:  # report to the parent, which re-raises
-        result = {"__error__": repr(exc), "__type__": type(exc).__name__,
-                  "__traceback__": traceback.format_exc()}
+        result = {
+            "__error__": repr(exc),
+            "__type__": type(exc).__name__,
+            "__traceback__": traceback.format_exc(),
+        }
     torch.save(result, os.path.join(out_dir, f"{rank}.pt"))
     dist.destroy_process_group()
 
@@ -56,8 +59,9 @@ def run_workers(world_size: int, fn: Callable[..., Any], *args: Any) -> list[Any
                 raise TimeoutError(f"rank {r} did not finish")
             if p.exitcode != 0:
                 raise RuntimeError(f"rank {r} exited with code {p.exitcode}")
-        return [torch.load(os.path.join(tmp, f"{r}.pt"), weights_only=False)
-                for r in range(world_size)]
+        return [
+            torch.load(os.path.join(tmp, f"{r}.pt"), weights_only=False) for r in range(world_size)
+        ]
 
 
 def raise_worker_errors(results: list[Any]) -> None:

@@ -37,9 +37,7 @@ def build_options(name: str, d: int, density: float | None = None, **options: ob
         ValueError: unknown method or option, or an option out of range.
     """
     if name not in AGGREGATORS:
-        raise ValueError(
-            f"unknown method {name!r}; valid methods: {', '.join(AGGREGATORS)}."
-        )
+        raise ValueError(f"unknown method {name!r}; valid methods: {', '.join(AGGREGATORS)}.")
     cls = AGGREGATORS[name]
     k_given = options.pop("k", None)
     if name == "dense":

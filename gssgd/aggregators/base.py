@@ -189,7 +189,9 @@ class Aggregator:
         finally:
             self._timings[phase] += time.perf_counter() - start
 
-    def _finish(self, update: torch.Tensor, delivered_fraction: float | None = None) -> torch.Tensor:
+    def _finish(
+        self, update: torch.Tensor, delivered_fraction: float | None = None
+    ) -> torch.Tensor:
         self.steps += 1
         self._record(skipped=False, delivered_fraction=delivered_fraction)
         return update
@@ -274,7 +276,9 @@ class Aggregator:
         if self.has_residual and "residual" in sd:
             residual = sd["residual"]
             if tuple(residual.shape) != (self.d,):
-                raise ValueError(f"residual has shape {tuple(residual.shape)}, expected ({self.d},)")
+                raise ValueError(
+                    f"residual has shape {tuple(residual.shape)}, expected ({self.d},)"
+                )
             self.residual = residual.clone()
         mom = sd.get("momentum")
         self.momentum_buffer = mom.clone() if mom is not None else None

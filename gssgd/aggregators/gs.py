@@ -46,7 +46,9 @@ class GlobalSketchSGD(Aggregator):
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         o = self.options
-        self.sketch = CountSketch(self.d, rows=o.rows, cols=o.cols, seed=o.seed)
+        self.sketch = CountSketch(
+            self.d, rows=o.rows, cols=o.cols, seed=o.seed, cache_hashes=o.use_hash_cache(self.d)
+        )
         self.num_candidates = min(o.candidates * self.k, self.d)
 
     def _allreduce(self, tensor: torch.Tensor) -> torch.Tensor:

@@ -28,9 +28,7 @@ from gssgd.comm import recursive_doubling_plan
 __all__ = ["GlobalTopk", "merge_topk"]
 
 
-def merge_topk(
-    mine: list[torch.Tensor], theirs: list[torch.Tensor], k: int
-) -> list[torch.Tensor]:
+def merge_topk(mine: list[torch.Tensor], theirs: list[torch.Tensor], k: int) -> list[torch.Tensor]:
     """Merge two (index, value) lists: sum equal indices, keep the top-k by |value|.
 
     Symmetric: ``merge_topk(a, b, k)`` equals ``merge_topk(b, a, k)`` bitwise, because the
@@ -67,9 +65,7 @@ class GlobalTopk(Aggregator):
         if plan.fold_into is not None:
             # An extra rank: fold in, then receive the final list and what of ours survived.
             self.comm.send(merged, plan.fold_into)
-            *merged, alive_u8 = self.comm.recv(
-                [*merged, own_alive.to(torch.uint8)], plan.fold_into
-            )
+            *merged, alive_u8 = self.comm.recv([*merged, own_alive.to(torch.uint8)], plan.fold_into)
             own_alive = alive_u8.bool()
         else:
             folded: list[torch.Tensor] | None = None

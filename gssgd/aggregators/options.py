@@ -26,6 +26,8 @@ __all__ = [
 DEFAULT_DENSITY = 0.01
 #: Default rows of a sketch (odd, so the median is one of them).
 DEFAULT_ROWS = 5
+#: Largest hash cache (bytes) a sketching aggregator keeps by default.
+HASH_CACHE_LIMIT = 1 << 30
 
 
 def _bad(name: str, value: object, valid: str, fix: str) -> ValueError:
@@ -65,9 +67,7 @@ def resolve_k(d: int, density: float | None, k: int | None) -> int:
         or not math.isfinite(density)
         or not 0 < density <= 1
     ):
-        raise _bad(
-            "density", density, "it must be a number in (0, 1]", "For example density=0.01."
-        )
+        raise _bad("density", density, "it must be a number in (0, 1]", "For example density=0.01.")
     return max(1, round(density * d))
 
 
@@ -95,9 +95,7 @@ class CommonOptions:
 
     def __post_init__(self) -> None:
         if self.nonfinite not in ("skip", "raise"):
-            raise _bad(
-                "nonfinite", self.nonfinite, "it must be 'skip' or 'raise'", "Use 'skip'."
-            )
+            raise _bad("nonfinite", self.nonfinite, "it must be 'skip' or 'raise'", "Use 'skip'.")
         if not _is_int(self.max_consecutive_skips) or self.max_consecutive_skips < 1:
             raise _bad(
                 "max_consecutive_skips",
@@ -161,12 +159,21 @@ class SketchedOptions(TopkOptions):
         candidates: m; the sketch proposes m * k candidates (capped at d) whose exact
             values are then fetched.
         seed: hash seed shared by all ranks.
+        hash_cache: keep every coordinate's buckets in memory (``8 * rows * d`` bytes) for
+            speed; None (default) caches when that is at most ``HASH_CACHE_LIMIT`` bytes.
     """
 
     rows: int = DEFAULT_ROWS
     cols: int | None = None
     candidates: int = 4
     seed: int = 0
+    hash_cache: bool | None = None
+
+    def use_hash_cache(self, d: int) -> bool:
+        """Whether a sketch of length ``d`` should cache its hashes."""
+        if self.hash_cache is None:
+            return 8 * self.rows * d <= HASH_CACHE_LIMIT
+        return self.hash_cache
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -185,6 +192,13 @@ class SketchedOptions(TopkOptions):
             )
         if not _is_int(self.seed) or self.seed < 0:
             raise _bad("seed", self.seed, "it must be an integer >= 0", "For example seed=0.")
+        if self.hash_cache not in (None, True, False):
+            raise _bad(
+                "hash_cache",
+                self.hash_cache,
+                "it must be None, True or False",
+                "Leave it None to cache when it fits.",
+            )
 
 
 @dataclass(frozen=True)

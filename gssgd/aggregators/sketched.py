@@ -39,7 +39,9 @@ class SketchedSGD(Aggregator):
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         o = self.options
-        self.sketch = CountSketch(self.d, rows=o.rows, cols=o.cols, seed=o.seed)
+        self.sketch = CountSketch(
+            self.d, rows=o.rows, cols=o.cols, seed=o.seed, cache_hashes=o.use_hash_cache(self.d)
+        )
         self.num_candidates = min(o.candidates * self.k, self.d)
 
     def step(self, grad: torch.Tensor) -> torch.Tensor:
@@ -64,8 +66,10 @@ class SketchedSGD(Aggregator):
 
         cand64 = candidates.to(torch.int64)
         values = self.comm.gather_to_root([accumulated[cand64]])
-        final = [torch.empty(self.k, dtype=candidates.dtype, device=grad.device),
-                 torch.empty(self.k, dtype=grad.dtype, device=grad.device)]
+        final = [
+            torch.empty(self.k, dtype=candidates.dtype, device=grad.device),
+            torch.empty(self.k, dtype=grad.dtype, device=grad.device),
+        ]
         if is_server:
             with self._timed("decompress"):
                 exact = values[0][0].clone()

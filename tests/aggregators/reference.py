@@ -77,8 +77,10 @@ def reference_run(method: str, grads: list[list[torch.Tensor]], k: int, opts: di
             final = lists[0]
             for i, (v, _who) in final.items():
                 update[i] = v
-            delivered = [np.array([i for i, (_, w) in final.items() if p in w], dtype=np.int64)
-                         for p in range(world)]
+            delivered = [
+                np.array([i for i, (_, w) in final.items() if p in w], dtype=np.int64)
+                for p in range(world)
+            ]
         elif method in ("sketched", "gs"):
             sketches = []
             for p in range(world):

@@ -83,8 +83,9 @@ def run_all(rank: int, world_size: int) -> dict:
 def mismatched_density(rank: int, world_size: int, method: str) -> str:
     """Rank 1 asks for another density: every rank must raise a ValueError."""
     density = 0.02 if rank == 1 else 0.01
-    agg = gssgd.make_aggregator(method, D, density=density, **({} if method in (
-        "dense", "topk", "gtopk") else SKETCH))
+    agg = gssgd.make_aggregator(
+        method, D, density=density, **({} if method in ("dense", "topk", "gtopk") else SKETCH)
+    )
     if method == "dense":  # dense ignores density: make it disagree on the payload dtype
         agg = gssgd.make_aggregator(method, D, dtype=torch.float16 if rank == 1 else torch.float32)
     try:

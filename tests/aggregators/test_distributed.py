@@ -66,8 +66,13 @@ def test_update_matches_single_process_reference(world_size: int, name: str) -> 
 def test_residual_matches_reference(world_size: int, name: str) -> None:
     _, want = reference(world_size, name)
     for r, res in enumerate(results(world_size)):
-        np.testing.assert_allclose(res[name]["residual"].double().numpy(), want[r],
-                                   rtol=1e-4, atol=1e-4, err_msg=f"rank {r}")
+        np.testing.assert_allclose(
+            res[name]["residual"].double().numpy(),
+            want[r],
+            rtol=1e-4,
+            atol=1e-4,
+            err_msg=f"rank {r}",
+        )
 
 
 @pytest.mark.parametrize("name", CONSERVING)

@@ -1,0 +1,64 @@
+"""Recursive-doubling schedules and accounted collectives on real gloo processes."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from gssgd.comm import Communicator, recursive_doubling_plan
+from tests.dist_utils import raise_worker_errors, run_workers
+
+
+@pytest.mark.parametrize("world_size", [1, 2, 3, 4, 5, 6, 7, 8, 12])
+def test_plan_pairs_every_rank_once_per_round(world_size: int) -> None:
+    plans = [recursive_doubling_plan(r, world_size) for r in range(world_size)]
+    power = plans[0].power
+    assert power & (power - 1) == 0 and power <= world_size < 2 * power
+    for r, p in enumerate(plans):
+        if r >= power:
+            assert p.fold_into == r - power and not p.partners
+            assert plans[r - power].folded_from == r
+        else:
+            for q in p.partners:
+                assert plans[q].partners[p.partners.index(q)] == r  # partners are mutual
+
+
+def _collectives(rank: int, world_size: int) -> dict:
+    comm = Communicator()
+    x = torch.full((6,), float(rank + 1))
+    out = {"rd": comm.allreduce_recursive_doubling(x)}
+    out["rd_stats"] = comm.take_stats()
+    out["backend"] = comm.allreduce_backend(x.clone())
+    out["backend_stats"] = comm.take_stats()
+    gathered = comm.gather_to_root([x[:2]])
+    out["gathered"] = None if gathered is None else [g[0] for g in gathered]
+    out["star"] = comm.broadcast_from_root([x[:3] * (rank == 0)])[0]
+    out["star_stats"] = comm.take_stats()
+    return out
+
+
+@pytest.mark.parametrize("world_size", [1, 2, 3, 4, 5])
+def test_collectives_sum_and_count(world_size: int) -> None:
+    ranks = run_workers(world_size, _collectives)
+    raise_worker_errors(ranks)
+    total = world_size * (world_size + 1) / 2
+    power = 1 << (world_size.bit_length() - 1)
+    for r, res in enumerate(ranks):
+        assert torch.equal(res["rd"], torch.full((6,), total))
+        assert torch.equal(res["backend"], torch.full((6,), total))
+        assert torch.equal(res["star"], torch.ones(3))
+        s = res["rd_stats"]
+        rounds = power.bit_length() - 1
+        if r >= power:  # folded: sends once, receives the result once
+            assert (s.bytes_sent, s.bytes_received) == (24, 24)
+        else:
+            extra = 1 if r + power < world_size else 0
+            assert s.bytes_sent == 24 * (rounds + extra)
+            assert s.bytes_received == 24 * (rounds + extra)
+        assert s.rounds == rounds + (2 if world_size != power else 0)
+        assert res["backend_stats"].bytes_sent == (2 * (world_size - 1) * 24) // world_size
+    if world_size > 1:
+        root = ranks[0]
+        assert [float(g[0]) for g in root["gathered"]] == [float(r + 1) for r in range(world_size)]
+        assert root["star_stats"].bytes_received == (world_size - 1) * 8
+        assert root["star_stats"].bytes_sent == (world_size - 1) * 12
