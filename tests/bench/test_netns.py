@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from gssgd.bench import netns
 from gssgd.bench.netns import (
     EmulatedCluster,
     _instance_tag,
@@ -73,9 +74,12 @@ print(t.min().item(), t.max().item(), flush=True)
 dist.destroy_process_group()
 """
 # A cluster owner that prints its tag and a worker's pid, then waits to be signalled.
+# It sets the SIGINT handler an interactive run has: a background job inherits SIGINT
+# ignored, and the cluster then leaves it ignored (as it should).
 OWNER = r"""
-import sys, time
+import signal, sys, time
 from gssgd.bench.netns import EmulatedCluster
+signal.signal(signal.SIGINT, signal.default_int_handler)
 try:
     with EmulatedCluster(2, link="100mbit") as cluster:
         worker = cluster.popen(1, ["sleep", "30"])
@@ -183,6 +187,12 @@ def test_parse_link_rate_rejects_bad_text_naming_the_value(text: str, match: str
 def test_cluster_rejects_bad_arguments_before_touching_the_system(kwargs, match) -> None:
     with pytest.raises(ValueError, match=match):
         EmulatedCluster(**kwargs)
+
+
+def test_cluster_without_root_says_so_and_how_to_avoid_it(monkeypatch) -> None:
+    monkeypatch.setattr(netns, "have_root", lambda: False)
+    with pytest.raises(PermissionError, match=r"needs root \(run as root, or use --link none\)"):
+        EmulatedCluster(2, link="1gbit")
 
 
 # --------------------------------------------------------------------------- shaping
