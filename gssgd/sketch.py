@@ -227,13 +227,18 @@ class CountSketch:
             out._cache = out._cache.to(device)
         return out
 
-    def copy(self) -> CountSketch:
-        """A sketch with the same hashes and a copy of the table (the hash cache is shared)."""
+    def with_table(self, table: torch.Tensor) -> CountSketch:
+        """A sketch with these hashes around ``table`` (not copied), e.g. an all-reduced sum."""
+        if tuple(table.shape) != (self.rows, self.cols):
+            raise ValueError(f"table has shape {tuple(table.shape)}, expected {(self.rows, self.cols)}")
         out = CountSketch.__new__(CountSketch)
         out.d, out.rows, out.cols, out.seed = self.d, self.rows, self.cols, self.seed
-        out._params, out._cache = self._params, self._cache
-        out.table = self.table.clone()
+        out._params, out._cache, out.table = self._params, self._cache, table
         return out
+
+    def copy(self) -> CountSketch:
+        """A sketch with the same hashes and a copy of the table (the hash cache is shared)."""
+        return self.with_table(self.table.clone())
 
     # ------------------------------------------------------------------ queries
     def _doubled(self) -> torch.Tensor:

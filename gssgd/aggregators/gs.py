@@ -21,17 +21,25 @@ Communication per rank is ``O((rows*cols + m*k) * log P)``, independent of ``d``
 Tuning: ``cols`` sets the recovery noise (about ``||a|| / sqrt(cols)``); ``candidates`` m
 lets the exact round repair the sketch's mistakes at the price of m*k numbers per round.
 ``last_stats.delivered_fraction`` reports the share of the accumulated mass (squared l2,
-from the sketch's norm estimate) that each step delivered.
+from the sketch's norm estimate) that each step delivered; the ``guard`` option watches it
+and grows the sketch (or stops with a clear message) when it collapses to what random
+coordinates would deliver, instead of letting training silently diverge.
 """
 
 from __future__ import annotations
+
+import logging
+from typing import Any
 
 import torch
 
 from gssgd._select import topk_indices
 from gssgd.aggregators.base import Aggregator
+from gssgd.aggregators.guard import CollapseGuard
 from gssgd.aggregators.options import GSOptions
 from gssgd.sketch import CountSketch
+
+log = logging.getLogger(__name__)
 
 __all__ = ["GlobalSketchSGD"]
 
@@ -45,11 +53,41 @@ class GlobalSketchSGD(Aggregator):
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
+        self.num_candidates = min(self.options.candidates * self.k, self.d)
+        self.guard = CollapseGuard()
+        self._build_sketch(self.options.cols)
+
+    def _build_sketch(self, cols: int) -> None:
         o = self.options
+        self.cols = cols
         self.sketch = CountSketch(
-            self.d, rows=o.rows, cols=o.cols, seed=o.seed, cache_hashes=o.use_hash_cache(self.d)
+            self.d, rows=o.rows, cols=cols, seed=o.seed, cache_hashes=o.use_hash_cache(self.d)
         )
-        self.num_candidates = min(o.candidates * self.k, self.d)
+
+    @property
+    def max_cols(self) -> int:
+        """Past ``d / (2 * rows)`` columns the sketch would cost half of dense: stop growing."""
+        return max(self.options.cols, self.d // (2 * self.options.rows))
+
+    def _on_collapse(self, recall: float) -> None:
+        """Grow the sketch, or raise, when an audit finds a collapse (all ranks alike)."""
+        what = (
+            f"gs-SGD's sketch collapsed at step {self.steps}: its update delivered "
+            f"{recall:.1%} of the mass that exact global top-k would have (below "
+            f"{self.guard.min_recall:.0%}; rows={self.options.rows}, cols={self.cols}, "
+            f"candidates={self.options.candidates}, k={self.k}, d={self.d})"
+        )
+        if self.options.guard == "grow" and self.cols < self.max_cols:
+            new_cols = min(2 * self.cols, self.max_cols)
+            if self.rank == 0:
+                log.warning("%s; growing the sketch to cols=%d.", what, new_cols)
+            self._build_sketch(new_cols)
+            self.guard.reset()
+            return
+        raise RuntimeError(
+            f"{what}. Raise cols or candidates, raise the density, or use method 'topk'"
+            + (" (the sketch cannot grow further)." if self.options.guard == "grow" else ".")
+        )
 
     def _allreduce(self, tensor: torch.Tensor) -> torch.Tensor:
         if self.options.allreduce == "backend":
@@ -65,8 +103,11 @@ class GlobalSketchSGD(Aggregator):
             self.sketch = self.sketch.to(grad.device, grad.dtype).zero_()
             self.sketch.accumulate(accumulated)
 
-        summed = self.sketch.copy()
-        summed.table = self._allreduce(self.sketch.table)
+        summed = self.sketch.with_table(self._allreduce(self.sketch.table))
+
+        audit = self.options.guard != "off" and self.guard.due()
+        if audit:  # the exact global vector, before the residual update zeroes ``accumulated``
+            exact_global = self.comm.allreduce_backend(accumulated.clone())
 
         if self.options.exact:
             with self._timed("decompress"):
@@ -83,6 +124,26 @@ class GlobalSketchSGD(Aggregator):
             update = torch.zeros_like(grad)
             update[chosen] = values / self.world_size
             self._keep_residual(accumulated, chosen)
+            mass = float(values.double().pow(2).sum())
             total = summed.l2_estimate() ** 2
-            delivered = float(values.double().pow(2).sum()) / total if total > 0 else 1.0
+            delivered = mass / total if total > 0 else 1.0
+        if audit:
+            best = exact_global[topk_indices(exact_global.abs(), self.k)]
+            best_mass = float(best.double().pow(2).sum())
+            if self.guard.collapsed(mass / best_mass if best_mass > 0 else 1.0):
+                self._on_collapse(self.guard.last_recall or 0.0)
+        self.guard.advance()
         return self._finish(update, delivered_fraction=delivered)
+
+    def agreement_fields(self) -> dict[str, Any]:
+        return {**super().agreement_fields(), "cols": self.cols}
+
+    def state_dict(self) -> dict[str, Any]:
+        """Adds the current sketch width (the guard may have grown it) and the guard."""
+        return {**super().state_dict(), "cols": self.cols, "guard": self.guard.state_dict()}
+
+    def load_state_dict(self, sd: dict[str, Any]) -> None:
+        super().load_state_dict(sd)
+        if int(sd.get("cols", self.cols)) != self.cols:
+            self._build_sketch(int(sd["cols"]))
+        self.guard.load_state_dict(sd.get("guard", {}))

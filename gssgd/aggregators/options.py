@@ -209,10 +209,16 @@ class GSOptions(SketchedOptions):
         exact: fetch the exact sums of the candidates in a second all-reduce (True), or
             use the sketch's estimates (False, one round; mass is not conserved).
         allreduce: how the sketch tables are summed: "recursive_doubling" or "backend".
+        guard: what to do when an audit finds the sketch collapsed (see
+            :mod:`gssgd.aggregators.guard`; audits cost one dense all-reduce at step 20 and
+            every 200 steps): "grow" doubles ``cols`` (every rank alike) up to
+            ``d / (2 * rows)`` and raises past that; "raise" stops with a message saying what
+            to change; "off" never audits.
     """
 
     exact: bool = True
     allreduce: str = "recursive_doubling"
+    guard: str = "grow"
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -225,3 +231,5 @@ class GSOptions(SketchedOptions):
                 "it must be 'recursive_doubling' or 'backend'",
                 "Use 'backend' for a bandwidth-optimal ring at large P.",
             )
+        if self.guard not in ("grow", "raise", "off"):
+            raise _bad("guard", self.guard, "it must be 'grow', 'raise' or 'off'", "Use 'grow'.")

@@ -1,0 +1,68 @@
+"""Collapse detection for gs-SGD: audited recall of the global top-k mass.
+
+A Count Sketch that is too small for the accumulated vector stops finding its heavy
+coordinates: its candidates become no better than random ones, the update delivers almost
+nothing, the residuals grow, and the delayed mass later arrives in bursts that diverge
+under momentum. Every step gs-SGD reports the share of the accumulated mass it delivered
+(``StepStats.delivered_fraction``, the exact values against the sketch's l2 estimate), but
+that share has no absolute scale: it depends on how concentrated the gradient is.
+
+So the guard *audits*: at a few steps (the first at ``first_audit``, then every
+``audit_every``) every rank all-reduces its whole accumulated vector once (counted in the
+step's bytes), and computes exactly
+
+    recall = ||delivered values||^2 / ||top-k of the exact global vector||^2,
+
+the share of the mass that exact global top-k would have delivered. Below ``min_recall``
+the sketch has collapsed. Every rank computes bitwise the same recall from all-reduced
+values, so every rank takes the same decision without further messages.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+__all__ = ["CollapseGuard"]
+
+
+@dataclass
+class CollapseGuard:
+    """When to audit, and what counts as a collapse.
+
+    Attributes:
+        min_recall: collapse when an audit finds a recall below this.
+        first_audit: compressed steps before the first audit (after a start or a resize).
+        audit_every: compressed steps between later audits.
+        since_start: compressed steps since the start or the last resize.
+        last_recall: the most recent audit's recall (None before the first).
+    """
+
+    min_recall: float = 0.1
+    first_audit: int = 20
+    audit_every: int = 200
+    since_start: int = 0
+    last_recall: float | None = None
+
+    def due(self) -> bool:
+        """Whether this step (the ``since_start``-th) is audited."""
+        n = self.since_start
+        return n == self.first_audit or (n > self.first_audit and n % self.audit_every == 0)
+
+    def advance(self) -> None:
+        self.since_start += 1
+
+    def collapsed(self, recall: float) -> bool:
+        """Record an audit's recall; True when the sketch has collapsed."""
+        self.last_recall = recall
+        return recall < self.min_recall
+
+    def reset(self) -> None:
+        """Start afresh after the sketch was resized."""
+        self.since_start = 0
+
+    def state_dict(self) -> dict[str, float | int | None]:
+        return {"since_start": self.since_start, "last_recall": self.last_recall}
+
+    def load_state_dict(self, sd: dict) -> None:
+        self.since_start = int(sd.get("since_start", 0))
+        self.last_recall = sd.get("last_recall")

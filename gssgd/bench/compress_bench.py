@@ -1,0 +1,116 @@
+"""Time gs-SGD's compression path against a plain ``torch.topk`` of the same vector.
+
+The path, per step and rank, without communication: sketch the accumulated vector,
+recover the m*k candidates from a (here: the same) summed table, gather the vector at the
+candidates, and pick the top k of the exact values. Its reference is what every Top-k
+method pays at least: ``torch.topk(a.abs(), k)``.
+
+Run: ``python -m gssgd.bench.compress_bench --d 1000000 10000000`` (one thread by default).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import statistics
+import time
+from collections.abc import Callable
+
+import torch
+
+from gssgd._select import topk_indices
+from gssgd.sketch import CountSketch
+
+__all__ = ["time_compression", "main"]
+
+
+def _median_ms(fn: Callable[[], object], repeats: int) -> float:
+    fn()  # warm-up
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return 1000 * statistics.median(times)
+
+
+def time_compression(
+    d: int,
+    density: float = 0.001,
+    rows: int = 5,
+    cols_per_k: int = 10,
+    candidates: int = 4,
+    repeats: int = 7,
+    cache: bool = True,
+    seed: int = 0,
+) -> dict[str, float]:
+    """Median milliseconds of each part of the gs compression path and of ``torch.topk``.
+
+    Args:
+        d: vector length. density: k = max(1, round(density * d)). rows, cols_per_k:
+        sketch shape rows x (cols_per_k * k). candidates: m. repeats: timed runs.
+        cache: use the hash cache. seed: data and hash seed.
+
+    Returns:
+        A dict of milliseconds: topk, sketch, candidates, exact_topk, gs_total, and the
+        ratio gs_total / topk.
+    """
+    k = max(1, round(density * d))
+    gen = torch.Generator().manual_seed(seed)
+    vec = torch.randn(d, generator=gen)
+    vec[torch.randperm(d, generator=gen)[:k]] *= 20  # a heavy tail, as in real gradients
+    sketch = CountSketch(d, rows=rows, cols=cols_per_k * k, seed=seed, cache_hashes=cache)
+    m_k = min(candidates * k, d)
+
+    def do_sketch() -> None:
+        sketch.zero_()
+        sketch.accumulate(vec)
+
+    do_sketch()
+    cand = sketch.heavy_hitters(m_k)[0]
+    out = {
+        "d": d,
+        "k": k,
+        "topk": _median_ms(lambda: torch.topk(vec.abs(), k), repeats),
+        "sketch": _median_ms(do_sketch, repeats),
+        "candidates": _median_ms(lambda: sketch.heavy_hitters(m_k), repeats),
+        "exact_topk": _median_ms(lambda: topk_indices(vec[cand].abs(), k), repeats),
+    }
+    out["gs_total"] = out["sketch"] + out["candidates"] + out["exact_topk"]
+    out["ratio_to_topk"] = out["gs_total"] / out["topk"]
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--d", type=int, nargs="+", default=[1_000_000, 10_000_000])
+    parser.add_argument("--density", type=float, default=0.001)
+    parser.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
+    parser.add_argument("--repeats", type=int, default=7)
+    parser.add_argument("--no-cache", action="store_true", help="hash on the fly")
+    parser.add_argument("--json", help="also write the results to this file")
+    args = parser.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    rows = [
+        time_compression(d, args.density, repeats=args.repeats, cache=not args.no_cache)
+        for d in args.d
+    ]
+    print(f"threads={args.threads} cache={not args.no_cache} cpu={platform.processor() or '?'}")
+    print(
+        f"{'d':>11} {'topk ms':>8} {'sketch':>8} {'cands':>8} {'exact':>8} {'gs total':>9} "
+        f"{'x topk':>7}"
+    )
+    for r in rows:
+        print(
+            f"{r['d']:>11,} {r['topk']:8.1f} {r['sketch']:8.1f} {r['candidates']:8.1f} "
+            f"{r['exact_topk']:8.2f} {r['gs_total']:9.1f} {r['ratio_to_topk']:7.2f}"
+        )
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(rows, f, indent=2)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

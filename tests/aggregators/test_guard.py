@@ -1,0 +1,34 @@
+"""The collapse guard: a too-small sketch is detected by audits and grown, or stops."""
+
+from __future__ import annotations
+
+from tests.aggregators.guard_scenarios import D, run_guard
+from tests.dist_utils import raise_worker_errors, run_workers
+
+
+def test_healthy_sketch_is_left_alone() -> None:
+    ranks = run_workers(2, run_guard, 2000, "grow", 45)
+    raise_worker_errors(ranks)
+    for res in ranks:
+        assert res["cols"] == 2000
+        assert res["recalls"][-1] is not None and res["recalls"][-1] > 0.5
+
+
+def test_collapsed_sketch_grows_on_every_rank_until_it_recovers() -> None:
+    ranks = run_workers(3, run_guard, 16, "grow", 170)
+    raise_worker_errors(ranks)
+    assert len({res["cols"] for res in ranks}) == 1  # every rank took the same decisions
+    res = ranks[0]
+    assert res["cols"] > 16 and res["state_cols"] == res["cols"]
+    first_audit = res["recalls"][20]
+    assert first_audit is not None and first_audit < 0.1
+    assert res["recalls"][-1] > 0.3  # after growing, the sketch finds the heavy mass again
+    # An audit all-reduces the whole vector once: that step costs about dense's bytes.
+    assert res["bytes"][20] > 3 * D
+
+
+def test_guard_raise_stops_every_rank_with_advice() -> None:
+    ranks = run_workers(2, run_guard, 8, "raise", 30)
+    for res in ranks:
+        assert "collapsed at step 20" in res["error"]
+        assert "Raise cols or candidates" in res["error"]
