@@ -132,9 +132,11 @@ class Aggregator:
         self._timings = {"compress": 0.0, "decompress": 0.0}
         self._step_start = time.perf_counter()
         if not self._agreed:
-            self._check_agreement()
+            self._check_agreement(grad.device)
             self._agreed = True
-        bad_here = torch.tensor([0 if bool(torch.isfinite(grad).all()) else 1], dtype=torch.int32)
+        bad_here = torch.tensor(
+            [0 if bool(torch.isfinite(grad).all()) else 1], dtype=torch.int32, device=grad.device
+        )
         bad_anywhere = self.comm.allgather_backend(bad_here) if self.world_size > 1 else [bad_here]
         bad_ranks = [r for r, flag in enumerate(bad_anywhere) if int(flag)]
         if not bad_ranks:
@@ -213,7 +215,7 @@ class Aggregator:
         )
 
     # ---------------------------------------------------------------- agreement
-    def _check_agreement(self) -> None:
+    def _check_agreement(self, device: torch.device) -> None:
         """All-gather a hash per agreement field; name every field that differs.
 
         Raises:
@@ -221,7 +223,9 @@ class Aggregator:
         """
         fields_ = self.agreement_fields()
         names = sorted(fields_)
-        mine = torch.tensor([_field_hash(fields_[n]) for n in names], dtype=torch.int64)
+        mine = torch.tensor(
+            [_field_hash(fields_[n]) for n in names], dtype=torch.int64, device=device
+        )
         if self.world_size == 1:
             return
         everyone = self.comm.allgather_backend(mine)
