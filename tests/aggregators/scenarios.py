@@ -111,3 +111,34 @@ def nonfinite_step(rank: int, world_size: int, method: str) -> dict:
         out["residuals"].append(None if res is None else res.clone())
         out.setdefault("skipped", []).append(agg.last_stats.skipped)
     return out
+
+
+def persistent_nonfinite(rank: int, world_size: int, method: str, nonfinite: str) -> str:
+    """Rank 0's gradient is NaN from step 2 on: every rank must stop alike."""
+    opts = {} if method in ("dense", "topk", "gtopk") else dict(SKETCH)
+    agg = gssgd.make_aggregator(
+        method,
+        D,
+        density=None if method == "dense" else 0.01,
+        nonfinite=nonfinite,
+        max_consecutive_skips=3,
+        **opts,
+    )
+    for t in range(10):
+        g = make_grad(rank, t, D)
+        if rank == 0 and t >= 2:
+            g[:] = float("nan")
+        try:
+            agg.step(g)
+        except FloatingPointError as exc:
+            return f"step {t}: {exc}"
+    return "no error"
+
+
+METHODS = ["dense", "topk", "gtopk", "sketched", "gs"]
+
+
+def for_every_method(rank: int, world_size: int, scenario_name: str, *args) -> dict:
+    """Run one scenario for every method in a single spawn (spawning costs seconds)."""
+    scenario = globals()[scenario_name]
+    return {m: scenario(rank, world_size, m, *args) for m in METHODS}

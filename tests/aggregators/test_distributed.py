@@ -15,9 +15,8 @@ from tests.aggregators.scenarios import (
     SKETCH,
     STEPS,
     D,
+    for_every_method,
     make_grad,
-    mismatched_density,
-    nonfinite_step,
     run_all,
 )
 from tests.dist_utils import raise_worker_errors, run_workers
@@ -155,24 +154,38 @@ def test_gs_sends_under_a_tenth_of_dense_at_low_density() -> None:
     assert stats["bytes_sent"] < dense_ring / 10
 
 
-@pytest.mark.parametrize("method", ["dense", "topk", "gtopk", "sketched", "gs"])
 @pytest.mark.parametrize("world_size", [2, 3])
-def test_ranks_that_disagree_all_raise(world_size: int, method: str) -> None:
-    messages = run_workers(world_size, mismatched_density, method)
-    for msg in messages:
-        assert "ranks disagree" in msg, msg
-        assert ("dtype" if method == "dense" else "'k'") in msg or "k (" in msg
+def test_ranks_that_disagree_all_raise(world_size: int) -> None:
+    for per_method in run_workers(world_size, for_every_method, "mismatched_density"):
+        for method, msg in per_method.items():
+            assert "ranks disagree" in msg, (method, msg)
+            assert ("dtype" if method == "dense" else "'k'") in msg or "k (" in msg
 
 
-@pytest.mark.parametrize("method", ["dense", "topk", "gtopk", "sketched", "gs"])
-def test_nonfinite_gradient_skips_the_step_on_every_rank(method: str) -> None:
-    ranks = run_workers(3, nonfinite_step, method)
+def test_nonfinite_gradient_skips_the_step_on_every_rank() -> None:
+    ranks = run_workers(3, for_every_method, "nonfinite_step")
     raise_worker_errors(ranks)
-    for res in ranks:
-        assert res["skipped"] == [False, True, True, False]
-        for t in (1, 2):
-            assert torch.count_nonzero(res["updates"][t]) == 0
-            if res["residuals"][0] is not None:
-                assert torch.equal(res["residuals"][t], res["residuals"][0])
-        assert torch.isfinite(res["updates"][3]).all()
-        assert torch.count_nonzero(res["updates"][3]) > 0
+    for per_method in ranks:
+        for res in per_method.values():
+            assert res["skipped"] == [False, True, True, False]
+            for t in (1, 2):
+                assert torch.count_nonzero(res["updates"][t]) == 0
+                if res["residuals"][0] is not None:
+                    assert torch.equal(res["residuals"][t], res["residuals"][0])
+            assert torch.isfinite(res["updates"][3]).all()
+            assert torch.count_nonzero(res["updates"][3]) > 0
+
+
+def test_persistent_nonfinite_stops_every_rank_after_max_skips() -> None:
+    for per_method in run_workers(2, for_every_method, "persistent_nonfinite", "skip"):
+        for method, msg in per_method.items():
+            assert msg.startswith("step 4: step 4: non-finite gradient"), (method, msg)
+            assert "3 consecutive steps were skipped" in msg
+            assert "rank(s) [0]" in msg
+
+
+def test_nonfinite_raise_stops_every_rank_at_once() -> None:
+    for per_method in run_workers(3, for_every_method, "persistent_nonfinite", "raise"):
+        for method, msg in per_method.items():
+            assert msg.startswith("step 2: step 2: non-finite gradient"), (method, msg)
+            assert "nonfinite='raise'" in msg
