@@ -15,7 +15,7 @@ from gssgd.aggregators.base import Aggregator, StepStats
 from gssgd.aggregators.dense import DenseAllReduce
 from gssgd.aggregators.gs import GlobalSketchSGD
 from gssgd.aggregators.gtopk import GlobalTopk
-from gssgd.aggregators.options import default_sketch_cols, resolve_k
+from gssgd.aggregators.options import default_candidates, default_sketch_cols, resolve_k
 from gssgd.aggregators.sketched import SketchedSGD
 from gssgd.aggregators.topk import LocalTopk
 
@@ -56,7 +56,9 @@ def build_options(name: str, d: int, density: float | None = None, **options: ob
         )
     opts = cls.Options(**options)  # type: ignore[arg-type]
     if getattr(opts, "cols", 0) is None:
-        opts = dataclasses.replace(opts, cols=default_sketch_cols(d, k))  # type: ignore[call-arg]
+        opts = dataclasses.replace(opts, cols=default_sketch_cols(d, k, opts.rows))  # type: ignore[attr-defined]
+    if getattr(opts, "candidates", 0) is None:
+        opts = dataclasses.replace(opts, candidates=default_candidates(d, k))  # type: ignore[call-arg]
     return cls, k, opts
 
 

@@ -19,6 +19,7 @@ __all__ = [
     "GSOptions",
     "resolve_k",
     "default_sketch_cols",
+    "default_candidates",
     "DEFAULT_DENSITY",
 ]
 
@@ -71,12 +72,22 @@ def resolve_k(d: int, density: float | None, k: int | None) -> int:
     return max(1, round(density * d))
 
 
-def default_sketch_cols(d: int, k: int) -> int:
-    """The default number of sketch columns for ``k`` heavy coordinates out of ``d``.
+def default_sketch_cols(d: int, k: int, rows: int = 5) -> int:
+    """The default sketch width: ``10 * k`` columns, but never more than ``d / (4 * rows)``.
 
-    See docs/benchmarks.md (sketch sizing) for the sweep behind this rule.
+    The sizing study (docs/benchmarks.md, "Sketch sizing") measured how much of the exact
+    global top-k mass gs-SGD recovers on real training (MNIST CNN, Shakespeare LSTM,
+    densities 0.01 and 0.001): the number of exact candidates ``m`` buys far more recall
+    per byte than columns do, so columns stay at ``10 * k`` and the budget goes to ``m``
+    (:func:`default_candidates`). The cap keeps one round's table under a quarter of the
+    gradient: where ``10 * k`` exceeds it, a sketch cannot beat sending the vector.
     """
-    return max(10 * k, 256)
+    return max(1, min(10 * k, max(256, d // (4 * rows))))
+
+
+def default_candidates(d: int, k: int) -> int:
+    """The default ``m``: 16 candidates per selected coordinate, capped so ``m * k <= d / 8``."""
+    return max(1, min(16, d // (8 * k)))
 
 
 @dataclass(frozen=True)
@@ -157,7 +168,7 @@ class SketchedOptions(TopkOptions):
         rows: hash rows of the Count Sketch (odd).
         cols: buckets per row, or None for :func:`default_sketch_cols`.
         candidates: m; the sketch proposes m * k candidates (capped at d) whose exact
-            values are then fetched.
+            values are then fetched; None for :func:`default_candidates`.
         seed: hash seed shared by all ranks.
         hash_cache: keep every coordinate's buckets in memory (``8 * rows * d`` bytes) for
             speed; None (default) caches when that is at most ``HASH_CACHE_LIMIT`` bytes.
@@ -165,7 +176,7 @@ class SketchedOptions(TopkOptions):
 
     rows: int = DEFAULT_ROWS
     cols: int | None = None
-    candidates: int = 4
+    candidates: int | None = None
     seed: int = 0
     hash_cache: bool | None = None
 
@@ -186,9 +197,12 @@ class SketchedOptions(TopkOptions):
             )
         if self.cols is not None and (not _is_int(self.cols) or self.cols < 1):
             raise _bad("cols", self.cols, "it must be an integer >= 1 or None", "Leave it None.")
-        if not _is_int(self.candidates) or self.candidates < 1:
+        if self.candidates is not None and (not _is_int(self.candidates) or self.candidates < 1):
             raise _bad(
-                "candidates", self.candidates, "it must be an integer >= 1", "For example 4."
+                "candidates",
+                self.candidates,
+                "it must be an integer >= 1 or None",
+                "For example 16.",
             )
         if not _is_int(self.seed) or self.seed < 0:
             raise _bad("seed", self.seed, "it must be an integer >= 0", "For example seed=0.")
