@@ -293,8 +293,10 @@ class CountSketch:
             ValueError: ``k`` is out of range.
         """
         _check_int("k", k, 1, self.d, "the number of heavy coordinates to recover")
-        stride = 16
-        if self.d < 64 * stride or k * stride * 4 > self.d:
+        # Sample every stride-th coordinate, sparsely enough to be cheap yet holding a few
+        # dozen of the k heaviest; with k above d/16 screening cannot pay, estimate all.
+        stride = min(16, self.d // (8 * k))
+        if self.d < 1024 or stride < 2:
             est = self.query()
             idx = topk_indices(est.abs(), k)
             return idx, est[idx]
