@@ -50,6 +50,8 @@ def main() -> None:
     p.add_argument("--lr", type=float, default=0.05)
     p.add_argument("--checkpoints", default="20,100,300")
     p.add_argument("--json", default=None)
+    p.add_argument("--grid", default=None,
+                   help="rows:cols_per_k:m,... (default: rows 1,3,5 x cols 2,10,40,160 k x m 1,4,16)")
     args = p.parse_args()
     torch.manual_seed(0)
     data = load_dataset(args.dataset)
@@ -61,6 +63,8 @@ def main() -> None:
     residual = [torch.zeros(d) for _ in range(args.workers)]
     checkpoints = {int(s) for s in args.checkpoints.split(",")}
     grid = [(r, c, m) for r in (1, 3, 5) for c in (2, 10, 40, 160) for m in (1, 4, 16)]
+    if args.grid:
+        grid = [tuple(int(v) for v in item.split(":")) for item in args.grid.split(",")]
     out = {"dataset": args.dataset, "d": d, "k": k, "P": args.workers, "results": []}
     print(f"d={d:,} k={k} P={args.workers}")
     for step in range(1, args.steps + 1):
@@ -83,13 +87,11 @@ def main() -> None:
                 rec = mass_recall(acc, k, rows, cpk * k, m)
                 out["results"].append({"step": step, "rows": rows, "cols_per_k": cpk,
                                        "m": m, "recall": rec})
-            best = {(r["rows"], r["cols_per_k"], r["m"]): r["recall"]
-                    for r in out["results"] if r["step"] == step}
             print(f"step {step} loss {loss.item():.3f}")
-            for rows in (1, 3, 5):
-                line = " ".join(f"c{c}k/m{m}:{best[(rows, c, m)]:.2f}"
-                                for c in (2, 10, 40, 160) for m in (1, 4, 16))
-                print(f"  rows={rows} {line}")
+            for r in out["results"]:
+                if r["step"] == step:
+                    print(f"  rows={r['rows']} cols={r['cols_per_k']}k m={r['m']}: "
+                          f"recall {r['recall']:.2f}")
         update = torch.zeros(d)
         update[chosen] = total[chosen] / args.workers
         for w in range(args.workers):

@@ -58,6 +58,12 @@ def index_dtype(d: int) -> torch.dtype:
     return torch.int32 if d < 2**31 else torch.int64
 
 
+def _all_finite(x: torch.Tensor) -> bool:
+    """Whether every element is finite: one sum (any NaN/Inf makes it non-finite), and the
+    exact element-wise check only when the sum is not finite (it may just have overflowed)."""
+    return bool(torch.isfinite(x.sum())) or bool(torch.isfinite(x).all())
+
+
 def _field_hash(value: object) -> int:
     digest = hashlib.blake2b(repr(value).encode(), digest_size=8).digest()
     return int.from_bytes(digest, "little") >> 1  # fits in int64
@@ -134,9 +140,10 @@ class Aggregator:
         if not self._agreed:
             self._check_agreement(grad.device)
             self._agreed = True
-        bad_here = torch.tensor(
-            [0 if bool(torch.isfinite(grad).all()) else 1], dtype=torch.int32, device=grad.device
-        )
+        with self._timed("compress"):
+            bad_here = torch.tensor(
+                [0 if _all_finite(grad) else 1], dtype=torch.int32, device=grad.device
+            )
         bad_anywhere = self.comm.allgather_backend(bad_here) if self.world_size > 1 else [bad_here]
         bad_ranks = [r for r, flag in enumerate(bad_anywhere) if int(flag)]
         if not bad_ranks:
