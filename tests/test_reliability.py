@@ -1,0 +1,145 @@
+"""Bad inputs and faults: each row of docs/reliability.md that is not tested elsewhere."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import gssgd
+from tests.dist_utils import raise_worker_errors, run_workers
+from tests.reliability_scenarios import train_odd_model
+
+
+def gssgd_train(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    cmd = [
+        sys.executable,
+        "-m",
+        "gssgd.cli.main",
+        "train",
+        "--dataset",
+        "digits",
+        "--workers",
+        "1",
+        "--steps",
+        "2",
+        "--no-progress",
+        *args,
+    ]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--dataset", "nope"], "unknown dataset 'nope'; valid names are digits"),
+        (["--density", "0"], r"--density=0.0 is invalid: it must be a number in (0, 1]"),
+        (["--k", "0"], "--k=0 is invalid"),
+        (["--rows", "4"], "--rows=4 is invalid: it must be odd"),
+        (["--model", "lm"], "model 'lm' needs text data"),
+        (["--fail-at", "x"], "'x' is not RANK:STEP"),
+        (["--dataset", "npz:/nonexistent/data.npz"], "no file at /nonexistent/data.npz"),
+        (["--workers", "0"], "--workers=0 is invalid"),
+    ],
+)
+def test_bad_command_line_input_is_a_clear_error(args: list[str], message: str, tmp_path) -> None:
+    out = gssgd_train("--out", str(tmp_path / "run"), *args)
+    assert out.returncode != 0
+    assert message in out.stderr, out.stderr[-2000:]
+    assert "Traceback" not in out.stderr
+
+
+def test_unwritable_output_folder_is_a_clear_error(tmp_path) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("not a folder")
+    out = gssgd_train("--out", str(blocker / "run"))
+    assert out.returncode != 0
+    assert str(blocker) in out.stderr
+    assert "Traceback" not in out.stderr
+
+
+def test_empty_vector_is_rejected_before_any_collective() -> None:
+    with pytest.raises(ValueError, match="d=0 is invalid"):
+        gssgd.make_aggregator("gs", 0)
+
+
+@pytest.mark.parametrize("mixed", [False, True])
+def test_frozen_and_zero_dim_parameters_train_under_the_hook(mixed: bool) -> None:
+    """Frozen layers are left alone, a 0-dim parameter is one coordinate, and a float64
+    layer beside float32 ones either trains or fails with a clear message."""
+    ranks = run_workers(2, train_odd_model, "gs", mixed)
+    raise_worker_errors(ranks)
+    if "error" in ranks[0]:
+        assert mixed, ranks[0]["error"]
+        assert "dtype" in ranks[0]["error"], ranks[0]["error"]
+        return
+    for res in ranks:
+        assert res["frozen_unchanged"]
+        assert res["iter"] == 4
+    for a, b in zip(ranks[0]["params"], ranks[1]["params"], strict=True):
+        assert torch.equal(a, b)
+
+
+def _process_tree(root: int) -> set[int]:
+    pids, frontier = {root}, [root]
+    while frontier:
+        pid = frontier.pop()
+        try:
+            with open(f"/proc/{pid}/task/{pid}/children") as f:
+                children = [int(c) for c in f.read().split()]
+        except OSError:
+            continue
+        frontier += children
+        pids.update(children)
+    return pids
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/task"), reason="needs Linux /proc")
+def test_self_spawned_workers_listen_on_loopback_only(tmp_path) -> None:
+    """While a self-spawned run trains, every listening socket of its processes is on
+    127.0.0.1 (the rendezvous store and gloo's pairs alike)."""
+    import re
+    import shutil
+    import time
+
+    if shutil.which("ss") is None:
+        pytest.skip("needs the ss tool (iproute2)")
+    cmd = [
+        sys.executable,
+        "-m",
+        "gssgd.cli.main",
+        "train",
+        "--dataset",
+        "digits",
+        "--workers",
+        "2",
+        "--steps",
+        "400",
+        "--no-progress",
+        "--out",
+        str(tmp_path / "r"),
+    ]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        metrics = tmp_path / "r" / "metrics.jsonl"
+        deadline = time.monotonic() + 90
+        while time.monotonic() < deadline and not (metrics.exists() and metrics.stat().st_size):
+            time.sleep(0.5)
+        assert metrics.exists(), "training did not start"
+        pids = _process_tree(proc.pid)
+        listing = subprocess.run(["ss", "-ltnpH"], capture_output=True, text=True).stdout
+        ours = [
+            line
+            for line in listing.splitlines()
+            if any(int(p) in pids for p in re.findall(r"pid=(\d+)", line))
+        ]
+        assert ours, listing
+        for line in ours:
+            local = line.split()[3]
+            assert local.startswith(("127.0.0.1:", "[::1]:", "[::ffff:127.0.0.1]:")), line
+    finally:
+        proc.kill()
+        proc.wait()
