@@ -1,0 +1,214 @@
+"""``gssgd compare``: the same training run once per method, side by side.
+
+Every method trains the same model on the same data shards with the same seeds and
+steps (one ``gssgd train`` run each, into ``DIR/METHOD/``). Then ``DIR/results.json``
+maps each method to its final test accuracy (text: test loss), bytes sent per worker
+per step and seconds per step; ``DIR/vs_step.png`` and ``DIR/vs_bytes.png`` plot loss
+and accuracy against steps and against bytes communicated, and a table is printed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from gssgd.cli.train import Formatter, add_training_flags, settings_from_args
+from gssgd.train.data import TextData, load_dataset
+from gssgd.train.launch import is_user_error
+from gssgd.train.loop import METHODS, TrainConfig, applies_to, run_training, settings_for
+from gssgd.train.metrics import METRICS_FILE, read_metrics, write_json
+
+__all__ = ["DEFAULTS", "add_parser", "run"]
+
+#: compare's defaults where they differ from train's: the README's main job, sized to
+#: finish in about five minutes on a 2-core machine (MNIST, CNN, 4 workers, 5 methods).
+DEFAULTS: dict[str, Any] = {
+    "methods": "dense,topk,gtopk,sketched,gs",
+    "dataset": "mnist",
+    "steps": 400,
+    "batch_size": 32,
+    "eval_every": 100,
+}
+
+#: The fields of a method's summary that go to results.json.
+RESULT_FIELDS = (
+    "status",
+    "final_test_accuracy",
+    "final_test_loss",
+    "final_train_loss",
+    "bytes_sent_per_step",
+    "bytes_sent_max_per_step",
+    "bytes_received_per_step",
+    "seconds_per_step",
+    "seconds_communicate_per_step",
+    "bytes_sent_total",
+    "steps",
+    "d",
+    "seconds_wall",
+)
+
+DESCRIPTION = """\
+Train the same model on the same data shards with the same seeds and steps once per
+method (one `gssgd train` run each, into DIR/METHOD/), then compare them:
+
+  DIR/results.json   method -> final test accuracy (text: test loss), bytes sent per
+                     worker per step, seconds per step, ...
+  DIR/vs_step.png    training loss and test accuracy against the step
+  DIR/vs_bytes.png   the same against the bytes a worker sent
+  stdout             a table of the above
+
+Methods: dense, dense16, topk, gtopk, sketched, gs, powersgd (see `gssgd train --help`).
+Method-specific flags (--rows, --density, ...) go to the methods that take them.
+The defaults are the main job: MNIST, CNN, 4 workers, five methods, density 0.01,
+about four minutes on a 2-core machine.
+"""
+
+EPILOG = """\
+examples:
+  gssgd compare                                               # the main job (~5 min)
+  gssgd compare --methods dense,topk,gtopk,sketched,gs --dataset digits --workers 2 \\
+                --steps 50 --out runs/quick
+  gssgd compare --methods dense,gs --density 0.001 --rows 7 --out runs/gs-vs-dense
+"""
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    """Register ``gssgd compare``."""
+    parser = subparsers.add_parser(
+        "compare", help="train once per method and compare accuracy, bytes and time",
+        description=DESCRIPTION, epilog=EPILOG, formatter_class=Formatter, allow_abbrev=False,
+    )
+    parser.add_argument("--methods", default=DEFAULTS["methods"],
+                        help=f"comma-separated methods, from {', '.join(METHODS)}")
+    parser.add_argument("--out", default=None, metavar="DIR",
+                        help="where results go (default: runs/compare-TIME); one "
+                        "sub-directory per method, replaced when run again")
+    add_training_flags(parser, compare=True)
+    parser.set_defaults(run=run, parser=parser,
+                        **{k: v for k, v in DEFAULTS.items() if k != "methods"})
+    return parser
+
+
+def _methods(text: str) -> list[str]:
+    """Parse ``--methods``.
+
+    Raises:
+        ValueError: an unknown or repeated method, or none.
+    """
+    methods = [m.strip() for m in text.split(",") if m.strip()]
+    unknown = [m for m in methods if m not in METHODS]
+    if not methods or unknown:
+        raise ValueError(
+            f"--methods={text!r} is invalid: {f'unknown {unknown}' if unknown else 'empty'}; "
+            f"give a comma-separated list from {', '.join(METHODS)}"
+        )
+    if len(set(methods)) != len(methods):
+        raise ValueError(f"--methods={text!r} names a method twice; list each once")
+    return methods
+
+
+def _configs(args: argparse.Namespace, methods: list[str], out: Path) -> dict[str, TrainConfig]:
+    """One config per method from the same flags; every one is checked before any runs.
+
+    Raises:
+        ValueError: a bad value, or a method-specific flag none of the methods takes.
+    """
+    settings = settings_from_args(args)
+    settings.pop("out")  # compare's --out is the parent of the runs
+    for name, value in settings.items():
+        if value not in (None, False) and not set(methods) & set(applies_to(name)):
+            flag = "--" + name.replace("_", "-")
+            raise ValueError(
+                f"{flag} applies to {', '.join(applies_to(name))}, none of which is in "
+                f"--methods {','.join(methods)}; drop {flag} or add such a method"
+            )
+    return {
+        m: TrainConfig(method=m, **settings_for(m, settings), out=str(out / m), overwrite=True)
+        for m in methods
+    }
+
+
+def run(args: argparse.Namespace) -> int:
+    """Train every method, then write results.json and the plots and print the table.
+
+    Returns:
+        0 when every method completed, 1 when one failed or stopped, 2 on invalid flags.
+    """
+    out = Path(args.out) if args.out else Path("runs") / f"compare-{datetime.now():%Y%m%d-%H%M%S}"
+    try:
+        methods = _methods(args.methods)
+        configs = _configs(args, methods, out)
+        text = isinstance(load_dataset(args.dataset), TextData)
+    except Exception as err:
+        if not is_user_error(err):
+            raise
+        print(f"gssgd compare: error: {err}", file=sys.stderr)
+        return 2
+
+    results: dict[str, dict[str, Any]] = {}
+    curves: dict[str, list[dict[str, Any]]] = {}
+    start = time.perf_counter()
+    for method, cfg in configs.items():
+        try:
+            summary = run_training(cfg)
+        except Exception as err:  # record it, go on with the other methods
+            if not is_user_error(err) and not isinstance(err, RuntimeError):
+                raise
+            print(f"gssgd compare: {method} failed: {err}", file=sys.stderr)
+            results[method] = {"status": f"failed: {err}", "run_dir": cfg.out}
+            continue
+        assert summary is not None
+        curves[method] = read_metrics(Path(cfg.out) / METRICS_FILE)
+        results[method] = {key: summary.get(key) for key in RESULT_FIELDS}
+        results[method]["k"] = curves[method][-1].get("k") if curves[method] else None
+        results[method]["run_dir"] = cfg.out
+    seconds = time.perf_counter() - start
+
+    # Imported here, not above: spawned workers re-import the CLI, and need no matplotlib.
+    from gssgd.train.plots import plot_comparison
+
+    out.mkdir(parents=True, exist_ok=True)
+    write_json(out / "results.json", results)
+    write_json(out / "settings.json", {"methods": methods, "seconds_total": seconds,
+                                       **settings_from_args(args)})
+    plots = plot_comparison(curves, out, text=text)
+    print(table(results, text))
+    print(f"\n{len(methods)} methods in {seconds:.0f} s; wrote {out / 'results.json'}, "
+          + ", ".join(str(p) for p in plots))
+    ok = all(r.get("status") == "completed" for r in results.values())
+    return 0 if ok else 1
+
+
+def table(results: dict[str, dict[str, Any]], text: bool = False) -> str:
+    """The comparison as a fixed-width table (one row per method)."""
+    headline = "test loss" if text else "test acc"
+    key = "final_test_loss" if text else "final_test_accuracy"
+    dense = (results.get("dense") or {}).get("bytes_sent_per_step")
+    rows = [(
+        "method", headline, "bytes/worker/step", "max (busiest)", "vs dense", "s/step", "status",
+    )]
+    for method, r in results.items():
+        sent, busiest = r.get("bytes_sent_per_step"), r.get("bytes_sent_max_per_step")
+        rows.append((
+            method,
+            _fmt(r.get(key), ".4f"),
+            _fmt(sent, ",.0f"),
+            _fmt(busiest, ",.0f"),
+            f"{sent / dense:.3f}x" if sent is not None and dense else "-",
+            _fmt(r.get("seconds_per_step"), ".4f"),
+            str(r.get("status")),
+        ))
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    lines = ["  ".join(cell.rjust(w) if i not in (0, 6) else cell.ljust(w)
+                       for i, (cell, w) in enumerate(zip(row, widths, strict=True)))
+             for row in rows]
+    lines.insert(1, "-" * len(lines[0]))
+    return "\n".join(lines)
+
+
+def _fmt(value: Any, spec: str) -> str:
+    return "-" if value is None else format(value, spec)

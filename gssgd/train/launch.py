@@ -1,0 +1,268 @@
+"""Start the workers of a run: join torchrun's process group, or spawn local ones.
+
+Two ways in, one function (:func:`launch`):
+
+1. **Under torchrun** (``RANK``, ``WORLD_SIZE`` and ``LOCAL_RANK`` in the environment):
+   this process is one worker; it joins torchrun's group through ``env://`` (gloo on the
+   CPU, NCCL when CUDA is used) and runs ``fn`` once. Single node, multi-node and
+   elastic launches all look the same from here.
+2. **Started plainly**: this process spawns ``world_size`` local workers with
+   ``torch.multiprocessing`` (start method "spawn") and waits for them. They meet through
+   a ``FileStore`` in a private temporary directory and talk gloo over the loopback
+   interface only (``GLOO_SOCKET_IFNAME=lo``; ``MASTER_ADDR=127.0.0.1``). No socket is
+   opened on any other interface: a ``TCPStore`` rendezvous would listen on every
+   interface whatever ``MASTER_ADDR`` says, so none is used.
+
+Every process group gets the run's ``timeout``: a peer that died or hangs makes the
+others fail after that many seconds instead of waiting forever.
+
+Example::
+
+    def work(worker: Worker, message: str) -> str:
+        return f"{message} from rank {worker.rank} of {worker.world_size}"
+
+    launch(work, world_size=2, args=("hello",))   # 'hello from rank 0 of 2'
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import sys
+import tempfile
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+__all__ = [
+    "DEVICES",
+    "Worker",
+    "WorkerFailed",
+    "is_user_error",
+    "launch",
+    "resolve_device_kind",
+    "torchrun_world_size",
+    "under_torchrun",
+]
+
+#: What ``--device`` accepts.
+DEVICES: tuple[str, ...] = ("auto", "cpu", "cuda")
+
+_TORCHRUN_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK")
+_RESULT_FILE = "rank0-result.pkl"
+
+
+@dataclass(frozen=True)
+class Worker:
+    """Who this process is in the run.
+
+    Attributes:
+        rank: global rank, in ``[0, world_size)``.
+        world_size: number of workers.
+        local_rank: rank on this node (picks the GPU).
+        device: where this worker computes (``cpu`` or ``cuda:LOCAL_RANK``).
+        backend: the process group's backend, ``"gloo"`` or ``"nccl"``.
+    """
+
+    rank: int
+    world_size: int
+    local_rank: int
+    device: torch.device
+    backend: str
+
+
+class WorkerFailed(RuntimeError):
+    """A spawned worker exited with an error (its own message is on stderr above).
+
+    Attributes:
+        rank: the first rank seen failing.
+        exit_code: its exit code (negative: killed by that signal).
+    """
+
+    def __init__(self, rank: int, exit_code: int | None, detail: str = "") -> None:
+        self.rank, self.exit_code = rank, exit_code
+        how = f"exit code {exit_code}" if exit_code is None or exit_code >= 0 else (
+            f"signal {-exit_code}"
+        )
+        super().__init__(f"worker rank {rank} failed ({how}){detail}")
+
+
+def under_torchrun() -> bool:
+    """True when torchrun (or another launcher) set ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``."""
+    return all(name in os.environ for name in _TORCHRUN_VARS)
+
+
+def torchrun_world_size() -> int | None:
+    """``WORLD_SIZE`` from the environment under torchrun, else None."""
+    return int(os.environ["WORLD_SIZE"]) if under_torchrun() else None
+
+
+def resolve_device_kind(device: str, world_size: int) -> str:
+    """``"cpu"`` or ``"cuda"`` for ``--device``, checked against this machine.
+
+    Args:
+        device: ``"auto"`` (CUDA when available), ``"cpu"`` or ``"cuda"``.
+        world_size: workers on this node (NCCL needs one GPU per worker).
+
+    Raises:
+        ValueError: an unknown device, CUDA asked for but absent, or too few GPUs.
+    """
+    if device not in DEVICES:
+        raise ValueError(f"--device={device!r} is invalid: use one of {', '.join(DEVICES)}")
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    if device == "cuda":
+        if not torch.cuda.is_available():
+            raise ValueError(
+                "--device cuda: this torch build or machine has no CUDA device; use --device cpu"
+            )
+        per_node = int(os.environ.get("LOCAL_WORLD_SIZE", world_size))
+        if per_node > torch.cuda.device_count():
+            raise ValueError(
+                f"--device cuda: {per_node} workers on this node but only "
+                f"{torch.cuda.device_count()} GPU(s); NCCL needs one GPU per worker. Use fewer "
+                "--workers or --device cpu"
+            )
+    return device
+
+
+def launch(
+    fn: Callable[..., Any],
+    world_size: int,
+    args: tuple[Any, ...] = (),
+    timeout_s: float = 300.0,
+    device: str = "auto",
+) -> Any:
+    """Run ``fn(worker, *args)`` on every worker of the run.
+
+    Args:
+        fn: a module-level function (it is pickled for spawned workers). It gets a
+            :class:`Worker` first; the process group is initialised before it runs and
+            destroyed after it returns.
+        world_size: workers to spawn when started plainly; under torchrun it must equal
+            ``WORLD_SIZE``.
+        args: further arguments of ``fn`` (picklable).
+        timeout_s: seconds a collective may wait for its peers before failing.
+        device: ``"auto"``, ``"cpu"`` or ``"cuda"`` (see :func:`resolve_device_kind`).
+
+    Returns:
+        Rank 0's return value of ``fn`` when this process is rank 0 or the spawning
+        parent; None on the other ranks under torchrun.
+
+    Raises:
+        ValueError: ``world_size`` disagrees with torchrun's, or a bad device.
+        WorkerFailed: a spawned worker exited with an error.
+    """
+    kind = resolve_device_kind(device, world_size)
+    if under_torchrun():
+        env_size = torchrun_world_size()
+        if env_size != world_size:
+            raise ValueError(
+                f"--workers {world_size} but torchrun started WORLD_SIZE={env_size} workers; "
+                "leave --workers out under torchrun (its --nproc-per-node and --nnodes decide)"
+            )
+        rank, local_rank = int(os.environ["RANK"]), int(os.environ["LOCAL_RANK"])
+        worker = _init(rank, world_size, local_rank, kind, timeout_s, store=None)
+        try:
+            result = fn(worker, *args)
+        finally:
+            dist.destroy_process_group()
+        return result if rank == 0 else None
+    with tempfile.TemporaryDirectory(prefix="gssgd-rendezvous-") as tmp:
+        try:
+            mp.spawn(
+                _spawned,
+                args=(world_size, tmp, kind, timeout_s, fn, args),
+                nprocs=world_size,
+                join=True,
+            )
+        except mp.ProcessExitedException as err:
+            raise WorkerFailed(err.error_index, err.exit_code) from None
+        except mp.ProcessRaisedException as err:  # pragma: no cover - _spawned catches all
+            raise WorkerFailed(err.error_index, 1, f":\n{err}") from None
+        result_file = Path(tmp) / _RESULT_FILE
+        with open(result_file, "rb") as f:
+            return pickle.load(f)
+
+
+def _init(
+    rank: int, world_size: int, local_rank: int, kind: str, timeout_s: float, store: Any
+) -> Worker:
+    """Initialise the default process group and say who this worker is."""
+    if kind == "cuda":
+        device = torch.device("cuda", local_rank)
+        torch.cuda.set_device(device)
+        backend = "nccl"
+    else:
+        device, backend = torch.device("cpu"), "gloo"
+    dist.init_process_group(
+        backend,
+        store=store,
+        rank=rank,
+        world_size=world_size,
+        timeout=timedelta(seconds=timeout_s),
+        **({"init_method": "env://"} if store is None else {}),
+    )
+    return Worker(rank, world_size, local_rank, device, backend)
+
+
+def _spawned(
+    rank: int,
+    world_size: int,
+    rendezvous_dir: str,
+    kind: str,
+    timeout_s: float,
+    fn: Callable[..., Any],
+    args: tuple[Any, ...],
+) -> None:
+    """Body of a spawned worker: join the local group, run ``fn``, hand rank 0's result back.
+
+    An exception is printed here, once and briefly for a user error, with its traceback for
+    anything else, and the worker exits with code 1 (the parent then stops the others).
+    """
+    os.environ["GLOO_SOCKET_IFNAME"] = "lo"  # loopback only: never listen on other interfaces
+    os.environ["MASTER_ADDR"] = "127.0.0.1"
+    for name, value in (("RANK", rank), ("WORLD_SIZE", world_size), ("LOCAL_RANK", rank)):
+        os.environ[name] = str(value)  # what torchrun would have set, for code that reads it
+    store = dist.FileStore(os.path.join(rendezvous_dir, "store"), world_size)
+    try:
+        worker = _init(rank, world_size, rank, kind, timeout_s, store)
+        result = fn(worker, *args)
+        if rank == 0:
+            with open(os.path.join(rendezvous_dir, _RESULT_FILE), "wb") as f:
+                pickle.dump(result, f)
+    except KeyboardInterrupt:  # the parent stops the others with SIGINT/SIGTERM
+        sys.exit(1)
+    except Exception as err:  # noqa: BLE001 - report, then exit non-zero
+        if is_user_error(err):
+            print(f"gssgd: rank {rank}: {err}", file=sys.stderr, flush=True)
+        else:
+            print(f"gssgd: rank {rank} crashed:\n{traceback.format_exc()}", file=sys.stderr,
+                  flush=True)
+        sys.exit(1)
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def is_user_error(err: BaseException) -> bool:
+    """Errors whose message says it all (bad input, a lost peer): no traceback needed."""
+    from gssgd.train.checkpoint import CheckpointError  # launch stays usable on its own
+    from gssgd.train.data import DatasetUnavailableError
+
+    lost_peer = isinstance(err, dist.DistError) or (
+        isinstance(err, RuntimeError)
+        and any(s in str(err) for s in ("Connection closed", "Connection reset", "Timed out",
+                                        "timed out", "Socket Timeout"))
+    )
+    return lost_peer or isinstance(
+        err,
+        (ValueError, FloatingPointError, OSError, CheckpointError, DatasetUnavailableError),
+    )

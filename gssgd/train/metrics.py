@@ -1,0 +1,239 @@
+"""What a training run measures, and where it writes it.
+
+* :func:`builtin_hook_bytes`: the payload bytes of DDP's own all-reduce, its fp16 hook and
+  PowerSGD, counted like :mod:`gssgd.comm` counts a backend all-reduce (the ring figure
+  ``floor(2(P-1)/P * n)`` sent and received per all-reduce), so that every method of
+  ``gssgd compare`` is measured with the same yardstick.
+* :class:`RunTotals`: running sums over the run (resumable: they live in the checkpoint).
+* :class:`MetricsLog`: one JSON object per step in ``OUT/metrics.jsonl`` (rank 0 only).
+* :func:`write_json`: ``OUT/summary.json`` and friends, written atomically.
+
+Fields of a ``metrics.jsonl`` line (``None`` where a method cannot measure a field):
+
+==========================  ===========================================================
+``step``                    the step just completed, counted from 0
+``loss``                    training loss, averaged over all workers' samples
+``train_accuracy``          accuracy on this step's training batches (all workers)
+``test_loss``               test loss, on steps with an evaluation only
+``test_accuracy``           test accuracy, on steps with an evaluation only
+``bytes_sent``              payload bytes a worker sent this step (mean over workers)
+``bytes_sent_max``          the busiest worker's bytes sent (Sketched-SGD's server)
+``bytes_received``          payload bytes a worker received this step (mean)
+``bytes_sent_total``        cumulative ``bytes_sent`` since step 0 (mean worker)
+``seconds_compute``         forward + backward, minus the time the comm hook reported
+``seconds_compress``        hook time spent selecting / sketching
+``seconds_communicate``     hook time inside collectives
+``seconds_decompress``      hook time spent recovering the update and residuals
+``seconds_step``            the whole step: batch, forward, backward, optimizer
+``delivered_fraction``      share of the accumulated gradient mass delivered (sparse)
+``skipped``                 the aggregator skipped the step (non-finite gradient)
+==========================  ===========================================================
+
+All ``seconds_*`` are rank 0's; byte counts are averaged over ranks.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Iterable
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from gssgd.train.checkpoint import atomic_write
+
+__all__ = [
+    "METRICS_FILE",
+    "SUMMARY_FILE",
+    "MetricsLog",
+    "RunTotals",
+    "builtin_hook_bytes",
+    "read_metrics",
+    "ring_allreduce_bytes",
+    "write_json",
+]
+
+METRICS_FILE = "metrics.jsonl"
+SUMMARY_FILE = "summary.json"
+
+
+def ring_allreduce_bytes(nbytes: int, world_size: int) -> int:
+    """Bytes one rank sends (and receives) in a ring all-reduce of ``nbytes``: ``2(P-1)/P·n``."""
+    return (2 * (world_size - 1) * nbytes) // world_size
+
+
+def builtin_hook_bytes(
+    method: str,
+    shapes: Iterable[torch.Size],
+    world_size: int,
+    compressed: bool,
+    powersgd_rank: int = 2,
+    min_compression_rate: float = 2.0,
+) -> int:
+    """Payload bytes one rank sends per step with DDP's built-in communication.
+
+    Args:
+        method: ``"dense"`` (float32 all-reduce), ``"dense16"`` (``fp16_compress_hook``)
+            or ``"powersgd"``.
+        shapes: the shapes of the model's gradients (float32).
+        world_size: the number of ranks P.
+        compressed: for PowerSGD, whether this step is past ``start_powerSGD_iter`` (before
+            it, PowerSGD all-reduces the dense gradient).
+        powersgd_rank: PowerSGD's ``matrix_approximation_rank``.
+        min_compression_rate: PowerSGD's rule for which tensors it compresses.
+
+    Returns:
+        Bytes sent (the same number is received), by the ring figure per all-reduce.
+        PowerSGD is counted as its hook works: 1-D and small tensors are all-reduced
+        uncompressed; every other tensor, viewed as an ``n x m`` matrix, sends its
+        ``P`` factor (``n·r``) and its ``Q`` factor (``m·r``) in two further all-reduces.
+
+    Raises:
+        ValueError: an unknown method.
+    """
+    shapes = [torch.Size(s) for s in shapes]
+    numel = sum(s.numel() for s in shapes)
+    if method == "dense" or (method == "powersgd" and not compressed):
+        return ring_allreduce_bytes(4 * numel, world_size)
+    if method == "dense16":
+        return ring_allreduce_bytes(2 * numel, world_size)
+    if method != "powersgd":
+        raise ValueError(f"method {method!r} has no built-in DDP hook; use dense, dense16 or powersgd")
+    uncompressed = ps = qs = 0
+    for shape in shapes:
+        n = shape[0] if len(shape) else 1
+        m = shape.numel() // n if n else 0
+        r = min(n, m, powersgd_rank)
+        if len(shape) > 1 and (n + m) * r * min_compression_rate < n * m:
+            ps, qs = ps + n * r, qs + m * r
+        else:
+            uncompressed += shape.numel()
+    return sum(ring_allreduce_bytes(4 * count, world_size) for count in (uncompressed, ps, qs))
+
+
+@dataclass
+class RunTotals:
+    """Running sums over a run; saved in checkpoints so a resumed run continues them.
+
+    The per-step averages leave out the first ``warmup`` steps (DDP's bucket rebuild,
+    and the dense all-reduce a comm hook does before its start iteration).
+    """
+
+    steps: int = 0
+    bytes_sent: int = 0
+    bytes_received: int = 0
+    measured_steps: int = 0
+    measured_bytes_sent: int = 0
+    measured_bytes_sent_max: int = 0
+    measured_bytes_received: int = 0
+    measured_seconds_step: float = 0.0
+    measured_seconds_communicate: float = 0.0
+    skipped_steps: int = 0
+
+    def add(self, record: dict[str, Any], measured: bool) -> None:
+        """Add one step's record (a ``metrics.jsonl`` line)."""
+        self.steps += 1
+        self.bytes_sent += int(record["bytes_sent"])
+        self.bytes_received += int(record["bytes_received"])
+        self.skipped_steps += int(bool(record.get("skipped")))
+        if measured:
+            self.measured_steps += 1
+            self.measured_bytes_sent += int(record["bytes_sent"])
+            self.measured_bytes_sent_max += int(record["bytes_sent_max"])
+            self.measured_bytes_received += int(record["bytes_received"])
+            self.measured_seconds_step += float(record["seconds_step"])
+            self.measured_seconds_communicate += float(record["seconds_communicate"] or 0.0)
+
+    def per_step(self) -> dict[str, float | None]:
+        """Averages over the measured steps (None before any)."""
+        n = self.measured_steps
+        if n == 0:
+            return dict.fromkeys(
+                ("bytes_sent_per_step", "bytes_sent_max_per_step", "bytes_received_per_step",
+                 "seconds_per_step", "seconds_communicate_per_step")
+            )
+        return {
+            "bytes_sent_per_step": self.measured_bytes_sent / n,
+            "bytes_sent_max_per_step": self.measured_bytes_sent_max / n,
+            "bytes_received_per_step": self.measured_bytes_received / n,
+            "seconds_per_step": self.measured_seconds_step / n,
+            "seconds_communicate_per_step": self.measured_seconds_communicate / n,
+        }
+
+    def state_dict(self) -> dict[str, int | float]:
+        """Plain numbers, for the checkpoint."""
+        return asdict(self)
+
+    def load_state_dict(self, sd: dict[str, int | float]) -> None:
+        """Restore :meth:`state_dict` output (unknown keys are ignored)."""
+        for f in fields(self):
+            if f.name in sd:
+                setattr(self, f.name, type(getattr(self, f.name))(sd[f.name]))
+
+
+def _clean(value: Any) -> Any:
+    """JSON has no NaN/Inf: write them as strings so the file stays valid JSON."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)
+    return value
+
+
+class MetricsLog:
+    """Append one JSON line per step to ``OUT/metrics.jsonl``.
+
+    Args:
+        run_dir: the run directory.
+        start_step: the first step this process will log. Lines of steps ``>= start_step``
+            (left by an interrupted run that is now resumed) are dropped first, so the
+            file holds each step once.
+    """
+
+    def __init__(self, run_dir: Path | str, start_step: int) -> None:
+        self.path = Path(run_dir) / METRICS_FILE
+        kept = [r for r in read_metrics(self.path) if r["step"] < start_step] if start_step else []
+        atomic_write(self.path, lambda f: f.writelines(_line(r) for r in kept))
+        self._file = open(self.path, "a", encoding="utf-8")  # noqa: SIM115 - closed in close()
+
+    def write(self, record: dict[str, Any]) -> None:
+        """Append ``record`` as one line and flush it (a crash loses at most this line)."""
+        self._file.write(_line(record).decode())
+        self._file.flush()
+
+    def close(self) -> None:
+        """Close the file."""
+        self._file.close()
+
+
+def _line(record: dict[str, Any]) -> bytes:
+    return (json.dumps(_sanitise(record)) + "\n").encode()
+
+
+def read_metrics(path: Path | str) -> list[dict[str, Any]]:
+    """The records of a ``metrics.jsonl`` (a torn last line, from a crash, is skipped)."""
+    path = Path(path)
+    if not path.is_file():
+        return []
+    records = []
+    for line in path.read_text(encoding="utf-8").splitlines():
+        try:
+            records.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue
+    return records
+
+
+def write_json(path: Path | str, content: dict[str, Any]) -> None:
+    """Write ``content`` as indented JSON, atomically (non-finite floats as strings)."""
+    text = json.dumps(_sanitise(content), indent=2, default=str)
+    atomic_write(Path(path), lambda f: f.write((text + "\n").encode()))
+
+
+def _sanitise(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: _sanitise(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_sanitise(v) for v in value]
+    return _clean(value)

@@ -1,0 +1,84 @@
+"""Plots of a comparison: loss and accuracy against steps and against bytes sent.
+
+Matplotlib runs with the Agg backend (files only, no display needed).
+
+Example::
+
+    runs = {"dense": read_metrics("runs/c/dense/metrics.jsonl"),
+            "gs": read_metrics("runs/c/gs/metrics.jsonl")}
+    plot_comparison(runs, "runs/c", text=False)   # [.../vs_step.png, .../vs_bytes.png]
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402 - after choosing the backend
+
+__all__ = ["plot_comparison", "smooth"]
+
+
+def smooth(values: list[float], window: int) -> list[float]:
+    """Trailing moving average over ``window`` points (the first points average fewer)."""
+    out, total = [], 0.0
+    for i, v in enumerate(values):
+        total += v
+        if i >= window:
+            total -= values[i - window]
+        out.append(total / min(i + 1, window))
+    return out
+
+
+def plot_comparison(
+    runs: dict[str, list[dict[str, Any]]], out_dir: Path | str, text: bool = False
+) -> list[Path]:
+    """Draw every method's curves into two PNG files.
+
+    ``vs_step.png``: training loss (moving average) and test accuracy (text: test loss)
+    against the step; ``vs_bytes.png``: the same against the cumulative bytes a worker
+    sent, which shows what each method pays for its accuracy.
+
+    Args:
+        runs: method name -> its ``metrics.jsonl`` records.
+        out_dir: where the PNGs go.
+        text: plot test loss instead of test accuracy (language models).
+
+    Returns:
+        The paths written.
+    """
+    out_dir = Path(out_dir)
+    metric, label = ("test_loss", "test loss") if text else ("test_accuracy", "test accuracy")
+    written = []
+    for x_key, x_label, name in (
+        ("step", "step", "vs_step.png"),
+        ("bytes_sent_total", "MB sent per worker (cumulative)", "vs_bytes.png"),
+    ):
+        fig, (ax_loss, ax_metric) = plt.subplots(1, 2, figsize=(11, 4.2))
+        for method, records in runs.items():
+            if not records:
+                continue
+            scale = 1e-6 if x_key != "step" else 1
+            xs = [r[x_key] * scale for r in records]
+            window = max(1, len(records) // 50)
+            ax_loss.plot(xs, smooth([float(r["loss"]) for r in records], window), label=method)
+            evaluated = [r for r in records if r.get(metric) is not None]
+            ax_metric.plot([r[x_key] * scale for r in evaluated],
+                           [float(r[metric]) for r in evaluated], marker="o", ms=3, label=method)
+        for ax, title in ((ax_loss, "training loss (moving average)"), (ax_metric, label)):
+            ax.set_xlabel(x_label)
+            ax.set_title(title)
+            ax.grid(alpha=0.3)
+            ax.legend()
+        if x_key != "step":  # methods differ by orders of magnitude in bytes
+            ax_loss.set_xscale("log")
+            ax_metric.set_xscale("log")
+        fig.tight_layout()
+        path = out_dir / name
+        fig.savefig(path, dpi=110)
+        plt.close(fig)
+        written.append(path)
+    return written

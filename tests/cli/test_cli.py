@@ -1,0 +1,162 @@
+"""Tests for the gssgd command line: parsing, refusals, and real runs end to end."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from gssgd.cli import main as cli_main
+from gssgd.cli.main import build_parser, main
+
+REPO = Path(__file__).resolve().parents[2]
+# Quick digits settings shared by the end-to-end runs.
+QUICK = ["--dataset", "digits", "--workers", "2", "--batch-size", "16", "--no-progress",
+         "--timeout", "60"]
+
+
+def _run(args: list[str], timeout: float = 180) -> subprocess.CompletedProcess[str]:
+    """Run a command from a neutral directory with the repo's interpreter."""
+    env = {**os.environ, "PYTHONWARNINGS": "ignore"}
+    return subprocess.run(args, capture_output=True, text=True, timeout=timeout, env=env,
+                          cwd=REPO)
+
+
+# ---------------------------------------------------------------------------- parsing
+
+
+@pytest.mark.parametrize("argv", [["--help"], ["train", "--help"], ["compare", "--help"]])
+def test_help_teaches_and_exits_zero(argv: list[str], capsys: pytest.CaptureFixture) -> None:
+    with pytest.raises(SystemExit) as info:
+        main(argv)
+    assert info.value.code == 0
+    text = capsys.readouterr().out
+    assert "example" in text
+    if argv[0] == "train":
+        for flag in ("--method", "--density", "--rows", "--resume", "--fail-at", "--timeout"):
+            assert flag in text
+        assert "gs-SGD" in text and "(default: 300.0)" in text
+
+
+def test_every_subcommand_module_has_the_two_functions() -> None:
+    names = []
+    for module in cli_main.SUBCOMMANDS:
+        assert callable(module.add_parser) and callable(module.run)
+        names.append(module.__name__.rsplit(".", 1)[1])
+    assert names[:2] == ["train", "compare"]
+
+
+@pytest.mark.parametrize(
+    ("argv", "match"),
+    [
+        ([], "required: COMMAND"),
+        (["train", "--bogus"], "unrecognized arguments: --bogus"),
+        (["train", "--dens", "0.1"], "unrecognized arguments: --dens"),  # no abbreviations
+        (["train", "--method", "adam"], "invalid choice: 'adam'"),
+        (["train", "--steps", "ten"], "invalid int value: 'ten'"),
+        (["train", "--density", "0.1", "--k", "5"], "not allowed with argument"),
+        (["train", "--fail-at", "one"], "is not RANK:STEP"),
+        (["compare", "--method", "gs"], "unrecognized arguments: --method"),
+    ],
+)
+def test_bad_flags_are_rejected_by_the_parser(
+    argv: list[str], match: str, capsys: pytest.CaptureFixture
+) -> None:
+    with pytest.raises(SystemExit) as info:
+        main(argv)
+    assert info.value.code == 2
+    assert match in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("argv", "match"),
+    [
+        (["train", "--steps", "0"], "--steps=0 is invalid: it must be an integer >= 1"),
+        (["train", "--method", "topk", "--rows", "5"], "--rows does not apply to --method topk"),
+        (["train", "--method", "gs", "--rows", "4"], "--rows=4 is invalid: it must be odd"),
+        (["train", "--dataset", "nope"], "unknown dataset 'nope'"),
+        (["compare", "--methods", "dense,adam"], "unknown ['adam']"),
+        (["compare", "--methods", "dense,topk", "--rows", "5"],
+         "--rows applies to sketched, gs, none of which is in --methods"),
+    ],
+)
+def test_bad_values_are_refused_before_any_worker_starts(
+    argv: list[str], match: str, capsys: pytest.CaptureFixture
+) -> None:
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert match in err and "error:" in err
+
+
+def test_defaults_parse_into_a_runnable_config() -> None:
+    args = build_parser().parse_args(["train"])
+    assert args.method == "gs" and args.dataset == "mnist" and args.workers is None
+    assert args.timeout == 300.0 and args.threads == 1 and args.exact is None
+    args = build_parser().parse_args(["compare"])
+    assert args.methods == "dense,topk,gtopk,sketched,gs" and args.dataset == "mnist"
+
+
+# ---------------------------------------------------------------------------- end to end
+
+
+def test_console_script_trains_with_self_spawned_workers(tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    script = Path(sys.executable).with_name("gssgd")
+    command = [str(script)] if script.exists() else [sys.executable, "-m", "gssgd.cli.main"]
+    done = _run([*command, "train", "--method", "topk", *QUICK, "--steps", "6",
+                 "--checkpoint-every", "3", "--out", str(out)])
+    assert done.returncode == 0, done.stderr
+    assert "done after 6 steps" in done.stderr
+    assert len((out / "metrics.jsonl").read_text().splitlines()) == 6
+    assert json.loads((out / "summary.json").read_text())["status"] == "completed"
+    assert sorted(p.name for p in (out / "checkpoints").iterdir()) == [
+        "latest", "step-00000003.pt", "step-00000006.pt"]
+
+
+def test_a_killed_worker_fails_the_run_and_names_the_resume_command(tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    done = _run([sys.executable, "-m", "gssgd.cli.main", "train", "--method", "dense", *QUICK,
+                 "--steps", "8", "--checkpoint-every", "2", "--fail-at", "1:5",
+                 "--out", str(out)])
+    assert done.returncode == 1
+    assert "rank 1 exits abruptly" in done.stderr
+    assert f"continue from step-00000004.pt with --resume {out}" in done.stderr
+
+
+def test_torchrun_launch_joins_its_group(tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    done = _run([sys.executable, "-m", "torch.distributed.run", "--standalone",
+                 "--nproc-per-node", "2", "-m", "gssgd.cli.main", "train", "--method", "gs",
+                 "--dataset", "digits", "--batch-size", "16", "--steps", "6", "--no-progress",
+                 "--out", str(out)])
+    assert done.returncode == 0, done.stderr
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["world_size"] == 2 and summary["status"] == "completed"
+    assert done.stderr.count("done after 6 steps") == 1  # rank 0 alone reports
+
+
+def test_compare_writes_results_plots_and_a_table(
+    tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    out = tmp_path / "cmp"
+    code = main(["compare", "--methods", "dense,gs", *QUICK, "--steps", "8",
+                 "--eval-every", "4", "--rows", "3", "--out", str(out)])
+    assert code == 0
+    results = json.loads((out / "results.json").read_text())
+    assert list(results) == ["dense", "gs"]
+    for method, r in results.items():
+        assert r["status"] == "completed", method
+        for key in ("final_test_accuracy", "bytes_sent_per_step", "seconds_per_step"):
+            assert isinstance(r[key], float), (method, key)
+    assert results["gs"]["bytes_sent_per_step"] < results["dense"]["bytes_sent_per_step"]
+    for png in ("vs_step.png", "vs_bytes.png"):
+        assert (out / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    table = capsys.readouterr().out
+    assert "bytes/worker/step" in table and "dense" in table and "gs" in table
+    # --rows went to gs only: its run used 3 rows, dense's config has none.
+    assert json.loads((out / "gs" / "config.json").read_text())["rows"] == 3
+    assert json.loads((out / "dense" / "config.json").read_text())["rows"] is None

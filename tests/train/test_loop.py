@@ -1,0 +1,232 @@
+"""Tests for gssgd.train.loop: real spawned gloo runs on digits, resume, stops, settings."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from gssgd.train.checkpoint import CHECKPOINT_DIR, CheckpointError, resolve_checkpoint
+from gssgd.train.launch import WorkerFailed
+from gssgd.train.loop import (
+    STATUS_COMPLETED,
+    STATUS_NONFINITE,
+    TrainConfig,
+    prepare,
+    run_training,
+    settings_for,
+)
+from gssgd.train.metrics import builtin_hook_bytes, read_metrics, ring_allreduce_bytes
+
+# Small and fast: 2 workers on digits (d = 11,482 for the CNN).
+DIGITS: dict[str, Any] = dict(dataset="digits", workers=2, batch_size=16, eval_every=5,
+                              progress=False, timeout=60.0)
+STEPS = 20
+
+
+def _model(run: Path) -> dict[str, torch.Tensor]:
+    return torch.load(resolve_checkpoint(run), weights_only=True)["model"]
+
+
+@pytest.fixture(scope="module")
+def gs_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, Any]]:
+    """An uninterrupted gs run of STEPS steps, checkpointing every 8."""
+    out = tmp_path_factory.mktemp("gs") / "run"
+    summary = run_training(
+        TrainConfig(method="gs", steps=STEPS, checkpoint_every=8, out=str(out), **DIGITS)
+    )
+    assert summary is not None
+    return out, summary
+
+
+# ---------------------------------------------------------------------------- a whole run
+
+
+def test_spawned_run_writes_metrics_summary_and_checkpoints(gs_run) -> None:
+    out, summary = gs_run
+    records = read_metrics(out / "metrics.jsonl")
+    assert [r["step"] for r in records] == list(range(STEPS))
+    for key in ("loss", "bytes_sent", "bytes_received", "seconds_compute", "seconds_compress",
+                "seconds_communicate", "seconds_step", "delivered_fraction"):
+        assert key in records[-1], key
+    evaluated = [r["step"] for r in records if "test_accuracy" in r]
+    assert evaluated == [4, 9, 14, 19]
+
+    on_disk = json.loads((out / "summary.json").read_text())
+    assert on_disk["status"] == summary["status"] == STATUS_COMPLETED
+    assert on_disk["steps"] == STEPS and on_disk["world_size"] == 2
+    assert 0 < on_disk["final_test_accuracy"] <= 1
+    d = on_disk["d"]
+    assert 0 < on_disk["bytes_sent_per_step"] < 4 * d  # less than one dense float32 payload
+
+    names = sorted(p.name for p in (out / CHECKPOINT_DIR).glob("step-*.pt"))
+    assert names == ["step-00000016.pt", "step-00000020.pt"]  # every 8 and the last; 2 kept
+    ckpt = torch.load(resolve_checkpoint(out), weights_only=True)
+    assert ckpt["step"] == STEPS
+    assert ckpt["fingerprint"] == {"method": "gs", "model": "cnn", "dataset": "digits",
+                                   "world_size": 2, "d": d}
+    residuals = [r["sync"]["hook"]["buckets"][0]["residual"] for r in ckpt["ranks"]]
+    assert [tuple(r.shape) for r in residuals] == [(d,), (d,)]
+    assert not torch.equal(residuals[0], residuals[1])  # every rank's own residual is kept
+
+
+def test_killed_and_resumed_run_ends_bitwise_equal_to_the_uninterrupted_one(
+    gs_run, tmp_path: Path
+) -> None:
+    uninterrupted, _ = gs_run
+    out = tmp_path / "run"
+    cfg = TrainConfig(method="gs", steps=STEPS, checkpoint_every=8, out=str(out), **DIGITS)
+    with pytest.raises(WorkerFailed, match=f"--resume {out}"):
+        run_training(TrainConfig(**{**cfg.__dict__, "fail_at": (1, 11)}))
+    assert resolve_checkpoint(out).name == "step-00000008.pt"
+
+    summary = run_training(TrainConfig(**{**cfg.__dict__, "resume": str(out)}))
+    assert summary is not None and summary["status"] == STATUS_COMPLETED
+    want, got = _model(uninterrupted), _model(out)
+    assert all(torch.equal(want[k], got[k]) for k in want)
+    want_ranks = torch.load(resolve_checkpoint(uninterrupted), weights_only=True)["ranks"]
+    got_ranks = torch.load(resolve_checkpoint(out), weights_only=True)["ranks"]
+    for a, b in zip(want_ranks, got_ranks, strict=True):
+        assert torch.equal(a["sync"]["hook"]["buckets"][0]["residual"],
+                           b["sync"]["hook"]["buckets"][0]["residual"])
+    # metrics.jsonl holds each step once: the killed run's steps 8..10 were replaced.
+    assert [r["step"] for r in read_metrics(out / "metrics.jsonl")] == list(range(STEPS))
+
+
+def test_powersgd_resume_is_bitwise_too(tmp_path: Path) -> None:
+    """PowerSGD keeps per-bucket memories: the resumed run must see the same buckets.
+
+    One worker is enough to pin the bucket layout and PowerSGD's state (and is quick).
+    """
+    steps = 8
+    full, part = tmp_path / "full", tmp_path / "part"
+    base = dict(method="powersgd", steps=steps, **{**DIGITS, "workers": 1, "eval_every": 0})
+    run_training(TrainConfig(out=str(full), **base))
+    run_training(TrainConfig(out=str(part), **{**base, "steps": steps // 2}))
+    run_training(TrainConfig(out=str(part), resume=str(part), **base))
+    want, got = _model(full), _model(part)
+    assert all(torch.equal(want[k], got[k]) for k in want)
+    saved = torch.load(resolve_checkpoint(part), weights_only=True)["ranks"][0]["sync"]
+    assert saved["powersgd"]["iter"] == steps and saved["powersgd"]["error"]  # memories kept
+
+
+# ---------------------------------------------------------------------------- refusals
+
+
+@pytest.mark.parametrize(
+    ("change", "match"),
+    [
+        ({"method": "topk"}, "method is 'gs' there but 'topk' here"),
+        ({"workers": 3}, r"world_size is 2 there but 3 here \(--workers\)"),
+        ({"model": "mlp"}, "model is 'cnn' there but 'mlp' here"),
+    ],
+)
+def test_resuming_another_run_is_refused_naming_what_differs(
+    gs_run, tmp_path: Path, change: dict[str, Any], match: str
+) -> None:
+    out, _ = gs_run
+    cfg = TrainConfig(**{**DIGITS, "steps": 40, "resume": str(out), "out": str(tmp_path),
+                         "method": "gs", **change})
+    with pytest.raises(ValueError, match=match):
+        prepare(cfg)
+
+
+def test_corrupt_checkpoint_is_a_clear_error_naming_the_file(gs_run, tmp_path: Path) -> None:
+    out, _ = gs_run
+    copy = tmp_path / "copy"
+    shutil.copytree(out, copy)
+    latest = resolve_checkpoint(copy)
+    latest.write_bytes(latest.read_bytes()[:1000])
+    cfg = TrainConfig(method="gs", steps=40, resume=str(copy), **DIGITS)
+    with pytest.raises(CheckpointError, match="corrupt or truncated") as info:
+        prepare(cfg)
+    assert str(latest) in str(info.value) and "step-00000016.pt" in str(info.value)
+
+
+def test_resuming_a_finished_run_says_to_raise_steps(gs_run) -> None:
+    out, _ = gs_run
+    with pytest.raises(ValueError, match="nothing to train.*--steps 40"):
+        prepare(TrainConfig(method="gs", steps=STEPS, resume=str(out), **DIGITS))
+
+
+def test_a_fresh_run_does_not_write_over_an_earlier_one(gs_run, tmp_path: Path) -> None:
+    out, _ = gs_run
+    copy = tmp_path / "copy"
+    shutil.copytree(out, copy)
+    with pytest.raises(ValueError, match="already holds a run.*--resume.*--overwrite"):
+        prepare(TrainConfig(method="gs", steps=5, out=str(copy), **DIGITS))
+    prepare(TrainConfig(method="gs", steps=5, out=str(copy), overwrite=True, **DIGITS))
+    assert not (copy / "metrics.jsonl").exists()
+    assert not list((copy / CHECKPOINT_DIR).glob("step-*.pt"))
+
+
+def test_non_finite_loss_stops_every_worker_cleanly(tmp_path: Path) -> None:
+    summary = run_training(
+        TrainConfig(method="dense", steps=30, lr=1e6, out=str(tmp_path), **DIGITS)
+    )
+    assert summary is not None
+    assert summary["status"] == STATUS_NONFINITE
+    assert "not finite" in summary["message"] and "--lr" in summary["message"]
+    assert summary["steps"] < 30
+    assert len(read_metrics(tmp_path / "metrics.jsonl")) == summary["steps"]
+
+
+# ---------------------------------------------------------------------------- settings
+
+
+@pytest.mark.parametrize(
+    ("settings", "match"),
+    [
+        ({"steps": 0}, r"--steps=0 is invalid: it must be an integer >= 1"),
+        ({"lr": -1.0}, r"--lr=-1.0 is invalid: it must be a number > 0"),
+        ({"momentum": 1.0}, r"--momentum=1.0 is invalid: it must be a number in \[0, 1\)"),
+        ({"method": "adam"}, r"--method='adam' is invalid: it must be one of dense, dense16"),
+        ({"method": "topk", "rows": 5}, "--rows does not apply to --method topk; it applies to "
+         "sketched, gs"),
+        ({"method": "dense", "density": 0.1}, "--density does not apply to --method dense"),
+        ({"method": "gs", "rows": 4}, r"--rows=4 is invalid: it must be odd.*Use 5"),
+        ({"density": 0.1, "k": 5}, "give only one"),
+        ({"density": 2.0}, r"--density=2.0 is invalid: it must be a number in \(0, 1\]"),
+        ({"method": "powersgd", "start_iter": 1}, r"--start-iter=1 is invalid: .* >= 2"),
+        ({"fail_at": (1,)}, "RANK:STEP"),
+    ],
+)
+def test_bad_settings_name_the_flag_the_range_and_the_fix(
+    settings: dict[str, Any], match: str
+) -> None:
+    with pytest.raises(ValueError, match=match):
+        TrainConfig(**settings)
+
+
+def test_density_too_small_for_k_is_caught_before_any_worker_starts(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="k"):
+        prepare(TrainConfig(method="topk", k=10**9, out=str(tmp_path), **DIGITS))
+
+
+def test_settings_for_drops_what_a_method_does_not_take() -> None:
+    settings = {"rows": 7, "density": 0.1, "exact": False, "lr": 0.1, "powersgd_rank": 4}
+    assert settings_for("dense", settings) == {"lr": 0.1}
+    assert settings_for("topk", settings) == {"density": 0.1, "lr": 0.1}
+    assert settings_for("gs", settings) == {"rows": 7, "density": 0.1, "exact": False, "lr": 0.1}
+    assert settings_for("powersgd", settings) == {"lr": 0.1, "powersgd_rank": 4}
+
+
+# ---------------------------------------------------------------------------- byte accounting
+
+
+def test_builtin_hooks_are_counted_with_the_ring_figure() -> None:
+    shapes = [torch.Size([50, 100]), torch.Size([50])]  # a Linear(100, 50)
+    d = 50 * 100 + 50
+    assert builtin_hook_bytes("dense", shapes, 4, compressed=False) == (2 * 3 * 4 * d) // 4
+    assert builtin_hook_bytes("dense16", shapes, 4, compressed=False) == (2 * 3 * 2 * d) // 4
+    # PowerSGD before its start iteration: the dense all-reduce.
+    assert builtin_hook_bytes("powersgd", shapes, 4, compressed=False) == (2 * 3 * 4 * d) // 4
+    # After: the bias uncompressed, the weight as P (50 x 2) and Q (100 x 2), three all-reduces.
+    want = sum(ring_allreduce_bytes(4 * n, 4) for n in (50, 50 * 2, 100 * 2))
+    assert builtin_hook_bytes("powersgd", shapes, 4, compressed=True, powersgd_rank=2) == want
+    with pytest.raises(ValueError, match="no built-in DDP hook"):
+        builtin_hook_bytes("gs", shapes, 4, compressed=True)
