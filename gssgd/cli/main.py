@@ -12,13 +12,13 @@ from collections.abc import Sequence
 from types import ModuleType
 
 from gssgd import __version__
-from gssgd.cli import compare, train
+from gssgd.cli import bench, compare, train
 
 __all__ = ["SUBCOMMANDS", "build_parser", "main"]
 
-#: The subcommands, in the order ``gssgd --help`` lists them. To add one (``bench``):
-#: write gssgd/cli/bench.py with ``add_parser`` and ``run``, import it above, list it here.
-SUBCOMMANDS: list[ModuleType] = [train, compare]
+#: The subcommands, in the order ``gssgd --help`` lists them. To add one: write
+#: gssgd/cli/NAME.py with ``add_parser`` and ``run``, import it above, list it here.
+SUBCOMMANDS: list[ModuleType] = [train, compare, bench]
 
 DESCRIPTION = """\
 gssgd: communication-efficient data-parallel training with global sketching (gs-SGD)
