@@ -12,7 +12,7 @@ import torch
 __all__ = ["topk_indices"]
 
 
-def topk_indices(values: torch.Tensor, k: int) -> torch.Tensor:
+def topk_indices(values: torch.Tensor, k: int, ordered: bool = True) -> torch.Tensor:
     """Indices of the ``k`` largest entries of a 1-D tensor, ties broken by lower index.
 
     Steps: (1) ``torch.topk`` finds k largest values and the k-th value ``t``; (2) if fewer
@@ -22,6 +22,7 @@ def topk_indices(values: torch.Tensor, k: int) -> torch.Tensor:
     Args:
         values: 1-D tensor (typically ``|x|``); NaN is not allowed.
         k: ``1 <= k <= values.numel()``.
+        ordered: sort the result (else the same set in an unspecified order, cheaper).
 
     Returns:
         int64 tensor of k indices, by decreasing value, ties by increasing index.
@@ -37,6 +38,8 @@ def topk_indices(values: torch.Tensor, k: int) -> torch.Tensor:
         above = torch.nonzero(values > threshold).flatten()
         ties = torch.nonzero(values == threshold).flatten()[: k - above.numel()]
         top_idx = torch.cat([above, ties])
+    if not ordered:
+        return top_idx
     # Order by (value desc, index asc): a stable sort by value after sorting by index.
     top_idx = top_idx.sort().values
     order = torch.sort(values[top_idx], descending=True, stable=True).indices

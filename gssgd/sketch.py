@@ -38,9 +38,9 @@ __all__ = ["CountSketch", "sketch_hash_params"]
 
 _MASK64 = (1 << 64) - 1
 _MASK32 = 0xFFFFFFFF
-#: Coordinates hashed per chunk when hashes are computed on the fly (about 40 MB of work
+#: Coordinates hashed per chunk when hashes are computed on the fly (about 20 MB of work
 #: space per row at int64, independent of d).
-HASH_CHUNK = 1 << 20
+HASH_CHUNK = 1 << 19
 
 
 def _splitmix64(state: int) -> tuple[int, int]:
@@ -117,8 +117,10 @@ class CountSketch:
         self.table = torch.zeros(rows, cols, device=device, dtype=dtype)
         self._params = sketch_hash_params(seed, rows)
         self._cache: torch.Tensor | None = None
+        self._occupancy: torch.Tensor | None = None  # coordinates per row-0 bucket
         if cache_hashes:
             self._cache = self._all_signed_buckets()
+            self._occupancy = torch.bincount(self._cache[0] % cols, minlength=cols)
 
     # ------------------------------------------------------------------ hashing
     @property
@@ -225,15 +227,19 @@ class CountSketch:
         out.table = self.table.to(device, dtype)
         if out._cache is not None:
             out._cache = out._cache.to(device)
+            out._occupancy = out._occupancy.to(device) if out._occupancy is not None else None
         return out
 
     def with_table(self, table: torch.Tensor) -> CountSketch:
         """A sketch with these hashes around ``table`` (not copied), e.g. an all-reduced sum."""
         if tuple(table.shape) != (self.rows, self.cols):
-            raise ValueError(f"table has shape {tuple(table.shape)}, expected {(self.rows, self.cols)}")
+            raise ValueError(
+                f"table has shape {tuple(table.shape)}, expected {(self.rows, self.cols)}"
+            )
         out = CountSketch.__new__(CountSketch)
         out.d, out.rows, out.cols, out.seed = self.d, self.rows, self.cols, self.seed
         out._params, out._cache, out.table = self._params, self._cache, table
+        out._occupancy = self._occupancy
         return out
 
     def copy(self) -> CountSketch:
@@ -267,7 +273,7 @@ class CountSketch:
             out[part] = self._estimates(buckets, doubled)
         return out
 
-    def heavy_hitters(self, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    def heavy_hitters(self, k: int, ordered: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
         """The ``k`` coordinates with the largest ``|estimate|``.
 
         Ties are broken by the lower index, so every process holding the same table selects
@@ -284,6 +290,7 @@ class CountSketch:
 
         Args:
             k: how many coordinates, ``1 <= k <= d``.
+            ordered: sort the result; False returns the same set in an unspecified order.
 
         Returns:
             ``(indices, estimates)``: int64 indices ordered by decreasing ``|estimate|`` (ties:
@@ -298,17 +305,30 @@ class CountSketch:
         stride = min(16, self.d // (8 * k))
         if self.d < 1024 or stride < 2:
             est = self.query()
-            idx = topk_indices(est.abs(), k)
+            idx = topk_indices(est.abs(), k, ordered)
             return idx, est[idx]
-        if self._cache is not None:  # a strided view of the cache: no gather, no hashing
-            sample_buckets = self._cache[:, ::stride]
+        if self.rows == 1 and self._occupancy is not None:
+            # One row: a coordinate's estimate is its bucket's value, so walking the buckets
+            # by |value| until they hold k coordinates gives a threshold that is exact.
+            size = self.table[0].abs()
+            guess = min(self.cols, 2 * -(-k * self.cols // self.d) + 16)  # buckets to hold k
+            while True:
+                order = torch.topk(size, guess).indices
+                held = torch.cumsum(self._occupancy[order], 0)
+                if int(held[-1]) >= k or guess == self.cols:
+                    break
+                guess = min(self.cols, 4 * guess)
+            tau = size[order[int(torch.searchsorted(held, k))]]
         else:
-            sample_buckets = self._signed_buckets(
-                torch.arange(0, self.d, stride, device=self.device)
-            )
-        sample_abs = self._estimates(sample_buckets, self._doubled()).abs()
-        want = min(sample_abs.numel(), 2 * -(-k // stride) + 16)
-        tau = torch.topk(sample_abs, want, sorted=False).values.min()
+            if self._cache is not None:  # a strided view of the cache: no gather, no hashing
+                sample_buckets = self._cache[:, ::stride]
+            else:
+                sample_buckets = self._signed_buckets(
+                    torch.arange(0, self.d, stride, device=self.device)
+                )
+            sample_abs = self._estimates(sample_buckets, self._doubled()).abs()
+            want = min(sample_abs.numel(), 2 * -(-k // stride) + 16)
+            tau = torch.topk(sample_abs, want, sorted=False).values.min()
         heavy = torch.cat([self.table.abs() >= tau] * 2, dim=1).to(torch.uint8)
         majority = (self.rows + 1) // 2
         survivors = []
@@ -322,9 +342,9 @@ class CountSketch:
         est_abs = est.abs()
         if int((est_abs >= tau).sum()) < k:
             est = self.query()
-            idx = topk_indices(est.abs(), k)
+            idx = topk_indices(est.abs(), k, ordered)
             return idx, est[idx]
-        keep = topk_indices(est_abs, k)
+        keep = topk_indices(est_abs, k, ordered)
         return cand[keep], est[keep]
 
     def l2_estimate(self) -> float:
@@ -368,14 +388,14 @@ def _check_int(name: str, value: object, low: int, high: int | None, hint: str) 
 
 
 def median_of_rows(values: list[torch.Tensor]) -> torch.Tensor:
-    """Element-wise median of an odd number of equal-length vectors.
+    """Element-wise median of an odd number of equal-length vectors (one: itself, uncopied).
 
     Three and five rows use min/max networks (a few element-wise passes, instead of
     ``torch.median``'s sort); the result is the same order statistic, bit for bit.
     """
     n = len(values)
     if n == 1:
-        return values[0].clone()
+        return values[0]
     if n == 3:
         a, b, c = values
         return torch.maximum(torch.minimum(a, b), torch.minimum(torch.maximum(a, b), c))

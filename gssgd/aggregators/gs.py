@@ -111,7 +111,7 @@ class GlobalSketchSGD(Aggregator):
 
         if self.options.exact:
             with self._timed("decompress"):
-                candidates = summed.heavy_hitters(self.num_candidates)[0]
+                candidates = summed.heavy_hitters(self.num_candidates, ordered=False)[0]
             exact = self._allreduce(accumulated[candidates])
             with self._timed("decompress"):
                 keep = topk_indices(exact.abs(), self.k)

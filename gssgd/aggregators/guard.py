@@ -37,7 +37,7 @@ class CollapseGuard:
         last_recall: the most recent audit's recall (None before the first).
     """
 
-    min_recall: float = 0.1
+    min_recall: float = 0.3
     first_audit: int = 20
     audit_every: int = 200
     since_start: int = 0

@@ -89,6 +89,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
     parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--no-cache", action="store_true", help="hash on the fly")
+    parser.add_argument("--rows", type=int, default=1, help="sketch rows (default 1)")
+    parser.add_argument("--cols-per-k", type=int, default=40, help="columns per k (default 40)")
+    parser.add_argument("--candidates", type=int, default=32, help="m (default 32)")
     parser.add_argument("--json", help="also write the results to this file")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
@@ -96,7 +99,10 @@ def main(argv: list[str] | None = None) -> int:
         time_compression(d, args.density, repeats=args.repeats, cache=not args.no_cache)
         for d in args.d
     ]
-    print(f"threads={args.threads} cache={not args.no_cache} cpu={platform.processor() or '?'}")
+    print(
+        f"threads={args.threads} cache={not args.no_cache} rows={args.rows} "
+        f"cols={args.cols_per_k}k m={args.candidates} cpu={platform.processor() or '?'}"
+    )
     print(
         f"{'d':>11} {'topk ms':>8} {'sketch':>8} {'cands':>8} {'exact':>8} {'gs total':>9} "
         f"{'x topk':>7}"
