@@ -343,7 +343,9 @@ class HookState:
             "method": self.method,
             "whole_model": self.whole_model,
             "buckets": buckets,
-            "layouts": {i: [list(p) for p in self._layouts[i]] for i in buckets if i in self._layouts},
+            "layouts": {
+                i: [list(p) for p in self._layouts[i]] for i in buckets if i in self._layouts
+            },
         }
 
     def load_state_dict(self, sd: dict[str, Any]) -> None:
@@ -506,9 +508,7 @@ class HookState:
             self._stats = None
         buffer = bucket.buffer()
         fut = _new_future(buffer.device)
-        self._pending.append(
-            _Pending(index, bucket.parameters(), bucket.gradients(), buffer, fut)
-        )
+        self._pending.append(_Pending(index, bucket.parameters(), bucket.gradients(), buffer, fut))
         return fut
 
     def _fail_pending(self, exc: BaseException) -> None:
@@ -526,8 +526,9 @@ class HookState:
         back into the gradient views, which live in the buckets' buffers; (5) complete
         the pending futures with their buffers.
         """
-        this = _Pending(bucket.index(), bucket.parameters(), bucket.gradients(),
-                        bucket.buffer(), None)
+        this = _Pending(
+            bucket.index(), bucket.parameters(), bucket.gradients(), bucket.buffer(), None
+        )
         entries = sorted([*self._pending, this], key=lambda p: p.index)
         try:
             pairs = [(p, g) for e in entries for p, g in zip(e.params, e.grads, strict=True)]
@@ -557,9 +558,7 @@ class HookState:
         return _completed(this.buffer)
 
 
-def comm_hook(
-    state: HookState, bucket: dist.GradBucket
-) -> torch.futures.Future[torch.Tensor]:
+def comm_hook(state: HookState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
     r"""DDP communication hook that averages gradients with a gssgd aggregator.
 
     Runs the aggregator ``state.method`` (dense all-reduce, local Top-k, global Top-k,

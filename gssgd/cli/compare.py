@@ -79,17 +79,29 @@ examples:
 def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     """Register ``gssgd compare``."""
     parser = subparsers.add_parser(
-        "compare", help="train once per method and compare accuracy, bytes and time",
-        description=DESCRIPTION, epilog=EPILOG, formatter_class=Formatter, allow_abbrev=False,
+        "compare",
+        help="train once per method and compare accuracy, bytes and time",
+        description=DESCRIPTION,
+        epilog=EPILOG,
+        formatter_class=Formatter,
+        allow_abbrev=False,
     )
-    parser.add_argument("--methods", default=DEFAULTS["methods"],
-                        help=f"comma-separated methods, from {', '.join(METHODS)}")
-    parser.add_argument("--out", default=None, metavar="DIR",
-                        help="where results go (default: runs/compare-TIME); one "
-                        "sub-directory per method, replaced when run again")
+    parser.add_argument(
+        "--methods",
+        default=DEFAULTS["methods"],
+        help=f"comma-separated methods, from {', '.join(METHODS)}",
+    )
+    parser.add_argument(
+        "--out",
+        default=None,
+        metavar="DIR",
+        help="where results go (default: runs/compare-TIME); one "
+        "sub-directory per method, replaced when run again",
+    )
     add_training_flags(parser, compare=True)
-    parser.set_defaults(run=run, parser=parser,
-                        **{k: v for k, v in DEFAULTS.items() if k != "methods"})
+    parser.set_defaults(
+        run=run, parser=parser, **{k: v for k, v in DEFAULTS.items() if k != "methods"}
+    )
     return parser
 
 
@@ -173,12 +185,16 @@ def run(args: argparse.Namespace) -> int:
 
     out.mkdir(parents=True, exist_ok=True)
     write_json(out / "results.json", results)
-    write_json(out / "settings.json", {"methods": methods, "seconds_total": seconds,
-                                       **settings_from_args(args)})
+    write_json(
+        out / "settings.json",
+        {"methods": methods, "seconds_total": seconds, **settings_from_args(args)},
+    )
     plots = plot_comparison(curves, out, text=text)
     print(table(results, text))
-    print(f"\n{len(methods)} methods in {seconds:.0f} s; wrote {out / 'results.json'}, "
-          + ", ".join(str(p) for p in plots))
+    print(
+        f"\n{len(methods)} methods in {seconds:.0f} s; wrote {out / 'results.json'}, "
+        + ", ".join(str(p) for p in plots)
+    )
     ok = all(r.get("status") == "completed" for r in results.values())
     return 0 if ok else 1
 
@@ -188,24 +204,38 @@ def table(results: dict[str, dict[str, Any]], text: bool = False) -> str:
     headline = "test loss" if text else "test acc"
     key = "final_test_loss" if text else "final_test_accuracy"
     dense = (results.get("dense") or {}).get("bytes_sent_per_step")
-    rows = [(
-        "method", headline, "bytes/worker/step", "max (busiest)", "vs dense", "s/step", "status",
-    )]
+    rows = [
+        (
+            "method",
+            headline,
+            "bytes/worker/step",
+            "max (busiest)",
+            "vs dense",
+            "s/step",
+            "status",
+        )
+    ]
     for method, r in results.items():
         sent, busiest = r.get("bytes_sent_per_step"), r.get("bytes_sent_max_per_step")
-        rows.append((
-            method,
-            _fmt(r.get(key), ".4f"),
-            _fmt(sent, ",.0f"),
-            _fmt(busiest, ",.0f"),
-            f"{sent / dense:.3f}x" if sent is not None and dense else "-",
-            _fmt(r.get("seconds_per_step"), ".4f"),
-            str(r.get("status")),
-        ))
+        rows.append(
+            (
+                method,
+                _fmt(r.get(key), ".4f"),
+                _fmt(sent, ",.0f"),
+                _fmt(busiest, ",.0f"),
+                f"{sent / dense:.3f}x" if sent is not None and dense else "-",
+                _fmt(r.get("seconds_per_step"), ".4f"),
+                str(r.get("status")),
+            )
+        )
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
-    lines = ["  ".join(cell.rjust(w) if i not in (0, 6) else cell.ljust(w)
-                       for i, (cell, w) in enumerate(zip(row, widths, strict=True)))
-             for row in rows]
+    lines = [
+        "  ".join(
+            cell.rjust(w) if i not in (0, 6) else cell.ljust(w)
+            for i, (cell, w) in enumerate(zip(row, widths, strict=True))
+        )
+        for row in rows
+    ]
     lines.insert(1, "-" * len(lines[0]))
     return "\n".join(lines)
 

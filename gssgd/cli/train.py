@@ -84,92 +84,212 @@ def add_training_flags(parser: argparse.ArgumentParser, compare: bool = False) -
     c = TrainConfig  # the defaults live in one place: the dataclass
     what = parser.add_argument_group("what to train")
     if not compare:
-        what.add_argument("--method", choices=METHODS, default=c.method,
-                          help="how gradients are averaged (see above)")
-    what.add_argument("--dataset", default=c.dataset,
-                      help="digits, mnist, fashion-mnist, shakespeare, npz:PATH (x_train, "
-                      "y_train, x_test, y_test) or text:PATH (UTF-8)")
-    what.add_argument("--model", choices=MODELS, default=None,
-                      help="the model; default: cnn for images, mlp for flat features, lm for text")
+        what.add_argument(
+            "--method",
+            choices=METHODS,
+            default=c.method,
+            help="how gradients are averaged (see above)",
+        )
+    what.add_argument(
+        "--dataset",
+        default=c.dataset,
+        help="digits, mnist, fashion-mnist, shakespeare, npz:PATH (x_train, "
+        "y_train, x_test, y_test) or text:PATH (UTF-8)",
+    )
+    what.add_argument(
+        "--model",
+        choices=MODELS,
+        default=None,
+        help="the model; default: cnn for images, mlp for flat features, lm for text",
+    )
 
     opt = parser.add_argument_group("optimisation")
-    opt.add_argument("--steps", type=int, default=c.steps,
-                     help="total steps (a resumed run continues up to this many)")
-    opt.add_argument("--batch-size", type=int, default=c.batch_size,
-                     help="samples (text: windows) per worker per step")
+    opt.add_argument(
+        "--steps",
+        type=int,
+        default=c.steps,
+        help="total steps (a resumed run continues up to this many)",
+    )
+    opt.add_argument(
+        "--batch-size",
+        type=int,
+        default=c.batch_size,
+        help="samples (text: windows) per worker per step",
+    )
     opt.add_argument("--lr", type=float, default=c.lr, help="SGD learning rate (constant)")
-    opt.add_argument("--momentum", type=float, default=c.momentum,
-                     help="SGD momentum, applied after aggregation")
+    opt.add_argument(
+        "--momentum", type=float, default=c.momentum, help="SGD momentum, applied after aggregation"
+    )
     opt.add_argument("--weight-decay", type=float, default=c.weight_decay, help="SGD weight decay")
     opt.add_argument("--seq-len", type=int, default=c.seq_len, help="characters per window (text)")
-    opt.add_argument("--seed", type=int, default=c.seed,
-                     help="seeds the model init, the batches and the sketch hashes")
+    opt.add_argument(
+        "--seed",
+        type=int,
+        default=c.seed,
+        help="seeds the model init, the batches and the sketch hashes",
+    )
 
     run_ = parser.add_argument_group("workers")
-    run_.add_argument("--workers", type=int, default=None,
-                      help="worker processes to spawn (default: 4; under torchrun: its WORLD_SIZE)")
-    run_.add_argument("--device", choices=DEVICES, default=c.device,
-                      help="cpu (gloo), cuda (NCCL, one GPU per worker) or auto")
+    run_.add_argument(
+        "--workers",
+        type=int,
+        default=None,
+        help="worker processes to spawn (default: 4; under torchrun: its WORLD_SIZE)",
+    )
+    run_.add_argument(
+        "--device",
+        choices=DEVICES,
+        default=c.device,
+        help="cpu (gloo), cuda (NCCL, one GPU per worker) or auto",
+    )
     run_.add_argument("--threads", type=int, default=c.threads, help="torch threads per worker")
-    run_.add_argument("--timeout", type=float, default=c.timeout, metavar="SECONDS",
-                      help="how long a collective waits for a peer before the run fails")
+    run_.add_argument(
+        "--timeout",
+        type=float,
+        default=c.timeout,
+        metavar="SECONDS",
+        help="how long a collective waits for a peer before the run fails",
+    )
 
     agg = parser.add_argument_group(
         "aggregation", "method-specific settings; a setting the method does not take is an error"
     )
     sparse = agg.add_mutually_exclusive_group()
-    sparse.add_argument("--density", type=float, default=None,
-                        help="fraction of coordinates sent, k = max(1, round(density*d)) "
-                        "(topk, gtopk, sketched, gs; default 0.01)")
-    sparse.add_argument("--k", type=int, default=None,
-                        help="coordinates sent per worker, instead of --density")
-    agg.add_argument("--local-momentum", type=float, default=None,
-                     help="aggregator-side momentum with momentum stopping (topk, gtopk, "
-                     "sketched, gs; default 0 = off)")
-    agg.add_argument("--rows", type=int, default=None, help="sketch rows, odd (default 5)")
-    agg.add_argument("--cols", type=int, default=None,
-                     help="sketch columns (default max(10k, 256))")
-    agg.add_argument("--candidates", type=int, default=None,
-                     help="m: the sketch proposes m*k candidates (default 4)")
-    agg.add_argument("--exact", action=argparse.BooleanOptionalAction, default=None,
-                     help="gs: fetch exact sums of the candidates (default --exact)")
-    agg.add_argument("--allreduce", choices=("recursive_doubling", "backend"), default=None,
-                     help="gs: how sketches are summed (default recursive_doubling)")
-    agg.add_argument("--powersgd-rank", type=int, default=None,
-                     help="powersgd: matrix approximation rank (default 2)")
-    agg.add_argument("--start-iter", type=int, default=None,
-                     help="steps of plain all-reduce before compression starts (default 2)")
-    agg.add_argument("--per-bucket", action="store_true",
-                     help="compress each DDP bucket apart instead of the whole model at once")
+    sparse.add_argument(
+        "--density",
+        type=float,
+        default=None,
+        help="fraction of coordinates sent, k = max(1, round(density*d)) "
+        "(topk, gtopk, sketched, gs; default 0.01)",
+    )
+    sparse.add_argument(
+        "--k", type=int, default=None, help="coordinates sent per worker, instead of --density"
+    )
+    agg.add_argument(
+        "--local-momentum",
+        type=float,
+        default=None,
+        help="aggregator-side momentum with momentum stopping (topk, gtopk, "
+        "sketched, gs; default 0 = off)",
+    )
+    agg.add_argument("--rows", type=int, default=None, help="sketch rows, odd (default 1)")
+    agg.add_argument(
+        "--cols", type=int, default=None, help="sketch columns (default 40k, capped at d/(4 rows))"
+    )
+    agg.add_argument(
+        "--candidates",
+        type=int,
+        default=None,
+        help="m: the sketch proposes m*k candidates (default 32, capped at m*k <= d/8)",
+    )
+    agg.add_argument(
+        "--exact",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="gs: fetch exact sums of the candidates (default --exact)",
+    )
+    agg.add_argument(
+        "--allreduce",
+        choices=("recursive_doubling", "backend"),
+        default=None,
+        help="gs: how sketches are summed (default recursive_doubling)",
+    )
+    agg.add_argument(
+        "--powersgd-rank",
+        type=int,
+        default=None,
+        help="powersgd: matrix approximation rank (default 2)",
+    )
+    agg.add_argument(
+        "--start-iter",
+        type=int,
+        default=None,
+        help="steps of plain all-reduce before compression starts (default 2)",
+    )
+    agg.add_argument(
+        "--per-bucket",
+        action="store_true",
+        help="compress each DDP bucket apart instead of the whole model at once",
+    )
 
     out = parser.add_argument_group("output")
     if not compare:
-        out.add_argument("--out", default=None, metavar="DIR",
-                         help="run directory (default: runs/METHOD-DATASET-TIME, or the "
-                         "--resume directory)")
-    out.add_argument("--eval-every", type=int, default=c.eval_every, metavar="N",
-                     help="evaluate on the test split every N steps and after the last (0: last only)")
-    out.add_argument("--checkpoint-every", type=int, default=c.checkpoint_every, metavar="N",
-                     help="checkpoint every N steps and after the last (0: last only)")
+        out.add_argument(
+            "--out",
+            default=None,
+            metavar="DIR",
+            help="run directory (default: runs/METHOD-DATASET-TIME, or the --resume directory)",
+        )
+    out.add_argument(
+        "--eval-every",
+        type=int,
+        default=c.eval_every,
+        metavar="N",
+        help="evaluate on the test split every N steps and after the last (0: last only)",
+    )
+    out.add_argument(
+        "--checkpoint-every",
+        type=int,
+        default=c.checkpoint_every,
+        metavar="N",
+        help="checkpoint every N steps and after the last (0: last only)",
+    )
     if not compare:
-        out.add_argument("--resume", default=None, metavar="DIR",
-                         help="continue the run in DIR (its --out) or from a checkpoint file")
-        out.add_argument("--overwrite", action="store_true",
-                         help="start afresh in an --out that holds an earlier run (deletes it)")
-    out.add_argument("--no-progress", dest="progress", action="store_false",
-                     help="no progress bar")
+        out.add_argument(
+            "--resume",
+            default=None,
+            metavar="DIR",
+            help="continue the run in DIR (its --out) or from a checkpoint file",
+        )
+        out.add_argument(
+            "--overwrite",
+            action="store_true",
+            help="start afresh in an --out that holds an earlier run (deletes it)",
+        )
+    out.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar")
     if not compare:
         fault = parser.add_argument_group("fault injection")
-        fault.add_argument("--fail-at", type=_fail_at, default=None, metavar="RANK:STEP",
-                           help="that rank exits abruptly at that step (reliability tests)")
+        fault.add_argument(
+            "--fail-at",
+            type=_fail_at,
+            default=None,
+            metavar="RANK:STEP",
+            help="that rank exits abruptly at that step (reliability tests)",
+        )
 
 
 #: The argparse destinations that are TrainConfig fields (everything but method/methods).
 _SETTINGS = (
-    "dataset", "model", "steps", "batch_size", "lr", "momentum", "weight_decay", "seq_len",
-    "seed", "workers", "device", "threads", "timeout", "density", "k", "local_momentum",
-    "rows", "cols", "candidates", "exact", "allreduce", "powersgd_rank", "start_iter",
-    "per_bucket", "out", "eval_every", "checkpoint_every", "resume", "overwrite", "progress",
+    "dataset",
+    "model",
+    "steps",
+    "batch_size",
+    "lr",
+    "momentum",
+    "weight_decay",
+    "seq_len",
+    "seed",
+    "workers",
+    "device",
+    "threads",
+    "timeout",
+    "density",
+    "k",
+    "local_momentum",
+    "rows",
+    "cols",
+    "candidates",
+    "exact",
+    "allreduce",
+    "powersgd_rank",
+    "start_iter",
+    "per_bucket",
+    "out",
+    "eval_every",
+    "checkpoint_every",
+    "resume",
+    "overwrite",
+    "progress",
     "fail_at",
 )
 
@@ -182,8 +302,12 @@ def settings_from_args(args: argparse.Namespace) -> dict[str, Any]:
 def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     """Register ``gssgd train``."""
     parser = subparsers.add_parser(
-        "train", help="train with one method (spawns workers, or joins torchrun)",
-        description=DESCRIPTION, epilog=EPILOG, formatter_class=Formatter, allow_abbrev=False,
+        "train",
+        help="train with one method (spawns workers, or joins torchrun)",
+        description=DESCRIPTION,
+        epilog=EPILOG,
+        formatter_class=Formatter,
+        allow_abbrev=False,
     )
     add_training_flags(parser)
     parser.set_defaults(run=run, parser=parser)
@@ -203,8 +327,10 @@ def run(args: argparse.Namespace) -> int:
         print(f"gssgd train: {err}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
-        print("gssgd train: interrupted; continue from the last checkpoint with --resume OUT",
-              file=sys.stderr)
+        print(
+            "gssgd train: interrupted; continue from the last checkpoint with --resume OUT",
+            file=sys.stderr,
+        )
         return 130
     except Exception as err:  # under torchrun: a lost peer, a timeout
         if not is_user_error(err):

@@ -163,7 +163,9 @@ def _fsync_dir(directory: Path) -> None:
         os.close(fd)
 
 
-def save_checkpoint(run_dir: Path | str, step: int, payload: dict[str, Any], keep: int = KEEP) -> Path:
+def save_checkpoint(
+    run_dir: Path | str, step: int, payload: dict[str, Any], keep: int = KEEP
+) -> Path:
     """Write ``payload`` as the checkpoint of ``step`` and make it the latest.
 
     Order: (1) the checkpoint file, atomically; (2) the ``latest`` pointer, atomically;

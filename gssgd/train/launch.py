@@ -88,8 +88,10 @@ class WorkerFailed(RuntimeError):
 
     def __init__(self, rank: int, exit_code: int | None, detail: str = "") -> None:
         self.rank, self.exit_code = rank, exit_code
-        how = f"exit code {exit_code}" if exit_code is None or exit_code >= 0 else (
-            f"signal {-exit_code}"
+        how = (
+            f"exit code {exit_code}"
+            if exit_code is None or exit_code >= 0
+            else (f"signal {-exit_code}")
         )
         super().__init__(f"worker rank {rank} failed ({how}){detail}")
 
@@ -244,8 +246,11 @@ def _spawned(
         if is_user_error(err):
             print(f"gssgd: rank {rank}: {err}", file=sys.stderr, flush=True)
         else:
-            print(f"gssgd: rank {rank} crashed:\n{traceback.format_exc()}", file=sys.stderr,
-                  flush=True)
+            print(
+                f"gssgd: rank {rank} crashed:\n{traceback.format_exc()}",
+                file=sys.stderr,
+                flush=True,
+            )
         sys.exit(1)
     finally:
         if dist.is_initialized():
@@ -259,8 +264,16 @@ def is_user_error(err: BaseException) -> bool:
 
     lost_peer = isinstance(err, dist.DistError) or (
         isinstance(err, RuntimeError)
-        and any(s in str(err) for s in ("Connection closed", "Connection reset", "Timed out",
-                                        "timed out", "Socket Timeout"))
+        and any(
+            s in str(err)
+            for s in (
+                "Connection closed",
+                "Connection reset",
+                "Timed out",
+                "timed out",
+                "Socket Timeout",
+            )
+        )
     )
     return lost_peer or isinstance(
         err,

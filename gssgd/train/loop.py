@@ -139,9 +139,9 @@ class TrainConfig:
     density: float | None = None  # fraction of coordinates sent (default 0.01), or give k
     k: int | None = None  # coordinates sent per worker, instead of density
     local_momentum: float | None = None  # aggregator momentum with momentum stopping (0: off)
-    rows: int | None = None  # sketch rows, odd (sketched, gs; default 5)
-    cols: int | None = None  # sketch columns (sketched, gs; default max(10k, 256))
-    candidates: int | None = None  # m: the sketch proposes m*k candidates (default 4)
+    rows: int | None = None  # sketch rows, odd (sketched, gs; default 1)
+    cols: int | None = None  # sketch columns (sketched, gs; default 40k, capped at d/(4 rows))
+    candidates: int | None = None  # m: the sketch proposes m*k candidates (default 32, m*k <= d/8)
     exact: bool | None = None  # gs: fetch exact values of the candidates (default True)
     allreduce: str | None = None  # gs: recursive_doubling (default) or backend
     powersgd_rank: int | None = None  # powersgd: matrix approximation rank (default 2)
@@ -163,8 +163,12 @@ class TrainConfig:
         if not isinstance(self.dataset, str) or not self.dataset:
             raise _bad("dataset", self.dataset, "it must name a dataset", "For example digits.")
         if self.model is not None and self.model not in MODELS:
-            raise _bad("model", self.model, f"it must be one of {', '.join(MODELS)}",
-                       "Leave it out for the dataset's default.")
+            raise _bad(
+                "model",
+                self.model,
+                f"it must be one of {', '.join(MODELS)}",
+                "Leave it out for the dataset's default.",
+            )
         for name in ("steps", "batch_size", "seq_len", "threads"):
             _check_int(name, getattr(self, name), 1)
         for name in ("seed", "eval_every", "checkpoint_every"):
@@ -182,11 +186,14 @@ class TrainConfig:
             if (
                 not isinstance(self.fail_at, (tuple, list))
                 or len(self.fail_at) != 2
-                or any(isinstance(v, bool) or not isinstance(v, int) or v < 0
-                       for v in self.fail_at)
+                or any(isinstance(v, bool) or not isinstance(v, int) or v < 0 for v in self.fail_at)
             ):
-                raise _bad("fail_at", self.fail_at, "it must be RANK:STEP with integers >= 0",
-                           "For example --fail-at 1:10.")
+                raise _bad(
+                    "fail_at",
+                    self.fail_at,
+                    "it must be RANK:STEP with integers >= 0",
+                    "For example --fail-at 1:10.",
+                )
             self.fail_at = (int(self.fail_at[0]), int(self.fail_at[1]))
 
     def _check_method_settings(self) -> None:
@@ -204,19 +211,29 @@ class TrainConfig:
                 "(k = max(1, round(density * d)) otherwise)"
             )
         if self.density is not None:
-            _check_real("density", self.density, "in (0, 1]", lambda v: 0 < v <= 1,
-                        "For example 0.01.")
+            _check_real(
+                "density", self.density, "in (0, 1]", lambda v: 0 < v <= 1, "For example 0.01."
+            )
         if self.local_momentum is not None:
-            _check_real("local_momentum", self.local_momentum, "in [0, 1)",
-                        lambda v: 0 <= v < 1, "For example 0.9, or 0 for none.")
+            _check_real(
+                "local_momentum",
+                self.local_momentum,
+                "in [0, 1)",
+                lambda v: 0 <= v < 1,
+                "For example 0.9, or 0 for none.",
+            )
         for name in ("k", "cols", "candidates", "powersgd_rank"):
             if getattr(self, name) is not None:
                 _check_int(name, getattr(self, name), 1)
         if self.rows is not None:
             _check_int("rows", self.rows, 1)
             if self.rows % 2 == 0:
-                raise _bad("rows", self.rows, "it must be odd, so the median of the rows is "
-                           "one of them", f"Use {self.rows + 1}.")
+                raise _bad(
+                    "rows",
+                    self.rows,
+                    "it must be odd, so the median of the rows is one of them",
+                    f"Use {self.rows + 1}.",
+                )
         if self.exact is not None and not isinstance(self.exact, bool):
             raise _bad("exact", self.exact, "it must be True or False")
         if self.allreduce not in (None, "recursive_doubling", "backend"):
@@ -228,10 +245,20 @@ class TrainConfig:
     # ---------------------------------------------------------------- derived settings
     def aggregator_options(self) -> dict[str, Any]:
         """The keyword options of the aggregator (``k`` included), defaults left out."""
-        names = {"k": "k", "local_momentum": "momentum", "rows": "rows", "cols": "cols",
-                 "candidates": "candidates", "exact": "exact", "allreduce": "allreduce"}
-        opts = {opt: getattr(self, field) for field, opt in names.items()
-                if getattr(self, field) is not None}
+        names = {
+            "k": "k",
+            "local_momentum": "momentum",
+            "rows": "rows",
+            "cols": "cols",
+            "candidates": "candidates",
+            "exact": "exact",
+            "allreduce": "allreduce",
+        }
+        opts = {
+            opt: getattr(self, field)
+            for field, opt in names.items()
+            if getattr(self, field) is not None
+        }
         if self.method in ("sketched", "gs"):
             opts["seed"] = self.seed
         return opts
@@ -247,8 +274,11 @@ def settings_for(method: str, settings: dict[str, Any]) -> dict[str, Any]:
 
     ``gssgd compare`` builds one config per method from the same flags this way.
     """
-    return {name: value for name, value in settings.items()
-            if name not in _APPLIES_TO or method in _APPLIES_TO[name]}
+    return {
+        name: value
+        for name, value in settings.items()
+        if name not in _APPLIES_TO or method in _APPLIES_TO[name]
+    }
 
 
 def applies_to(name: str) -> tuple[str, ...]:
@@ -334,8 +364,9 @@ class GradientSync:
                 }
         compressed = self.method == "powersgd" and step >= self.start_iter
         method = self.method if self.method in ("dense16", "powersgd") else "dense"
-        sent = builtin_hook_bytes(method, self.shapes, self.world_size, compressed,
-                                  self.powersgd_rank)
+        sent = builtin_hook_bytes(
+            method, self.shapes, self.world_size, compressed, self.powersgd_rank
+        )
         return {
             "bytes_sent": sent,
             "bytes_received": sent,
@@ -360,8 +391,12 @@ class GradientSync:
                     "error": dict(p.error_dict),
                     "p": dict(p.p_memory_dict),
                     "q": dict(p.q_memory_dict),
-                    "rng": {"keys": torch.from_numpy(keys.astype(np.int64)), "pos": int(pos),
-                            "has_gauss": int(has_gauss), "cached": float(cached)},
+                    "rng": {
+                        "keys": torch.from_numpy(keys.astype(np.int64)),
+                        "pos": int(pos),
+                        "has_gauss": int(has_gauss),
+                        "cached": float(cached),
+                    },
                 }
             }
         return {}
@@ -377,8 +412,15 @@ class GradientSync:
             p.p_memory_dict = dict(saved["p"])
             p.q_memory_dict = dict(saved["q"])
             rng = saved["rng"]
-            p.rng.set_state(("MT19937", rng["keys"].numpy().astype(np.uint32), rng["pos"],
-                             rng["has_gauss"], rng["cached"]))
+            p.rng.set_state(
+                (
+                    "MT19937",
+                    rng["keys"].numpy().astype(np.uint32),
+                    rng["pos"],
+                    rng["has_gauss"],
+                    rng["cached"],
+                )
+            )
 
 
 # =========================================================================== data and eval
@@ -389,11 +431,13 @@ def _train_batch(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """This rank's batch at ``step``: a pure function of (seed, step, rank)."""
     if isinstance(data, TextData):
-        x, y = lm_batch(data.train, step, worker.rank, worker.world_size, cfg.batch_size,
-                        cfg.seq_len, cfg.seed)
+        x, y = lm_batch(
+            data.train, step, worker.rank, worker.world_size, cfg.batch_size, cfg.seq_len, cfg.seed
+        )
     else:
-        idx = batch_indices(step, worker.rank, worker.world_size, cfg.batch_size,
-                            len(data.y_train), cfg.seed)
+        idx = batch_indices(
+            step, worker.rank, worker.world_size, cfg.batch_size, len(data.y_train), cfg.seed
+        )
         x, y = data.x_train[idx], data.y_train[idx]
     return x.to(worker.device), y.to(worker.device)
 
@@ -466,8 +510,9 @@ def train_worker(worker: Worker, cfg: TrainConfig) -> dict[str, Any] | None:
     torch.manual_seed(cfg.seed)
     model = build_model(cfg.model, data).to(device)
     d = sum(p.numel() for p in model.parameters())
-    optimizer = torch.optim.SGD(model.parameters(), lr=cfg.lr, momentum=cfg.momentum,
-                                weight_decay=cfg.weight_decay)
+    optimizer = torch.optim.SGD(
+        model.parameters(), lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay
+    )
     fingerprint = checkpoint.fingerprint(cfg.method, cfg.model, cfg.dataset, world_size, d)
 
     # 2. Resume: parameters, optimizer, this rank's RNG and (below) hook state, totals.
@@ -493,12 +538,22 @@ def train_worker(worker: Worker, cfg: TrainConfig) -> dict[str, Any] | None:
 
     log = MetricsLog(out, start_step) if is_main else None
     if is_main:
-        write_json(out / "config.json", {**dataclasses.asdict(cfg), "world_size": world_size,
-                                         "d": d})
-        _say(f"gssgd train: {cfg.method} on {cfg.dataset} ({cfg.model}, d={d:,}), "
-             f"{world_size} workers, steps {start_step}..{cfg.steps} -> {out}")
-    bar = tqdm(total=cfg.steps, initial=start_step, desc=cfg.method, unit="step",
-               disable=not (is_main and cfg.progress), dynamic_ncols=True, mininterval=0.5)
+        write_json(
+            out / "config.json", {**dataclasses.asdict(cfg), "world_size": world_size, "d": d}
+        )
+        _say(
+            f"gssgd train: {cfg.method} on {cfg.dataset} ({cfg.model}, d={d:,}), "
+            f"{world_size} workers, steps {start_step}..{cfg.steps} -> {out}"
+        )
+    bar = tqdm(
+        total=cfg.steps,
+        initial=start_step,
+        desc=cfg.method,
+        unit="step",
+        disable=not (is_main and cfg.progress),
+        dynamic_ncols=True,
+        mininterval=0.5,
+    )
     status, message, last_eval, last_loss = STATUS_COMPLETED, "", (None, None), None
     wall_start = time.perf_counter()
 
@@ -513,8 +568,11 @@ def train_worker(worker: Worker, cfg: TrainConfig) -> dict[str, Any] | None:
 
         # Every rank learns whether any loss is non-finite, and stops together if so.
         value = float(loss.detach())
-        seen = torch.tensor([value * count, correct, count, not math.isfinite(value)],
-                            dtype=torch.float64, device=device)
+        seen = torch.tensor(
+            [value * count, correct, count, not math.isfinite(value)],
+            dtype=torch.float64,
+            device=device,
+        )
         dist.all_reduce(seen)
         loss_sum, correct_sum, count_sum, nonfinite = seen.tolist()
         if nonfinite:
@@ -535,8 +593,10 @@ def train_worker(worker: Worker, cfg: TrainConfig) -> dict[str, Any] | None:
 
         seconds_step = t_forward + (t_end - t1)  # the loss all-reduce left out
         stats = sync.step_stats(step)
-        hook_seconds = sum(stats[k] or 0.0 for k in
-                           ("seconds_compress", "seconds_communicate", "seconds_decompress"))
+        hook_seconds = sum(
+            stats[k] or 0.0
+            for k in ("seconds_compress", "seconds_communicate", "seconds_decompress")
+        )
         sent = _gather_bytes(stats, worker)  # (mean sent, max sent, mean received) over ranks
         last_loss = loss_sum / count_sum
         record = {
@@ -564,8 +624,9 @@ def train_worker(worker: Worker, cfg: TrainConfig) -> dict[str, Any] | None:
             record["test_loss"], record["test_accuracy"] = last_eval
         if log is not None:  # before the checkpoint: a resumed run finds every earlier line
             log.write(record)
-            bar.set_postfix(loss=f"{last_loss:.3f}", acc=f"{record['train_accuracy']:.3f}",
-                            refresh=False)
+            bar.set_postfix(
+                loss=f"{last_loss:.3f}", acc=f"{record['train_accuracy']:.3f}", refresh=False
+            )
             bar.update(1)
         if done == cfg.steps or (cfg.checkpoint_every and done % cfg.checkpoint_every == 0):
             _save_checkpoint(out, done, cfg, fingerprint, model, optimizer, sync, totals, worker)
@@ -591,8 +652,11 @@ def train_worker(worker: Worker, cfg: TrainConfig) -> dict[str, Any] | None:
         "bytes_sent_total": totals.bytes_sent,
         "measured_from_step": warmup,
         "seconds_wall": time.perf_counter() - wall_start,
-        "checkpoint": (str(out / checkpoint.CHECKPOINT_DIR / checkpoint.checkpoint_name(cfg.steps))
-                       if status == STATUS_COMPLETED else None),
+        "checkpoint": (
+            str(out / checkpoint.CHECKPOINT_DIR / checkpoint.checkpoint_name(cfg.steps))
+            if status == STATUS_COMPLETED
+            else None
+        ),
         "config": dataclasses.asdict(cfg),
     }
     write_json(out / SUMMARY_FILE, summary)
@@ -622,8 +686,9 @@ def _rebuild_buckets(
 
 def _gather_bytes(stats: dict[str, Any], worker: Worker) -> tuple[float, float, float]:
     """(mean bytes sent, max bytes sent, mean bytes received) over the ranks."""
-    mine = torch.tensor([stats["bytes_sent"], stats["bytes_received"]], dtype=torch.float64,
-                        device=worker.device)
+    mine = torch.tensor(
+        [stats["bytes_sent"], stats["bytes_received"]], dtype=torch.float64, device=worker.device
+    )
     everyone = [torch.empty_like(mine) for _ in range(worker.world_size)]
     dist.all_gather(everyone, mine)
     table = torch.stack(everyone).cpu()
@@ -651,14 +716,18 @@ def _save_checkpoint(
     ok, error = torch.ones(1, device=worker.device), None
     if worker.rank == 0:
         try:
-            checkpoint.save_checkpoint(out, step, {
-                "fingerprint": fingerprint,
-                "config": dataclasses.asdict(cfg),
-                "model": model.state_dict(),
-                "optimizer": optimizer.state_dict(),
-                "ranks": everyone,
-                "totals": totals.state_dict(),
-            })
+            checkpoint.save_checkpoint(
+                out,
+                step,
+                {
+                    "fingerprint": fingerprint,
+                    "config": dataclasses.asdict(cfg),
+                    "model": model.state_dict(),
+                    "optimizer": optimizer.state_dict(),
+                    "ranks": everyone,
+                    "totals": totals.state_dict(),
+                },
+            )
         except OSError as err:
             ok.zero_()
             error = err
@@ -709,8 +778,11 @@ def _one_line(summary: dict[str, Any]) -> str:
         f"gssgd train: done after {summary['steps']} steps: test loss "
         f"{summary['final_test_loss']:.4f}, test accuracy {acc:.4f}, "
         + (f"{bytes_:,.0f} bytes sent per worker per step, " if bytes_ is not None else "")
-        + (f"{summary['seconds_per_step'] * 1e3:.1f} ms per step"
-           if summary["seconds_per_step"] is not None else "")
+        + (
+            f"{summary['seconds_per_step'] * 1e3:.1f} ms per step"
+            if summary["seconds_per_step"] is not None
+            else ""
+        )
     )
 
 
@@ -741,8 +813,10 @@ def prepare(cfg: TrainConfig) -> TrainConfig:
     """
     world = torchrun_world_size()
     if world is not None and cfg.workers is not None and cfg.workers != world:
-        raise ValueError(f"--workers {cfg.workers} but torchrun started {world} workers; "
-                         "leave --workers out under torchrun")
+        raise ValueError(
+            f"--workers {cfg.workers} but torchrun started {world} workers; "
+            "leave --workers out under torchrun"
+        )
     workers = world or cfg.workers or DEFAULT_WORKERS
     data = load_dataset(cfg.dataset)
     model_name = cfg.model or default_model(data)
@@ -777,8 +851,9 @@ def prepare(cfg: TrainConfig) -> TrainConfig:
     if int(os.environ.get("RANK", "0")) == 0:  # under torchrun, rank 0 alone touches --out
         continuing = resume is not None and out.resolve() == _run_dir_of(resume).resolve()
         _claim_out(out, continuing=continuing, overwrite=cfg.overwrite)
-    return dataclasses.replace(cfg, workers=workers, model=model_name, out=str(out),
-                               resume=str(resume) if resume else None)
+    return dataclasses.replace(
+        cfg, workers=workers, model=model_name, out=str(out), resume=str(resume) if resume else None
+    )
 
 
 def _run_dir_of(checkpoint_file: Path) -> Path:
@@ -829,7 +904,9 @@ def run_training(cfg: TrainConfig) -> dict[str, Any] | None:
         return launch(train_worker, cfg.workers, (cfg,), timeout_s=cfg.timeout, device=cfg.device)
     except WorkerFailed as err:
         saved = checkpoint.list_checkpoints(Path(cfg.out) / checkpoint.CHECKPOINT_DIR)
-        hint = (f"; continue from {saved[-1].name} with --resume {cfg.out}" if saved else
-                "; no checkpoint was written yet (--checkpoint-every N writes some)")
+        hint = (
+            f"; continue from {saved[-1].name} with --resume {cfg.out}"
+            if saved
+            else "; no checkpoint was written yet (--checkpoint-every N writes some)"
+        )
         raise WorkerFailed(err.rank, err.exit_code, hint) from None
-

@@ -101,7 +101,9 @@ def builtin_hook_bytes(
     if method == "dense16":
         return ring_allreduce_bytes(2 * numel, world_size)
     if method != "powersgd":
-        raise ValueError(f"method {method!r} has no built-in DDP hook; use dense, dense16 or powersgd")
+        raise ValueError(
+            f"method {method!r} has no built-in DDP hook; use dense, dense16 or powersgd"
+        )
     uncompressed = ps = qs = 0
     for shape in shapes:
         n = shape[0] if len(shape) else 1
@@ -152,8 +154,13 @@ class RunTotals:
         n = self.measured_steps
         if n == 0:
             return dict.fromkeys(
-                ("bytes_sent_per_step", "bytes_sent_max_per_step", "bytes_received_per_step",
-                 "seconds_per_step", "seconds_communicate_per_step")
+                (
+                    "bytes_sent_per_step",
+                    "bytes_sent_max_per_step",
+                    "bytes_received_per_step",
+                    "seconds_per_step",
+                    "seconds_communicate_per_step",
+                )
             )
         return {
             "bytes_sent_per_step": self.measured_bytes_sent / n,

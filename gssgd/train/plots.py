@@ -66,8 +66,13 @@ def plot_comparison(
             window = max(1, len(records) // 50)
             ax_loss.plot(xs, smooth([float(r["loss"]) for r in records], window), label=method)
             evaluated = [r for r in records if r.get(metric) is not None]
-            ax_metric.plot([r[x_key] * scale for r in evaluated],
-                           [float(r[metric]) for r in evaluated], marker="o", ms=3, label=method)
+            ax_metric.plot(
+                [r[x_key] * scale for r in evaluated],
+                [float(r[metric]) for r in evaluated],
+                marker="o",
+                ms=3,
+                label=method,
+            )
         for ax, title in ((ax_loss, "training loss (moving average)"), (ax_metric, label)):
             ax.set_xlabel(x_label)
             ax.set_title(title)

@@ -1,0 +1,445 @@
+#!/usr/bin/env python3
+"""Tables and plots of the convergence study (scripts/convergence_study.sh, docs/study.md).
+
+Reads every run under ``docs/study/runs/<name>/`` (summary.json, metrics.jsonl, config.json)
+and its log ``docs/study/logs/<name>.log``, and writes
+
+* ``docs/study/results.json``   one record per run (the numbers the tables show);
+* ``docs/study/tables.md``      the markdown tables, one per part;
+* ``docs/study/*.png``          the plots (matplotlib, Agg);
+* ``docs/study.md``             the tables are also spliced into it between
+                                ``<!-- BEGIN name -->`` / ``<!-- END name -->`` markers,
+                                where those markers exist (the prose around them is kept).
+
+    .venv/bin/python scripts/study_report.py [--study-dir docs/study] [--doc docs/study.md]
+                                             [--clean-checkpoints]
+
+Run names (set by the shell script): ``A-common-<method>-<density>``, ``A-common-dense``,
+``A-local-<method>-<density>``, ``A-published-<method>-0.001``, ``B-p8-<method>-0.001``,
+``C-lr-dense-<lr>``, ``C-<method>-0.001``, ``D-gs-r<rows>-c<cols>-m<m>``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import re
+import shutil
+from pathlib import Path
+from typing import Any
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+METHODS = ["dense", "topk", "gtopk", "sketched", "gs"]
+COLORS = {"dense": "k", "topk": "tab:blue", "gtopk": "tab:green", "sketched": "tab:orange",
+          "gs": "tab:red"}
+GROW = "growing the sketch"
+
+# The team's earlier baseline (straightforward implementation, 800 steps, P = 4,
+# optimizer momentum), MNIST CNN: final test accuracy in %, None = diverged.
+BASELINE = {
+    ("dense", None): 98.4,
+    ("topk", "0.01"): 98.1, ("topk", "0.001"): 97.2,
+    ("gtopk", "0.01"): 98.1, ("gtopk", "0.001"): 94.2,
+    ("sketched", "0.01"): 97.6, ("sketched", "0.001"): None,
+    ("gs", "0.01"): 98.3, ("gs", "0.001"): None,
+}
+
+
+def _finite(x: Any) -> bool:
+    return isinstance(x, (int, float)) and math.isfinite(x)
+
+
+def load_run(run_dir: Path, logs: Path) -> dict[str, Any] | None:
+    """One run's numbers, or None when it left no summary."""
+    summary_path = run_dir / "summary.json"
+    if not summary_path.exists():
+        return None
+    s = json.loads(summary_path.read_text())
+    cfg = s.get("config") or {}
+    cfg_path = run_dir / "config.json"
+    if cfg_path.exists():
+        cfg = {**cfg, **json.loads(cfg_path.read_text())}
+    lines = []
+    mpath = run_dir / "metrics.jsonl"
+    if mpath.exists():
+        for line in mpath.read_text().splitlines():
+            line = line.strip()
+            if line:
+                lines.append(json.loads(line))
+    name = run_dir.name
+    log_path = logs / f"{name}.log"
+    log = log_path.read_text(errors="replace") if log_path.exists() else ""
+    grows = [ln.strip() for ln in log.splitlines() if GROW in ln]
+    start = int(s.get("measured_from_step") or 0)
+    measured = [r for r in lines if r["step"] >= start]
+
+    def mean(key: str) -> float | None:
+        vals = [r[key] for r in measured if _finite(r.get(key))]
+        return sum(vals) / len(vals) if vals else None
+
+    comp = [(r.get("seconds_compress") or 0) + (r.get("seconds_decompress") or 0)
+            for r in measured if _finite(r.get("seconds_compress"))]
+    fracs = [r["delivered_fraction"] for r in lines if _finite(r.get("delivered_fraction"))]
+    evals = [(r["step"] + 1, r.get("test_accuracy"), r.get("test_loss"))
+             for r in lines if r.get("test_loss") is not None]
+    # The sketch width can change (guard growth); the typical bytes of a step show it.
+    byte_levels = sorted({round(r["bytes_sent"]) for r in measured if _finite(r.get("bytes_sent"))})
+    spp = s.get("seconds_per_step")
+    comm = s.get("seconds_communicate_per_step")
+    return {
+        "name": name,
+        "status": s.get("status"),
+        "message": s.get("message"),
+        "method": s.get("method") or cfg.get("method"),
+        "dataset": s.get("dataset"),
+        "workers": s.get("world_size"),
+        "d": s.get("d"),
+        "k": next((r.get("k") for r in reversed(lines) if r.get("k")), None),
+        "density": cfg.get("density"),
+        "rows": cfg.get("rows"), "cols": cfg.get("cols"), "candidates": cfg.get("candidates"),
+        "lr": cfg.get("lr"), "momentum": cfg.get("momentum"),
+        "local_momentum": cfg.get("local_momentum"),
+        "batch_size": cfg.get("batch_size"), "seed": cfg.get("seed"),
+        "steps": s.get("steps"),
+        "final_test_accuracy": s.get("final_test_accuracy"),
+        "final_test_loss": s.get("final_test_loss"),
+        "final_train_loss": s.get("final_train_loss"),
+        "bytes_sent_per_step": s.get("bytes_sent_per_step"),
+        "bytes_sent_max_per_step": s.get("bytes_sent_max_per_step"),
+        "seconds_per_step": spp,
+        "seconds_communicate_per_step": comm,
+        "seconds_other_per_step": (spp - comm) if _finite(spp) and _finite(comm) else None,
+        "seconds_compress_decompress_per_step": (sum(comp) / len(comp)) if comp else None,
+        "seconds_wall": s.get("seconds_wall"),
+        "guard_grows": len(grows),
+        "guard_messages": grows,
+        "final_cols": (int(re.findall(r"growing the sketch to cols=(\d+)", log)[-1])
+                       if grows else None),
+        "delivered_fraction_final": fracs[-1] if fracs else None,
+        "delivered_fraction_mean_last50": (sum(fracs[-50:]) / len(fracs[-50:])) if fracs else None,
+        "nonfinite_skips": sum(1 for r in lines if r.get("skipped")),
+        "bytes_levels": byte_levels[:6] if len(byte_levels) <= 6 else None,
+        "evals": evals,
+        "_curve": [(r["step"], r.get("loss"), r.get("bytes_sent_total")) for r in lines],
+    }
+
+
+# ----------------------------------------------------------------------------- formatting
+
+def f_acc(r: dict) -> str:
+    a = r.get("final_test_accuracy")
+    if r.get("status") != "completed":
+        return f"failed ({r.get('status')})"
+    if not _finite(a):
+        return "diverged"
+    return f"{100 * a:.2f}%"
+
+
+def f_loss(x: Any) -> str:
+    return f"{x:.3f}" if _finite(x) else "diverged"
+
+
+def f_bytes(x: Any) -> str:
+    if not _finite(x):
+        return "—"
+    if x >= 1e6:
+        return f"{x / 1e6:.2f} MB"
+    if x >= 1e3:
+        return f"{x / 1e3:.1f} kB"
+    return f"{x:.0f} B"
+
+
+def f_ms(x: Any) -> str:
+    return f"{1e3 * x:.0f}" if _finite(x) else "—"
+
+
+def f_frac(x: Any) -> str:
+    return f"{x:.2f}" if _finite(x) else "—"
+
+
+def f_evals(r: dict, text: bool = False) -> str:
+    if text:
+        return " / ".join(f_loss(l) for _, _, l in r["evals"])
+    return " / ".join(f"{100 * a:.1f}" if _finite(a) else "nan" for _, a, _ in r["evals"])
+
+
+def sketch_shape(r: dict) -> str:
+    if r["method"] not in ("sketched", "gs"):
+        return "—"
+    k = r.get("k")
+    rows, cols, m = r.get("rows"), r.get("cols"), r.get("candidates")
+    d = r.get("d")
+    if rows is None:  # library defaults (gssgd.aggregators.options)
+        rows = 5
+    if cols is None and k and d:
+        cols = max(1, min(10 * k, max(256, d // (4 * rows))))
+    if m is None and k and d:
+        m = max(1, min(16, d // (8 * k)))
+    label = f"{rows}×{cols}, m={m}"
+    if r.get("rows") is None and r.get("cols") is None and r.get("candidates") is None:
+        label += " (default)"
+    if r.get("final_cols"):
+        label += f" → grown to cols={r['final_cols']}"
+    return label
+
+
+def table(rows: list[dict], text: bool = False, dense_bytes: float | None = None,
+          extra_cols: bool = True) -> str:
+    head = ["run", "method", "density", "k", "sketch rows×cols, m",
+            "final test loss" if text else "final test acc",
+            "test " + ("loss" if text else "acc %") + " at evals",
+            "bytes sent / worker / step", "vs dense", "ms / step", "ms comm / step",
+            "guard grows", "delivered frac (last)"]
+    out = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for r in rows:
+        b = r["bytes_sent_per_step"]
+        ratio = (f"{b / dense_bytes:.4f}×" if _finite(b) and dense_bytes else "—")
+        out.append("| " + " | ".join([
+            f"`{r['name']}`", r["method"],
+            "—" if r["method"] == "dense" else str(r["density"]),
+            "—" if r["method"] == "dense" else str(r["k"]),
+            sketch_shape(r),
+            f_loss(r["final_test_loss"]) if text else f_acc(r),
+            f_evals(r, text),
+            f_bytes(b) + (f" (server {f_bytes(r['bytes_sent_max_per_step'])})"
+                          if _finite(r.get("bytes_sent_max_per_step")) and _finite(b)
+                          and r["bytes_sent_max_per_step"] > 1.05 * b else ""), ratio,
+            f_ms(r["seconds_per_step"]), f_ms(r["seconds_communicate_per_step"]),
+            str(r["guard_grows"]) if r["method"] == "gs" else "—",
+            f_frac(r["delivered_fraction_final"]),
+        ]) + " |")
+    return "\n".join(out)
+
+
+# ----------------------------------------------------------------------------- plots
+
+def _smooth(xs: list[float], w: int = 20) -> list[float]:
+    out, acc = [], []
+    for x in xs:
+        acc.append(x if _finite(x) else float("nan"))
+        if len(acc) > w:
+            acc.pop(0)
+        good = [a for a in acc if math.isfinite(a)]
+        out.append(sum(good) / len(good) if good else float("nan"))
+    return out
+
+
+def plot_group(rows: list[dict], path: Path, title: str, text: bool = False) -> None:
+    if not rows:
+        return
+    fig, axes = plt.subplots(1, 3, figsize=(16, 4.5))
+    styles = ["-", "--", ":", "-."]
+    seen: dict[str, int] = {}
+    for r in rows:
+        m = r["method"]
+        i = seen.get(m, 0)
+        seen[m] = i + 1
+        style = dict(color=COLORS.get(m), linestyle=styles[i % len(styles)])
+        label = r["name"]
+        steps = [c[0] for c in r["_curve"]]
+        loss = _smooth([c[1] for c in r["_curve"]])
+        axes[0].plot(steps, loss, label=label, **style)
+        ev = r["evals"]
+        y = [(e[2] if text else e[1]) for e in ev]
+        axes[1].plot([e[0] for e in ev], y, marker="o", label=label, **style)
+        bt = [c[2] for c in r["_curve"]]
+        if all(_finite(b) and b > 0 for b in bt):
+            axes[2].plot(bt, loss, label=label, **style)
+    axes[0].set(xlabel="step", ylabel="training loss (20-step mean)", title=title)
+    axes[0].set_yscale("log")
+    axes[1].set(xlabel="step", ylabel="test loss" if text else "test accuracy",
+                title="evaluations")
+    if not text:
+        axes[1].set_ylim(0, 1)
+    axes[2].set(xlabel="bytes sent per worker (cumulative)", ylabel="training loss",
+                title="loss vs communication")
+    axes[2].set_xscale("log")
+    axes[2].set_yscale("log")
+    axes[1].legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def plot_sweep(rows: list[dict], path: Path) -> None:
+    if not rows:
+        return
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))
+    for r in rows:
+        acc = r["final_test_accuracy"]
+        b = r["bytes_sent_per_step"]
+        if not (_finite(acc) and _finite(b)):
+            continue
+        lab = sketch_shape(r).replace(" (default)", "*").replace(" → grown to cols=", "→")
+        axes[0].scatter(b / 1e3, 100 * acc, color="tab:red")
+        axes[0].annotate(lab, (b / 1e3, 100 * acc), fontsize=8, xytext=(4, 4),
+                         textcoords="offset points")
+        t = r["seconds_compress_decompress_per_step"]
+        if _finite(t):
+            axes[1].scatter(1e3 * t, 100 * acc, color="tab:purple")
+            axes[1].annotate(lab, (1e3 * t, 100 * acc), fontsize=8, xytext=(4, 4),
+                             textcoords="offset points")
+    axes[0].set(xlabel="bytes sent per worker per step (kB)", ylabel="final test accuracy (%)",
+                title="gs-SGD sketch sweep, MNIST, P=4, density 0.001")
+    axes[1].set(xlabel="sketch + recovery time per step (ms, rank 0)",
+                ylabel="final test accuracy (%)", title="accuracy vs compression compute")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+# ----------------------------------------------------------------------------- parts
+
+def by_prefix(runs: dict[str, dict], prefix: str) -> list[dict]:
+    def key(r: dict) -> tuple:
+        dens = r["density"] if r["method"] != "dense" else 1.0
+        return (-(dens or 0), METHODS.index(r["method"]) if r["method"] in METHODS else 9)
+    return sorted((r for n, r in runs.items() if n.startswith(prefix)), key=key)
+
+
+def sweep_best(rows: list[dict]) -> tuple[str, list[str]]:
+    """The operating point: the fewest bytes within 1 point of the best accuracy."""
+    ok = [r for r in rows if _finite(r["final_test_accuracy"]) and _finite(r["bytes_sent_per_step"])]
+    if not ok:
+        return "no completed sweep run", []
+    top = max(r["final_test_accuracy"] for r in ok)
+    near = [r for r in ok if r["final_test_accuracy"] >= top - 0.01]
+    best = min(near, key=lambda r: r["bytes_sent_per_step"])
+    pareto = []
+    for r in sorted(ok, key=lambda r: r["bytes_sent_per_step"]):
+        if not pareto or r["final_test_accuracy"] > pareto[-1]["final_test_accuracy"]:
+            pareto.append(r)
+    lines = [f"{sketch_shape(r)}: {f_acc(r)} at {f_bytes(r['bytes_sent_per_step'])}/step, "
+             f"{100 * r['final_test_accuracy'] / (r['bytes_sent_per_step'] / 1e3):.2f} %-points per kB"
+             for r in pareto]
+    return (f"{sketch_shape(best)} — {f_acc(best)} at {f_bytes(best['bytes_sent_per_step'])} "
+            f"per worker per step, {f_ms(best['seconds_compress_decompress_per_step'])} ms "
+            f"sketch+recovery, {f_ms(best['seconds_per_step'])} ms per step", lines)
+
+
+def sweep_table(rows: list[dict]) -> str:
+    head = ["rows×cols, m", "numbers per round", "final test acc", "test acc % at evals",
+            "bytes sent / worker / step", "acc %-pts per kB", "ms sketch+recovery / step",
+            "ms / step", "guard grows", "delivered frac (last)"]
+    out = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for r in sorted(rows, key=lambda r: r["bytes_sent_per_step"] or 0):
+        shape = sketch_shape(r)
+        m = re.match(r"(\d+)×(\d+), m=(\d+)", shape)
+        nums = f"{int(m[1]) * int(m[2]) + int(m[3]) * r['k']:,}" if m and r["k"] else "—"
+        acc, b = r["final_test_accuracy"], r["bytes_sent_per_step"]
+        per_kb = f"{100 * acc / (b / 1e3):.2f}" if _finite(acc) and _finite(b) else "—"
+        out.append("| " + " | ".join([
+            shape, nums, f_acc(r), f_evals(r), f_bytes(b), per_kb,
+            f_ms(r["seconds_compress_decompress_per_step"]), f_ms(r["seconds_per_step"]),
+            str(r["guard_grows"]), f_frac(r["delivered_fraction_final"])]) + " |")
+    return "\n".join(out)
+
+
+def baseline_table(runs: dict[str, dict]) -> str:
+    out = ["| method | density | earlier baseline (800 steps) | this study (A, common, "
+           f"{next(iter(runs.values()))['steps'] if runs else '?'} steps) |", "|---|---|---|---|"]
+    for (m, dens), base in BASELINE.items():
+        name = "A-common-dense" if m == "dense" else f"A-common-{m}-{dens}"
+        r = runs.get(name)
+        out.append(f"| {m} | {dens or '—'} | {'diverged' if base is None else f'{base:.1f}%'} | "
+                   f"{f_acc(r) if r else 'not run'} |")
+    return "\n".join(out)
+
+
+def splice(doc: Path, blocks: dict[str, str]) -> None:
+    if not doc.exists():
+        return
+    text = doc.read_text()
+    for name, body in blocks.items():
+        pat = re.compile(rf"(<!-- BEGIN {re.escape(name)} -->\n).*?(<!-- END {re.escape(name)} -->)",
+                         re.S)
+        text = pat.sub(lambda m: m[1] + body.rstrip() + "\n" + m[2], text)
+    doc.write_text(text)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--study-dir", default="docs/study", type=Path)
+    ap.add_argument("--doc", default="docs/study.md", type=Path)
+    ap.add_argument("--clean-checkpoints", action="store_true",
+                    help="delete runs/*/checkpoints afterwards (keeps the repo small)")
+    args = ap.parse_args()
+    sd: Path = args.study_dir
+    runs: dict[str, dict] = {}
+    for run_dir in sorted((sd / "runs").glob("*")):
+        r = load_run(run_dir, sd / "logs")
+        if r is not None:
+            runs[r["name"]] = r
+    missing = []
+    status = sd / "logs" / "status.tsv"
+    if status.exists():
+        for line in status.read_text().splitlines()[1:]:
+            name, rc, *_ = line.split("\t")
+            if rc != "0":
+                missing.append(f"`{name}` exited {rc} (see docs/study/logs/{name}.log)")
+
+    dense_a = runs.get("A-common-dense", {}).get("bytes_sent_per_step")
+    dense_c = runs.get(f"C-lr-dense-{(sd / 'logs' / 'C-lr.txt').read_text().strip()}", {}) \
+        if (sd / "logs" / "C-lr.txt").exists() else {}
+    parts = {
+        "A-common": by_prefix(runs, "A-common-"),
+        "A-local": by_prefix(runs, "A-local-"),
+        "A-published": by_prefix(runs, "A-published-"),
+        "B": by_prefix(runs, "B-"),
+        "C-lr": by_prefix(runs, "C-lr-"),
+        "C": ([dense_c] if dense_c else []) + [r for r in by_prefix(runs, "C-")
+                                               if not r["name"].startswith("C-lr-")],
+        "D": [r for r in [runs.get("A-common-gs-0.001")] if r] + by_prefix(runs, "D-"),
+    }
+    blocks = {
+        "A-common": table(parts["A-common"], dense_bytes=dense_a),
+        "A-local": table(parts["A-local"], dense_bytes=dense_a),
+        "A-published": table(parts["A-published"] + [r for r in [runs.get("A-local-gs-0.001"),
+                             runs.get("A-local-sketched-0.001")] if r], dense_bytes=dense_a),
+        # no dense run at P = 8: the ring all-reduce figure comm.py would count for it
+        "B": table(parts["B"], dense_bytes=(2 * 7 / 8 * 4 * parts["B"][0]["d"]) if parts["B"] else None),
+        "C-lr": table(parts["C-lr"], text=True),
+        "C": table(parts["C"], text=True, dense_bytes=dense_c.get("bytes_sent_per_step")),
+        "D": sweep_table(parts["D"]),
+        "baseline": baseline_table(runs),
+    }
+    best, pareto = sweep_best(parts["D"])
+    blocks["D-best"] = ("**Best operating point** (fewest bytes within 1 point of the best "
+                        f"sweep accuracy): {best}.\n\nPareto front (bytes ↑, accuracy ↑):\n\n"
+                        + "\n".join(f"- {p}" for p in pareto))
+    grows = [f"- `{r['name']}`: {r['guard_grows']} × " + "; ".join(r["guard_messages"][:3])
+             for r in runs.values() if r["guard_grows"]]
+    blocks["guard"] = ("\n".join(grows) if grows else
+                       "No run logged \"growing the sketch\" (the guard never grew a sketch).")
+    if missing:
+        blocks["failures"] = "\n".join(f"- {m}" for m in missing)
+    else:
+        blocks["failures"] = "No run failed."
+
+    plot_group(parts["A-common"], sd / "A_common.png", "A: MNIST P=4, optimizer momentum")
+    plot_group(parts["A-local"], sd / "A_local.png", "A: MNIST P=4, local momentum")
+    plot_group(parts["A-published"] + [r for r in [runs.get("A-local-gs-0.001")] if r],
+               sd / "A_published.png", "A: published 5x10k, m=4 (local momentum)")
+    plot_group(parts["B"], sd / "B_p8.png", "B: MNIST P=8, density 0.001")
+    plot_group(parts["C"], sd / "C_shakespeare.png", "C: Shakespeare LSTM, P=4, 0.001", text=True)
+    plot_sweep(parts["D"], sd / "D_sweep.png")
+
+    public = {n: {k: v for k, v in r.items() if not k.startswith("_")} for n, r in runs.items()}
+    (sd / "results.json").write_text(json.dumps(public, indent=1, sort_keys=True) + "\n")
+    md = "\n\n".join(f"## {name}\n\n{body}" for name, body in blocks.items())
+    (sd / "tables.md").write_text(md + "\n")
+    splice(args.doc, blocks)
+    print(md)
+    if args.clean_checkpoints:
+        for ck in (sd / "runs").glob("*/checkpoints"):
+            shutil.rmtree(ck)
+        print(f"\ndeleted checkpoints under {sd / 'runs'}")
+
+
+if __name__ == "__main__":
+    main()
