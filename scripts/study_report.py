@@ -164,7 +164,7 @@ def f_frac(x: Any) -> str:
 
 def f_evals(r: dict, text: bool = False) -> str:
     if text:
-        return " / ".join(f_loss(l) for _, _, l in r["evals"])
+        return " / ".join(f_loss(loss) for _, _, loss in r["evals"])
     return " / ".join(f"{100 * a:.1f}" if _finite(a) else "nan" for _, a, _ in r["evals"])
 
 
@@ -358,7 +358,7 @@ def splice(doc: Path, blocks: dict[str, str]) -> None:
     for name, body in blocks.items():
         pat = re.compile(rf"(<!-- BEGIN {re.escape(name)} -->\n).*?(<!-- END {re.escape(name)} -->)",
                          re.S)
-        text = pat.sub(lambda m: m[1] + body.rstrip() + "\n" + m[2], text)
+        text = pat.sub(lambda m, body=body: m[1] + body.rstrip() + "\n" + m[2], text)
     doc.write_text(text)
 
 

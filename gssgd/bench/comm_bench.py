@@ -57,9 +57,7 @@ import json
 import math
 import os
 import platform
-import socket
 import statistics
-import subprocess
 import sys
 import time
 import traceback
@@ -77,6 +75,7 @@ from gssgd.bench.cost_model import (
     method_spec,
 )
 from gssgd.bench.netns import ROOT_MESSAGE, EmulatedCluster, have_root, parse_link_rate
+from gssgd.bench.workers import WorkerError, run_ranks
 
 if TYPE_CHECKING:
     import torch
@@ -89,9 +88,6 @@ __all__ = [
     "synthetic_gradient",
 ]
 
-_POLL_S = 0.05
-_STOP_GRACE_S = 3.0
-_MASTER_PORT_NETNS = 29500  # a fresh namespace has every port free
 _FIELDS = (
     "bytes_sent",
     "bytes_received",
@@ -101,10 +97,6 @@ _FIELDS = (
     "seconds_communicate",
     "seconds_decompress",
 )
-
-
-class WorkerError(RuntimeError):
-    """A benchmark worker failed or the run timed out; the message holds its traceback."""
 
 
 @dataclass(frozen=True)
@@ -364,12 +356,6 @@ def _worker_main(argv: Sequence[str] | None = None) -> int:
 # --------------------------------------------------------------------------- the parent
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 def _estimates(cfg: CommBenchConfig) -> tuple[float, float]:
     """(whole-run timeout, collective timeout) in seconds, from the default cost model,
     with compute slowed by the workers sharing the cores."""
@@ -382,131 +368,17 @@ def _estimates(cfg: CommBenchConfig) -> tuple[float, float]:
     return whole, collective
 
 
-def _worker_env(rank: int, world: int, port: int, threads: int) -> dict[str, str]:
-    env = dict(os.environ)
-    package_root = str(Path(__file__).resolve().parents[2])
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, env.get("PYTHONPATH", "")) if p)
-    env.update(
-        RANK=str(rank),
-        WORLD_SIZE=str(world),
-        MASTER_PORT=str(port),
-        OMP_NUM_THREADS=str(threads),
-        PYTHONUNBUFFERED="1",
-    )
-    return env
-
-
-def _tail(path: Path, chars: int = 4000) -> str:
-    try:
-        text = path.read_text(errors="replace")
-    except OSError:
-        return "(no log)"
-    return text[-chars:].strip() or "(empty log)"
-
-
-def _stop(procs: Sequence[subprocess.Popen[Any]]) -> None:
-    """Terminate the live workers, then kill what is left after a grace period."""
-    alive = [p for p in procs if p.poll() is None]
-    for p in alive:
-        with contextlib.suppress(OSError):
-            p.terminate()
-    deadline = time.monotonic() + _STOP_GRACE_S
-    for p in alive:
-        try:
-            p.wait(timeout=max(0.0, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            with contextlib.suppress(OSError):
-                p.kill()
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                p.wait(timeout=_STOP_GRACE_S)
-
-
-def _wait(procs: Sequence[subprocess.Popen[Any]], work: Path, timeout_s: float) -> None:
-    """Wait for every worker; on the first failure or at the timeout stop all and raise.
-
-    Raises:
-        WorkerError: the earliest failing rank's traceback (from its ``rank{r}.error.json``,
-            else its log), or a timeout naming the ranks still running.
-    """
-    deadline = time.monotonic() + timeout_s
-    while True:
-        codes = [p.poll() for p in procs]
-        failed = [r for r, c in enumerate(codes) if c not in (None, 0)]
-        if failed:
-            time.sleep(0.5)  # let the others notice, so the earliest error can be told
-            _stop(procs)
-            raise WorkerError(_failure_message(work, failed, codes))
-        if all(c == 0 for c in codes):
-            return
-        if time.monotonic() > deadline:
-            running = [r for r, c in enumerate(codes) if c is None]
-            _stop(procs)
-            logs = "\n".join(f"--- rank {r}:\n{_tail(work / f'rank{r}.log', 800)}" for r in running)
-            raise WorkerError(
-                f"the benchmark did not finish within its timeout of {timeout_s:.0f} s "
-                f"(ranks {running} still running; stopped). Raise --timeout, or lower "
-                f"--repeats/--d. Last log lines:\n{logs}"
-            )
-        time.sleep(_POLL_S)
-
-
-def _failure_message(work: Path, failed: list[int], codes: list[int | None]) -> str:
-    """The earliest error a worker reported, and which ranks died without reporting one."""
-    errors = []
-    for r in range(len(codes)):
-        path = work / f"rank{r}.error.json"
-        if path.exists():
-            with contextlib.suppress(OSError, ValueError):
-                errors.append(json.loads(path.read_text()))
-    reported = {int(e["rank"]) for e in errors}
-    silent = [r for r in failed if r not in reported]
-    lines = []
-    for r in silent:
-        code = codes[r]
-        how = f"was killed by signal {-code}" if code is not None and code < 0 else f"exited {code}"
-        lines.append(
-            f"benchmark worker rank {r} {how} without a traceback (out of memory? killed?); "
-            f"its log ends:\n{_tail(work / f'rank{r}.log', 1500)}"
-        )
-    if errors:
-        first = min(errors, key=lambda e: e["time"])
-        others = sorted(reported - {int(first["rank"])})
-        also = f" (ranks {others} failed after it)" if others else ""
-        lines.append(
-            f"benchmark worker rank {first['rank']} failed{also}: {first['error']}\n"
-            f"{first['traceback'].rstrip()}"
-        )
-    return "\n".join(lines) + f"\nWorker logs: {work}/rank*.log"
-
-
 def _launch(
     cfg: CommBenchConfig, work: Path, argv: list[str], namespaces: bool, timeout_s: float
 ) -> None:
-    logs = [open(work / f"rank{r}.log", "w") for r in range(cfg.workers)]  # noqa: SIM115
-    procs: list[subprocess.Popen[Any]] = []
-    try:
-        if namespaces:
-            with EmulatedCluster(cfg.workers, cfg.link) as cluster:
-                for r in range(cfg.workers):
-                    env = _worker_env(r, cfg.workers, _MASTER_PORT_NETNS, cfg.threads)
-                    env.update(cluster.env(r))
-                    procs.append(
-                        cluster.popen(r, argv, env=env, stdout=logs[r], stderr=subprocess.STDOUT)
-                    )
-                _wait(procs, work, timeout_s)
-        else:
-            port = _free_port()
-            for r in range(cfg.workers):
-                env = _worker_env(r, cfg.workers, port, cfg.threads)
-                env.update(MASTER_ADDR="127.0.0.1", GLOO_SOCKET_IFNAME="lo")
-                procs.append(
-                    subprocess.Popen(argv, env=env, stdout=logs[r], stderr=subprocess.STDOUT)
-                )
-            _wait(procs, work, timeout_s)
-    finally:
-        _stop(procs)  # also on Ctrl-C; the cluster has already stopped its own
-        for f in logs:
-            f.close()
+    """Run the P workers to completion, in their namespaces or on loopback."""
+    hint = "Raise --timeout, or lower --repeats/--d."
+    if namespaces:
+        with EmulatedCluster(cfg.workers, cfg.link) as cluster:
+            run_ranks(cfg.workers, argv, work, timeout_s, cluster=cluster, threads=cfg.threads,
+                      hint=hint)  # fmt: skip
+    else:
+        run_ranks(cfg.workers, argv, work, timeout_s, threads=cfg.threads, hint=hint)
 
 
 def run_comm_bench(

@@ -20,6 +20,9 @@ __all__ = [
     "plot_comm",
     "plot_fit",
     "plot_lines",
+    "plot_train",
+    "train_progress_line",
+    "train_table",
 ]
 
 _PARTS = ("compress", "communicate", "decompress", "other")
@@ -337,6 +340,174 @@ def plot_fit(rows: Sequence[Any], path: str | Path, title: str, check: Sequence[
     ax.set_ylabel("predicted seconds per step")
     ax.legend(fontsize=7)
     ax.set_title(title + ("  (x: check points, not fitted)" if check else ""), fontsize=9)
+    fig.tight_layout()
+    out = Path(path)
+    fig.savefig(out)
+    return out
+
+
+# --------------------------------------------------------------------------- bench train
+
+
+def _train_title(meta: Mapping[str, Any]) -> str:
+    link = meta.get("link", "?")
+    where = "namespaces" if meta.get("mode") == "namespaces" else "loopback"
+    requested = meta.get("link_requested")
+    if requested and requested != link:
+        where += f", {requested} requested"
+    k = meta.get("k")
+    return (
+        f"P={meta.get('workers')}  {meta.get('dataset')} {meta.get('model')} "
+        f"(d={meta.get('d', 0):,}{f', k={k:,}' if k else ''}, density {meta.get('density')})  "
+        f"batch {meta.get('batch_size')}/worker  {meta.get('steps')} steps  "
+        f"link {link} ({where})  {meta.get('cpu_count')} CPUs, load {meta.get('load_average_1min_before')}"
+    )
+
+
+def _fmt_speedup(row: Mapping[str, Any], key: str) -> str:
+    value = row.get(key)
+    if value is not None:
+        return f"{value:.2f}x"
+    at_least = row.get(f"{key}_at_least")
+    return f">{at_least:.2f}x" if at_least is not None else "-"
+
+
+def _fmt_to_target(row: Mapping[str, Any]) -> str:
+    if row.get("seconds_to_target") is None:
+        return "not reached"
+    return f"{fmt_seconds(row['seconds_to_target'])} (step {row['step_to_target']})"
+
+
+def train_progress_line(method: str, row: Mapping[str, Any], target: float) -> str:
+    """One line about a finished ``bench train`` method, for the progress output."""
+    parts = [f"{method}: {row.get('status')}"]
+    if row.get("samples_per_second"):
+        parts.append(f"{row['samples_per_second']:,.0f} samples/s "
+                     f"({fmt_seconds(row['seconds_per_step'])}/step)")  # fmt: skip
+    if row.get("final_test_accuracy") is not None:
+        parts.append(f"test accuracy {row['final_test_accuracy']:.4f}")
+    reached = row.get("seconds_to_target") is not None
+    parts.append(f"{target:g} " + (f"reached after {_fmt_to_target(row)}" if reached else
+                                   "not reached"))  # fmt: skip
+    return ", ".join(parts) + f"; {row.get('seconds_run', 0):.0f} s"
+
+
+def train_table(results: Mapping[str, Any]) -> str:
+    """The ``bench train`` table: throughput, compute vs overhead, bytes, accuracy, time to
+    target, and gs's speed-ups over each method.
+
+    Args:
+        results: the mapping of ``results.json``.
+    """
+    meta = results.get("_meta", {})
+    target = meta.get("target_accuracy")
+    header = [
+        "method",
+        "samples/s",
+        "time/step",
+        "compute",
+        "overhead",
+        "sent/step",
+        "final acc",
+        f"time to {target:g}" if target is not None else "time to target",
+        "gs thr. x",
+        "gs tta x",
+        "status",
+    ]
+    rows = []
+    estimated = False
+    for name in _methods(results):
+        r = results[name]
+        sps = r.get("samples_per_second")
+        acc = r.get("final_test_accuracy")
+        compute = fmt_seconds(r.get("seconds_compute_per_step"))
+        overhead = fmt_seconds(r.get("seconds_overhead_per_step"))
+        if r.get("compute_includes_communication"):
+            compute += "*"
+            overhead += "*" if r.get("overhead_estimated") else ""
+            estimated = True
+        rows.append(
+            [
+                name,
+                "-" if sps is None else f"{sps:,.0f}",
+                fmt_seconds(r.get("seconds_per_step")),
+                compute,
+                overhead,
+                fmt_bytes(r.get("bytes_sent_per_step")),
+                "-" if acc is None else f"{acc:.4f}",
+                _fmt_to_target(r),
+                _fmt_speedup(r, "gs_throughput_speedup"),
+                _fmt_speedup(r, "gs_time_to_target_speedup"),
+                str(r.get("status")),
+            ]
+        )
+    note = (
+        "samples/s = P * batch / time/step; time/step: median over measured steps of rank 0's "
+        "step (forward, backward with the exchange, optimizer);\ncompute: the step minus the "
+        "comm hook's time; overhead = time/step - compute (compression + communication); "
+        "sent: bytes per worker per step;\ntime to target: training clock (sum of step times "
+        "from step 0, evaluations left out) at the first evaluation >= the target;\n"
+        "gs thr. x = gs's samples/s / method's, gs tta x = method's time to target / gs's "
+        "(> 1: gs is better; '>': the method never reached it)"
+    )
+    if estimated:
+        note += (
+            "\n*: DDP's built-in all-reduce runs untimed inside backward, so its compute "
+            "includes the communication; its overhead is the step minus the other methods' "
+            "median compute"
+        )
+    return f"{_train_title(meta)}\n{_render(header, rows)}\n{note}"
+
+
+def plot_train(results: Mapping[str, Any], path: str | Path) -> Path:
+    """Test accuracy against training time per method (the target as a dashed line), and
+    each method's time per step split into compute and overhead, with its samples/s.
+
+    Returns:
+        The path written.
+    """
+    names = _methods(results)
+    meta = results.get("_meta", {})
+    target = meta.get("target_accuracy")
+    fig = _figure(12.0, 4.8)
+    ax_a, ax_t = fig.subplots(1, 2, gridspec_kw={"width_ratios": [3, 2]})
+    for i, name in enumerate(names):
+        r = results[name]
+        points = [(t, a) for _, t, a in r.get("evaluations") or [] if a is not None]
+        color = f"C{i % 10}"
+        if points:
+            xs, ys = zip(*points, strict=True)
+            ax_a.plot(xs, ys, marker=".", color=color, label=name)
+        if r.get("seconds_to_target") is not None:
+            ax_a.scatter([r["seconds_to_target"]], [target], marker="*", s=120, color=color,
+                         zorder=3, edgecolors="black", linewidths=0.5)  # fmt: skip
+    if target is not None:
+        ax_a.axhline(target, color="gray", ls="--", lw=0.8, label=f"target {target:g}")
+    ax_a.set_xlabel("training seconds (sum of step times, evaluations left out)")
+    ax_a.set_ylabel("test accuracy")
+    ax_a.set_ylim(0, 1.02)
+    ax_a.grid(True, alpha=0.3)
+    ax_a.legend(fontsize=8, loc="lower right")
+    ax_a.set_title("test accuracy vs time (star: target first reached)", fontsize=9)
+    xs = list(range(len(names)))
+    compute = [(results[n].get("seconds_per_step") or 0.0) - (results[n].get(
+        "seconds_overhead_per_step") or 0.0) for n in names]  # fmt: skip
+    overhead = [results[n].get("seconds_overhead_per_step") or 0.0 for n in names]
+    ax_t.bar(xs, [c * 1e3 for c in compute], color="#4c72b0", width=0.7, label="compute")
+    ax_t.bar(xs, [o * 1e3 for o in overhead], bottom=[c * 1e3 for c in compute],
+             color="#dd8452", width=0.7, label="overhead (compression + communication)")  # fmt: skip
+    tops = [(c + o) * 1e3 for c, o in zip(compute, overhead, strict=True)]
+    for x, n, top in zip(xs, names, tops, strict=True):
+        sps = results[n].get("samples_per_second")
+        label = "-" if sps is None else f"{sps:,.0f}/s"
+        ax_t.annotate(label, (x, top), ha="center", va="bottom", fontsize=7,
+                      xytext=(0, 3), textcoords="offset points")  # fmt: skip
+    ax_t.set_xticks(xs, names, rotation=30, ha="right")
+    ax_t.set_ylabel("ms per training step")
+    ax_t.set_ylim(0, (max(tops) if tops else 1) * 1.25 or 1)
+    ax_t.legend(fontsize=7, loc="upper right")
+    ax_t.set_title("time per step (label: samples/s)", fontsize=9)
+    fig.suptitle(_train_title(meta), fontsize=8)
     fig.tight_layout()
     out = Path(path)
     fig.savefig(out)

@@ -2,6 +2,10 @@
 
 Subcommands:
 
+* ``gssgd bench train``: train the same model once per method on the same emulated links
+  (or loopback) and report throughput, compute vs communication per step, bytes, final
+  accuracy and time to a target accuracy, with gs's ratios to every other method; write
+  ``DIR/results.json``, ``DIR/table.txt`` and ``DIR/train.png``.
 * ``gssgd bench comm``: time one aggregation step of every method on P local workers, on
   loopback or on emulated rate-limited links (network namespaces; needs root), and write
   ``DIR/results.json``, ``DIR/table.txt`` and ``DIR/comm.png``.
@@ -10,7 +14,8 @@ Subcommands:
   per step for P = 2..1024 and d up to 1e9 at 0.1, 1, 10 and 100 Gbit/s.
 
 The main program registers this module with ``add_parser(subparsers)``, which sets
-``run`` as the parser's default, and calls ``args.run(args)``.
+``run`` as the parser's default, and calls ``args.run(args)``; ``python -m gssgd.cli.bench``
+runs it on its own.
 """
 
 from __future__ import annotations
@@ -21,7 +26,7 @@ from pathlib import Path
 
 from gssgd.bench.cost_model import DEFAULT_METHODS, VARIANTS
 
-__all__ = ["add_parser", "run"]
+__all__ = ["add_parser", "main", "run"]
 
 _BENCH_DESCRIPTION = """\
 Communication benchmarks and their cost model:
@@ -32,6 +37,35 @@ Communication benchmarks and their cost model:
   gssgd bench model   fit alpha*rounds + beta*bytes + gamma*d to bench comm results,
                       report its error on every measured point, and predict the time
                       per step for P = 2..1024 and d up to 1e9 at 0.1 to 100 Gbit/s
+  gssgd bench train   train the same model once per method on the same emulated links
+                      and report samples/s, compute vs overhead per step, bytes, final
+                      accuracy and time to a target accuracy, with gs's ratios
+"""
+
+_TRAIN_DESCRIPTION = """\
+End-to-end training on emulated links: one `gssgd train` run per method, every method
+with the same model, data, batch, steps, seed and density. With a link rate each of the
+P workers runs in its own network namespace behind a tbf-shaped veth, joined as a
+torchrun-style group (needs root; without root the run says so and uses loopback); with
+--link none, `gssgd train` spawns its workers on loopback itself. Writes
+DIR/results.json (per method: seconds_per_step, samples_per_second,
+seconds_compute_per_step, bytes_sent_per_step, final_test_accuracy, seconds_to_target,
+gs's speed-ups; plus _meta), DIR/table.txt (also printed), DIR/train.png and each
+method's run in DIR/METHOD/ (metrics.jsonl, summary.json, logs/).
+"""
+
+_TRAIN_EXAMPLES = """\
+examples:
+  gssgd bench train --workers 4 --link 100mbit --dataset mnist --model cnn --density 0.001 \\
+                    --steps 400 --eval-every 25 --target-accuracy 0.9 --out runs/train_100mbit
+  gssgd bench train --workers 2 --link none --dataset digits --steps 20 --methods dense,gs
+
+Methods run one after another (load from elsewhere on the machine is recorded in each
+row). time/step is the median of rank 0's step (forward, backward with the exchange,
+optimizer) over the steps after the trainer's warm-up; time to target is the running sum
+of step times up to the first evaluation at or above the target (evaluations left out),
+so --eval-every sets its resolution. Compute is slower when there are more workers than
+cores: compare methods within one run.
 """
 
 _COMM_DESCRIPTION = """\
@@ -111,14 +145,48 @@ def _density(text: str) -> float:
     return value
 
 
-def _methods(text: str) -> tuple[str, ...]:
+def _choose(text: str, valid: tuple[str, ...] | list[str]) -> tuple[str, ...]:
     names = tuple(m.strip() for m in text.split(",") if m.strip())
-    unknown = [m for m in names if m not in VARIANTS]
+    unknown = [m for m in names if m not in valid]
     if unknown or not names:
         raise argparse.ArgumentTypeError(
-            f"unknown method(s) {unknown or text!r}; choose among {','.join(VARIANTS)}"
+            f"unknown method(s) {unknown or text!r}; choose among {','.join(valid)}"
         )
+    if len(set(names)) != len(names):
+        raise argparse.ArgumentTypeError(f"{text!r} names a method twice; list each once")
     return names
+
+
+def _methods(text: str) -> tuple[str, ...]:
+    return _choose(text, list(VARIANTS))
+
+
+def _train_methods(text: str) -> tuple[str, ...]:
+    from gssgd.train.loop import METHODS
+
+    return _choose(text, METHODS)
+
+
+def _accuracy(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"target accuracy {text!r} is not a number") from None
+    if not 0 < value <= 1:
+        raise argparse.ArgumentTypeError(
+            f"target accuracy {text!r} must lie in (0, 1], e.g. 0.9 for 90%"
+        )
+    return value
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"{text!r} must be > 0 seconds")
+    return value
 
 
 def _link(text: str) -> str:
@@ -163,7 +231,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
         formatter_class=argparse.RawDescriptionHelpFormatter,
         allow_abbrev=False,
     )
-    sub = bench.add_subparsers(dest="bench_command", metavar="{comm,model}", required=True)
+    sub = bench.add_subparsers(dest="bench_command", metavar="{comm,model,train}", required=True)
 
     comm = sub.add_parser(
         "comm",
@@ -233,8 +301,61 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
                                 f"(what-if), e.g. {example}")  # fmt: skip
     model.add_argument("--out", type=Path, default=Path("runs/bench_model"),
                        help="output directory (default runs/bench_model)")  # fmt: skip
+    _add_train_parser(sub)
     bench.set_defaults(run=run)
     return bench
+
+
+#: bench train's defaults where they differ from gssgd train's: the issue's setting, sized
+#: to finish in about ten minutes on a 2-core machine at 100mbit.
+TRAIN_DEFAULTS = {
+    "workers": 4,
+    "dataset": "mnist",
+    "steps": 400,
+    "eval_every": 25,
+    "device": "cpu",
+}
+DEFAULT_TRAIN_DENSITY = 0.001
+
+
+def _add_train_parser(sub: argparse._SubParsersAction) -> None:
+    from gssgd.bench.train_bench import DEFAULT_METHODS as TRAIN_METHODS
+    from gssgd.cli.train import Formatter, add_training_flags
+
+    train = sub.add_parser(
+        "train",
+        help="train every method on the same emulated links: throughput and time to accuracy",
+        description=_TRAIN_DESCRIPTION,
+        epilog=_TRAIN_EXAMPLES,
+        formatter_class=Formatter,
+        allow_abbrev=False,
+    )
+    bench_group = train.add_argument_group("benchmark")
+    bench_group.add_argument("--methods", type=_train_methods, default=TRAIN_METHODS,
+                             help="comma-separated `gssgd train` methods, run in this order "
+                                  f"(default {','.join(TRAIN_METHODS)})")  # fmt: skip
+    bench_group.add_argument("--link", type=_link, default="100mbit",
+                             help="every worker's link rate in each direction: 100mbit, 1gbit, "
+                                  "... or none for loopback (default 100mbit; a rate needs root)")  # fmt: skip
+    bench_group.add_argument("--target-accuracy", type=_accuracy, default=0.9,
+                             help="the test accuracy whose first reaching is timed (default 0.9)")  # fmt: skip
+    bench_group.add_argument("--method-timeout", type=_seconds, default=None, metavar="SECONDS",
+                             help="stop a method's run after this long (default: from the run's "
+                                  "size, generously; it only catches stalls)")  # fmt: skip
+    bench_group.add_argument("--keep-checkpoints", action="store_true",
+                             help="keep each run's final checkpoint (deleted by default)")  # fmt: skip
+    bench_group.add_argument("--out", type=Path, default=Path("runs/bench_train"),
+                             help="output directory (default runs/bench_train)")  # fmt: skip
+    add_training_flags(train, compare=True)
+    for action in train._actions:  # the trainer's help names its own defaults
+        if action.dest == "density":
+            action.help = (f"fraction of coordinates sent, k = max(1, round(density*d)) "
+                           f"(topk, gtopk, sketched, gs; default {DEFAULT_TRAIN_DENSITY})")  # fmt: skip
+        elif action.dest == "workers":
+            action.help = "P, the worker processes (default 4)"
+        elif action.dest == "progress":
+            action.help = argparse.SUPPRESS  # the runs never show a progress bar
+    train.set_defaults(**TRAIN_DEFAULTS)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -247,7 +368,10 @@ def run(args: argparse.Namespace) -> int:
         return _run_comm(args)
     if args.bench_command == "model":
         return _run_model(args)
-    print(f"unknown bench subcommand {args.bench_command!r}; use comm or model", file=sys.stderr)
+    if args.bench_command == "train":
+        return _run_train(args)
+    print(f"unknown bench subcommand {args.bench_command!r}; use comm, model or train",
+          file=sys.stderr)  # fmt: skip
     return 2
 
 
@@ -307,3 +431,68 @@ def _run_model(args: argparse.Namespace) -> int:
         print(f"gssgd bench model: {exc}", file=sys.stderr)
         return 2
     return 0
+
+
+def _run_train(args: argparse.Namespace) -> int:
+    from gssgd.bench.train_bench import TrainBenchConfig, run_train_bench
+    from gssgd.cli.train import settings_from_args
+    from gssgd.train.launch import is_user_error
+    from gssgd.train.loop import applies_to
+
+    settings = settings_from_args(args)
+    settings.pop("out", None)  # bench train's --out is the parent of the runs
+    if settings.get("density") is None and settings.get("k") is None:
+        settings["density"] = DEFAULT_TRAIN_DENSITY
+    for name, value in settings.items():  # a flag none of the methods takes is a mistake
+        if (
+            value not in (None, False)
+            and name != "density"
+            and not (set(args.methods) & set(applies_to(name)))
+        ):
+            flag = "--" + name.replace("_", "-")
+            print(f"gssgd bench train: {flag} applies to {', '.join(applies_to(name))}, none "
+                  f"of which is in --methods {','.join(args.methods)}; drop {flag} or add such "
+                  "a method", file=sys.stderr)  # fmt: skip
+            return 2
+    try:
+        cfg = TrainBenchConfig(
+            settings=settings,
+            methods=tuple(args.methods),
+            link=args.link,
+            target_accuracy=args.target_accuracy,
+            timeout_s=args.method_timeout,
+            keep_checkpoints=args.keep_checkpoints,
+        )
+        results = run_train_bench(cfg, args.out)
+    except (RuntimeError, PermissionError) as exc:  # the emulated cluster could not be built
+        if not isinstance(exc, PermissionError) and is_user_error(exc):
+            print(f"gssgd bench train: {exc}", file=sys.stderr)
+            return 2
+        print(f"gssgd bench train could not set up the workers: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("gssgd bench train: interrupted; the workers were stopped", file=sys.stderr)
+        return 130
+    except Exception as exc:
+        if not is_user_error(exc):
+            raise
+        print(f"gssgd bench train: {exc}", file=sys.stderr)
+        return 2
+    failed = [m for m in cfg.methods if results[m].get("status") != "completed"]
+    if failed:
+        print(f"gssgd bench train: {', '.join(failed)} did not complete; see "
+              f"{args.out}/METHOD/logs/", file=sys.stderr)  # fmt: skip
+        return 1
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m gssgd.cli.bench ...``: the ``bench`` subcommand on its own."""
+    parser = argparse.ArgumentParser(prog="gssgd", allow_abbrev=False)
+    add_parser(parser.add_subparsers(dest="command", metavar="bench", required=True))
+    args = parser.parse_args(argv)
+    return args.run(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
