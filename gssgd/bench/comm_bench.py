@@ -67,6 +67,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from gssgd.aggregators import build_options
+from gssgd.aggregators.options import DEFAULT_ROWS
 from gssgd.bench.cost_model import (
     DEFAULT_METHODS,
     VARIANTS,
@@ -126,7 +127,7 @@ class CommBenchConfig:
     methods: tuple[str, ...] = DEFAULT_METHODS
     repeats: int = 20
     warmup: int = 2
-    rows: int = 5
+    rows: int = DEFAULT_ROWS
     cols: int | None = None
     candidates: int | None = None
     threads: int = 1

@@ -24,6 +24,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from gssgd.aggregators.options import DEFAULT_ROWS
 from gssgd.bench.cost_model import DEFAULT_METHODS, VARIANTS
 
 __all__ = ["add_parser", "main", "run"]
@@ -255,13 +256,14 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     comm.add_argument("--warmup", type=int, default=2,
                       help="untimed steps per method first; the first step also checks that "
                            "the ranks agree (default 2)")  # fmt: skip
-    comm.add_argument("--rows", type=int, default=5, help="sketch rows, odd (default 5)")
+    comm.add_argument("--rows", type=int, default=DEFAULT_ROWS,
+                      help=f"sketch rows, odd (default {DEFAULT_ROWS})")  # fmt: skip
     comm.add_argument("--cols", type=_count, default=None,
-                      help="sketch columns (default: the aggregators' default, 10k capped at "
+                      help="sketch columns (default: the aggregators' default, 40k capped at "
                            "d/(4 rows); gs-small uses a quarter)")  # fmt: skip
     comm.add_argument("--candidates", type=_count, default=None,
                       help="m: the sketch proposes m*k candidates (default: the aggregators' "
-                           "default, 16 capped so m*k <= d/8)")  # fmt: skip
+                           "default, 32 capped so m*k <= d/8)")  # fmt: skip
     comm.add_argument("--threads", type=_count, default=1, help="torch threads per worker (default 1)")  # fmt: skip
     comm.add_argument("--seed", type=int, default=0, help="seed of gradients and hashes (default 0)")  # fmt: skip
     comm.add_argument("--timeout", type=float, default=None,
