@@ -14,8 +14,7 @@ Subcommands:
   per step for P = 2..1024 and d up to 1e9 at 0.1, 1, 10 and 100 Gbit/s.
 
 The main program registers this module with ``add_parser(subparsers)``, which sets
-``run`` as the parser's default, and calls ``args.run(args)``; ``python -m gssgd.cli.bench``
-runs it on its own.
+``run`` as the parser's default, and calls ``args.run(args)``.
 """
 
 from __future__ import annotations
@@ -27,7 +26,7 @@ from pathlib import Path
 from gssgd.aggregators.options import DEFAULT_ROWS
 from gssgd.bench.cost_model import DEFAULT_METHODS, VARIANTS
 
-__all__ = ["add_parser", "main", "run"]
+__all__ = ["add_parser", "run"]
 
 _BENCH_DESCRIPTION = """\
 Communication benchmarks and their cost model:
@@ -486,15 +485,3 @@ def _run_train(args: argparse.Namespace) -> int:
               f"{args.out}/METHOD/logs/", file=sys.stderr)  # fmt: skip
         return 1
     return 0
-
-
-def main(argv: list[str] | None = None) -> int:
-    """``python -m gssgd.cli.bench ...``: the ``bench`` subcommand on its own."""
-    parser = argparse.ArgumentParser(prog="gssgd", allow_abbrev=False)
-    add_parser(parser.add_subparsers(dest="command", metavar="bench", required=True))
-    args = parser.parse_args(argv)
-    return args.run(args)
-
-
-if __name__ == "__main__":
-    sys.exit(main())
