@@ -41,6 +41,9 @@ from gssgd.sketch import CountSketch
 
 log = logging.getLogger(__name__)
 
+#: How often guard="grow" doubles the sketch before a further collapse stops the run.
+MAX_GROWS = 2
+
 __all__ = ["GlobalSketchSGD"]
 
 
@@ -55,6 +58,7 @@ class GlobalSketchSGD(Aggregator):
         super().__init__(*args, **kwargs)
         self.num_candidates = min(self.options.candidates * self.k, self.d)
         self.guard = CollapseGuard()
+        self.grows = 0
         self._build_sketch(self.options.cols)
 
     def _build_sketch(self, cols: int) -> None:
@@ -77,7 +81,8 @@ class GlobalSketchSGD(Aggregator):
             f"{self.guard.min_recall:.0%}; rows={self.options.rows}, cols={self.cols}, "
             f"candidates={self.options.candidates}, k={self.k}, d={self.d})"
         )
-        if self.options.guard == "grow" and self.cols < self.max_cols:
+        if self.options.guard == "grow" and self.cols < self.max_cols and self.grows < MAX_GROWS:
+            self.grows += 1
             new_cols = min(2 * self.cols, self.max_cols)
             if self.rank == 0:
                 log.warning("%s; growing the sketch to cols=%d.", what, new_cols)
@@ -86,7 +91,12 @@ class GlobalSketchSGD(Aggregator):
             return
         raise RuntimeError(
             f"{what}. Raise cols or candidates, raise the density, or use method 'topk'"
-            + (" (the sketch cannot grow further)." if self.options.guard == "grow" else ".")
+            + (
+                f" (the sketch already grew {self.grows} times; growing late rarely rescues a"
+                " run whose residuals are already polluted)."
+                if self.options.guard == "grow"
+                else "."
+            )
         )
 
     def _allreduce(self, tensor: torch.Tensor) -> torch.Tensor:
@@ -140,10 +150,16 @@ class GlobalSketchSGD(Aggregator):
 
     def state_dict(self) -> dict[str, Any]:
         """Adds the current sketch width (the guard may have grown it) and the guard."""
-        return {**super().state_dict(), "cols": self.cols, "guard": self.guard.state_dict()}
+        return {
+            **super().state_dict(),
+            "cols": self.cols,
+            "grows": self.grows,
+            "guard": self.guard.state_dict(),
+        }
 
     def load_state_dict(self, sd: dict[str, Any]) -> None:
         super().load_state_dict(sd)
         if int(sd.get("cols", self.cols)) != self.cols:
             self._build_sketch(int(sd["cols"]))
+        self.grows = int(sd.get("grows", 0))
         self.guard.load_state_dict(sd.get("guard", {}))

@@ -228,8 +228,8 @@ class GSOptions(SketchedOptions):
         allreduce: how the sketch tables are summed: "recursive_doubling" or "backend".
         guard: what to do when an audit finds the sketch collapsed (see
             :mod:`gssgd.aggregators.guard`; audits cost one dense all-reduce at step 20 and
-            every 200 steps): "grow" doubles ``cols`` (every rank alike) up to
-            ``d / (2 * rows)`` and raises past that; "raise" stops with a message saying what
+            every 200 steps): "grow" doubles ``cols`` (every rank alike, at most twice, up
+            to ``d / (2 * rows)``) and raises on a further collapse; "raise" stops with a message saying what
             to change; "off" never audits.
     """
 

@@ -195,6 +195,12 @@ def add_training_flags(parser: argparse.ArgumentParser, compare: bool = False) -
         help="gs: how sketches are summed (default recursive_doubling)",
     )
     agg.add_argument(
+        "--guard",
+        choices=("grow", "raise", "off"),
+        default=None,
+        help="gs: when an audit finds the sketch collapsed, grow it (default), raise, or off",
+    )
+    agg.add_argument(
         "--powersgd-rank",
         type=int,
         default=None,
@@ -281,6 +287,7 @@ _SETTINGS = (
     "candidates",
     "exact",
     "allreduce",
+    "guard",
     "powersgd_rank",
     "start_iter",
     "per_bucket",

@@ -96,6 +96,7 @@ _APPLIES_TO: dict[str, tuple[str, ...]] = {
     "candidates": ("sketched", "gs"),
     "exact": ("gs",),
     "allreduce": ("gs",),
+    "guard": ("gs",),
     "powersgd_rank": ("powersgd",),
     "start_iter": (*HOOK_METHODS, "powersgd"),
     "per_bucket": HOOK_METHODS,
@@ -144,6 +145,7 @@ class TrainConfig:
     candidates: int | None = None  # m: the sketch proposes m*k candidates (default 32, m*k <= d/8)
     exact: bool | None = None  # gs: fetch exact values of the candidates (default True)
     allreduce: str | None = None  # gs: recursive_doubling (default) or backend
+    guard: str | None = None  # gs: on a collapsed sketch grow it (default), raise, or off
     powersgd_rank: int | None = None  # powersgd: matrix approximation rank (default 2)
     start_iter: int | None = None  # steps of plain all-reduce before compression (default 2)
     per_bucket: bool = False  # aggregate each DDP bucket apart, not the whole model at once
@@ -238,6 +240,8 @@ class TrainConfig:
             raise _bad("exact", self.exact, "it must be True or False")
         if self.allreduce not in (None, "recursive_doubling", "backend"):
             raise _bad("allreduce", self.allreduce, "it must be recursive_doubling or backend")
+        if self.guard not in (None, "grow", "raise", "off"):
+            raise _bad("guard", self.guard, "it must be grow, raise or off")
         if self.start_iter is not None:
             # DDP rebuilds its buckets after step 0; PowerSGD also needs one more dense step
             _check_int("start_iter", self.start_iter, 2 if self.method == "powersgd" else 1)
@@ -253,6 +257,7 @@ class TrainConfig:
             "candidates": "candidates",
             "exact": "exact",
             "allreduce": "allreduce",
+            "guard": "guard",
         }
         opts = {
             opt: getattr(self, field)
