@@ -171,7 +171,8 @@ def launch(
                 "leave --workers out under torchrun (its --nproc-per-node and --nnodes decide)"
             )
         rank, local_rank = int(os.environ["RANK"]), int(os.environ["LOCAL_RANK"])
-        worker = _init(rank, world_size, local_rank, kind, timeout_s, store=None)
+        store = _restart_store(rank, world_size, timeout_s)
+        worker = _init(rank, world_size, local_rank, kind, timeout_s, store=store)
         try:
             result = fn(worker, *args)
         finally:
@@ -192,6 +193,27 @@ def launch(
         result_file = Path(tmp) / _RESULT_FILE
         with open(result_file, "rb") as f:
             return pickle.load(f)
+
+
+def _restart_store(rank: int, world_size: int, timeout_s: float) -> Any:
+    """After an elastic restart, torchrun's store under a fresh key prefix (else None).
+
+    torchrun keeps its rendezvous store across restarts; the first attempt's process group
+    left its peers' addresses there, and a restarted group reading them would try to reach
+    workers that are gone. Each attempt therefore gets keys of its own.
+    """
+    attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+    if attempt == 0:
+        return None
+    agent_hosts_it = os.environ.get("TORCHELASTIC_USE_AGENT_STORE", "").lower() == "true"
+    base = dist.TCPStore(
+        os.environ["MASTER_ADDR"],
+        int(os.environ["MASTER_PORT"]),
+        world_size,
+        is_master=not agent_hosts_it and rank == 0,
+        timeout=timedelta(seconds=timeout_s),
+    )
+    return dist.PrefixStore(f"gssgd/attempt{attempt}", base)
 
 
 def _init(

@@ -816,6 +816,7 @@ def prepare(cfg: TrainConfig) -> TrainConfig:
         CheckpointError: the checkpoint to resume is unreadable.
         DatasetUnavailableError, FileNotFoundError: the data are not there.
     """
+    cfg = _after_elastic_restart(cfg)
     world = torchrun_world_size()
     if world is not None and cfg.workers is not None and cfg.workers != world:
         raise ValueError(
@@ -864,6 +865,26 @@ def prepare(cfg: TrainConfig) -> TrainConfig:
 def _run_dir_of(checkpoint_file: Path) -> Path:
     parent = checkpoint_file.parent
     return parent.parent if parent.name == checkpoint.CHECKPOINT_DIR else parent
+
+
+def _after_elastic_restart(cfg: TrainConfig) -> TrainConfig:
+    """Under ``torchrun --max-restarts``, a restarted worker continues from ``--out``.
+
+    torchrun restarts every worker when one dies (``TORCHELASTIC_RESTART_COUNT`` counts the
+    restarts). The restarted run resumes from the newest checkpoint in ``--out``, with every
+    rank's aggregator state, or starts afresh there if none was written yet; the fault that
+    ``--fail-at`` injects fires in the first attempt only.
+    """
+    if int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) == 0:
+        return cfg
+    cfg = dataclasses.replace(cfg, fail_at=None)
+    if cfg.resume is not None or cfg.out is None:
+        return cfg
+    try:
+        checkpoint.resolve_checkpoint(cfg.out)
+    except (checkpoint.CheckpointError, FileNotFoundError, ValueError):
+        return dataclasses.replace(cfg, overwrite=True)  # died before its first checkpoint
+    return dataclasses.replace(cfg, resume=cfg.out, overwrite=False)
 
 
 def _claim_out(out: Path, continuing: bool, overwrite: bool) -> None:
