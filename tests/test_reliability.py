@@ -143,3 +143,38 @@ def test_self_spawned_workers_listen_on_loopback_only(tmp_path) -> None:
     finally:
         proc.kill()
         proc.wait()
+
+
+def test_stalled_peer_fails_the_run_after_the_timeout_naming_the_step(tmp_path) -> None:
+    """A peer that stops answering (alive, sockets open) never hangs the job."""
+    import time
+
+    start = time.monotonic()
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "gssgd.cli.main",
+            "train",
+            "--dataset",
+            "digits",
+            "--workers",
+            "2",
+            "--steps",
+            "20",
+            "--no-progress",
+            "--stall-at",
+            "1:3",
+            "--timeout",
+            "5",
+            "--out",
+            str(tmp_path / "run"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=150,
+    )
+    assert out.returncode != 0
+    assert "step 3: a collective failed or waited longer than --timeout 5 s" in out.stderr
+    assert "A peer died or stalled" in out.stderr
+    assert time.monotonic() - start < 120

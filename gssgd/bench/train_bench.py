@@ -100,7 +100,7 @@ ELAPSED_FIELD = "seconds_elapsed"
 _ALWAYS = ("workers", "dataset", "model", "steps", "batch_size", "eval_every", "device")
 _NO_SUMMARY = "failed: no summary.json"
 #: TrainConfig fields a benchmark sets per method itself.
-_PER_METHOD = ("method", "out", "resume", "overwrite", "fail_at")
+_PER_METHOD = ("method", "out", "resume", "overwrite", "fail_at", "stall_at")
 
 
 @dataclass(frozen=True)
@@ -220,7 +220,7 @@ def _flags(settings: Mapping[str, Any], always: Sequence[str] = ()) -> list[str]
             out.append(flag)
         elif value is False:
             out.append("--no-" + name.replace("_", "-"))  # --no-progress, --no-exact
-        elif name == "fail_at":
+        elif name in ("fail_at", "stall_at"):
             out += [flag, f"{value[0]}:{value[1]}"]
         else:
             out += [flag, str(value)]

@@ -262,6 +262,13 @@ def add_training_flags(parser: argparse.ArgumentParser, compare: bool = False) -
             metavar="RANK:STEP",
             help="that rank exits abruptly at that step (reliability tests)",
         )
+        fault.add_argument(
+            "--stall-at",
+            type=_fail_at,
+            default=None,
+            metavar="RANK:STEP",
+            help="that rank stops answering at that step, alive but silent (reliability tests)",
+        )
 
 
 #: The argparse destinations that are TrainConfig fields (everything but method/methods).
@@ -298,6 +305,7 @@ _SETTINGS = (
     "overwrite",
     "progress",
     "fail_at",
+    "stall_at",
 )
 
 

@@ -158,6 +158,7 @@ class TrainConfig:
     progress: bool = True  # show a progress bar on rank 0
     # -- fault injection (reliability tests)
     fail_at: tuple[int, int] | None = None  # (rank, step): that rank exits abruptly there
+    stall_at: tuple[int, int] | None = None  # (rank, step): that rank hangs there (a stalled peer)
 
     def __post_init__(self) -> None:
         if self.method not in METHODS:
@@ -184,19 +185,8 @@ class TrainConfig:
         if self.device not in DEVICES:
             raise _bad("device", self.device, f"it must be one of {', '.join(DEVICES)}")
         self._check_method_settings()
-        if self.fail_at is not None:
-            if (
-                not isinstance(self.fail_at, (tuple, list))
-                or len(self.fail_at) != 2
-                or any(isinstance(v, bool) or not isinstance(v, int) or v < 0 for v in self.fail_at)
-            ):
-                raise _bad(
-                    "fail_at",
-                    self.fail_at,
-                    "it must be RANK:STEP with integers >= 0",
-                    "For example --fail-at 1:10.",
-                )
-            self.fail_at = (int(self.fail_at[0]), int(self.fail_at[1]))
+        self.fail_at = _rank_step("fail_at", self.fail_at)
+        self.stall_at = _rank_step("stall_at", self.stall_at)
 
     def _check_method_settings(self) -> None:
         """Refuse a method-specific setting the method would silently ignore."""
@@ -563,78 +553,95 @@ def train_worker(worker: Worker, cfg: TrainConfig) -> dict[str, Any] | None:
     wall_start = time.perf_counter()
 
     # 4. The loop.
-    for step in range(start_step, cfg.steps):
-        if cfg.fail_at == (rank, step):
-            _die(f"--fail-at {rank}:{step}: rank {rank} exits abruptly (fault injection)")
-        t0 = time.perf_counter()
-        x, y = _train_batch(data, cfg, step, worker)
-        loss, correct, count = _loss(ddp(x), y)
-        t_forward = time.perf_counter() - t0
+    step = start_step
+    try:
+        for step in range(start_step, cfg.steps):
+            if cfg.fail_at == (rank, step):
+                _die(f"--fail-at {rank}:{step}: rank {rank} exits abruptly (fault injection)")
+            if cfg.stall_at == (rank, step):
+                _say(
+                    f"gssgd: --stall-at {rank}:{step}: rank {rank} stops answering (fault injection)"
+                )
+                time.sleep(10**6)
+            t0 = time.perf_counter()
+            x, y = _train_batch(data, cfg, step, worker)
+            loss, correct, count = _loss(ddp(x), y)
+            t_forward = time.perf_counter() - t0
 
-        # Every rank learns whether any loss is non-finite, and stops together if so.
-        value = float(loss.detach())
-        seen = torch.tensor(
-            [value * count, correct, count, not math.isfinite(value)],
-            dtype=torch.float64,
-            device=device,
-        )
-        dist.all_reduce(seen)
-        loss_sum, correct_sum, count_sum, nonfinite = seen.tolist()
-        if nonfinite:
-            status = STATUS_NONFINITE
-            message = (
-                f"gssgd train: stopped at step {step}: the training loss is not finite (NaN "
-                f"or Inf) on {int(nonfinite)} of "
-                f"{world_size} workers; every worker stopped. Lower --lr (now {cfg.lr}) or "
-                "resume an earlier checkpoint with a lower --lr."
+            # Every rank learns whether any loss is non-finite, and stops together if so.
+            value = float(loss.detach())
+            seen = torch.tensor(
+                [value * count, correct, count, not math.isfinite(value)],
+                dtype=torch.float64,
+                device=device,
             )
-            break
+            dist.all_reduce(seen)
+            loss_sum, correct_sum, count_sum, nonfinite = seen.tolist()
+            if nonfinite:
+                status = STATUS_NONFINITE
+                message = (
+                    f"gssgd train: stopped at step {step}: the training loss is not finite (NaN "
+                    f"or Inf) on {int(nonfinite)} of "
+                    f"{world_size} workers; every worker stopped. Lower --lr (now {cfg.lr}) or "
+                    "resume an earlier checkpoint with a lower --lr."
+                )
+                break
 
-        t1 = time.perf_counter()
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()  # DDP averages the gradients here, through the method's hook
-        optimizer.step()
-        t_end = time.perf_counter()
+            t1 = time.perf_counter()
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()  # DDP averages the gradients here, through the method's hook
+            optimizer.step()
+            t_end = time.perf_counter()
 
-        seconds_step = t_forward + (t_end - t1)  # the loss all-reduce left out
-        stats = sync.step_stats(step)
-        hook_seconds = sum(
-            stats[k] or 0.0
-            for k in ("seconds_compress", "seconds_communicate", "seconds_decompress")
-        )
-        sent = _gather_bytes(stats, worker)  # (mean sent, max sent, mean received) over ranks
-        last_loss = loss_sum / count_sum
-        record = {
-            "step": step,
-            "loss": last_loss,
-            "train_accuracy": correct_sum / count_sum,
-            "bytes_sent": sent[0],
-            "bytes_sent_max": sent[1],
-            "bytes_received": sent[2],
-            "bytes_sent_total": totals.bytes_sent + sent[0],
-            "seconds_compute": seconds_step - hook_seconds,
-            "seconds_compress": stats["seconds_compress"],
-            "seconds_communicate": stats["seconds_communicate"],
-            "seconds_decompress": stats["seconds_decompress"],
-            "seconds_step": seconds_step,
-            "delivered_fraction": stats["delivered_fraction"],
-            "skipped": stats["skipped"],
-            "k": stats["k"],
-        }
-        totals.add(record, measured=step >= warmup)
-
-        done = step + 1
-        if done == cfg.steps or (cfg.eval_every and done % cfg.eval_every == 0):
-            last_eval = evaluate(ddp.module, data, cfg, worker)
-            record["test_loss"], record["test_accuracy"] = last_eval
-        if log is not None:  # before the checkpoint: a resumed run finds every earlier line
-            log.write(record)
-            bar.set_postfix(
-                loss=f"{last_loss:.3f}", acc=f"{record['train_accuracy']:.3f}", refresh=False
+            seconds_step = t_forward + (t_end - t1)  # the loss all-reduce left out
+            stats = sync.step_stats(step)
+            hook_seconds = sum(
+                stats[k] or 0.0
+                for k in ("seconds_compress", "seconds_communicate", "seconds_decompress")
             )
-            bar.update(1)
-        if done == cfg.steps or (cfg.checkpoint_every and done % cfg.checkpoint_every == 0):
-            _save_checkpoint(out, done, cfg, fingerprint, model, optimizer, sync, totals, worker)
+            sent = _gather_bytes(stats, worker)  # (mean sent, max sent, mean received) over ranks
+            last_loss = loss_sum / count_sum
+            record = {
+                "step": step,
+                "loss": last_loss,
+                "train_accuracy": correct_sum / count_sum,
+                "bytes_sent": sent[0],
+                "bytes_sent_max": sent[1],
+                "bytes_received": sent[2],
+                "bytes_sent_total": totals.bytes_sent + sent[0],
+                "seconds_compute": seconds_step - hook_seconds,
+                "seconds_compress": stats["seconds_compress"],
+                "seconds_communicate": stats["seconds_communicate"],
+                "seconds_decompress": stats["seconds_decompress"],
+                "seconds_step": seconds_step,
+                "delivered_fraction": stats["delivered_fraction"],
+                "skipped": stats["skipped"],
+                "k": stats["k"],
+            }
+            totals.add(record, measured=step >= warmup)
+
+            done = step + 1
+            if done == cfg.steps or (cfg.eval_every and done % cfg.eval_every == 0):
+                last_eval = evaluate(ddp.module, data, cfg, worker)
+                record["test_loss"], record["test_accuracy"] = last_eval
+            if log is not None:  # before the checkpoint: a resumed run finds every earlier line
+                log.write(record)
+                bar.set_postfix(
+                    loss=f"{last_loss:.3f}", acc=f"{record['train_accuracy']:.3f}", refresh=False
+                )
+                bar.update(1)
+            if done == cfg.steps or (cfg.checkpoint_every and done % cfg.checkpoint_every == 0):
+                _save_checkpoint(
+                    out, done, cfg, fingerprint, model, optimizer, sync, totals, worker
+                )
+    except (RuntimeError, dist.DistBackendError) as err:
+        if isinstance(err, FloatingPointError) or not _collective_failure(err):
+            raise
+        raise RuntimeError(
+            f"step {step}: a collective failed or waited longer than --timeout {cfg.timeout:g} s "
+            f"on rank {rank} ({err}). A peer died or stalled: check the other workers' output; "
+            "raise --timeout on slow links, or continue with --resume from the run's --out."
+        ) from err
     bar.close()
 
     # 5. Rank 0 sums the run up.
@@ -767,6 +774,14 @@ def _to_cpu(value: Any) -> Any:
     return value
 
 
+def _collective_failure(err: BaseException) -> bool:
+    """Whether an error came from a collective (gloo/NCCL timeouts, closed connections)."""
+    if isinstance(err, dist.DistBackendError):
+        return True
+    text = str(err).lower()
+    return any(w in text for w in ("timed out", "timeout", "connection", "gloo", "nccl", "peer"))
+
+
 def _die(message: str) -> None:
     print(f"gssgd: {message}", file=sys.stderr, flush=True)
     os._exit(1)
@@ -867,17 +882,33 @@ def _run_dir_of(checkpoint_file: Path) -> Path:
     return parent.parent if parent.name == checkpoint.CHECKPOINT_DIR else parent
 
 
+def _rank_step(name: str, value: object) -> tuple[int, int] | None:
+    """Validate a fault-injection ``(rank, step)`` pair (None passes)."""
+    if value is None:
+        return None
+    if (
+        not isinstance(value, (tuple, list))
+        or len(value) != 2
+        or any(isinstance(v, bool) or not isinstance(v, int) or v < 0 for v in value)
+    ):
+        flag = "--" + name.replace("_", "-")
+        raise _bad(
+            name, value, "it must be RANK:STEP with integers >= 0", f"For example {flag} 1:10."
+        )
+    return (int(value[0]), int(value[1]))
+
+
 def _after_elastic_restart(cfg: TrainConfig) -> TrainConfig:
     """Under ``torchrun --max-restarts``, a restarted worker continues from ``--out``.
 
     torchrun restarts every worker when one dies (``TORCHELASTIC_RESTART_COUNT`` counts the
     restarts). The restarted run resumes from the newest checkpoint in ``--out``, with every
     rank's aggregator state, or starts afresh there if none was written yet; the fault that
-    ``--fail-at`` injects fires in the first attempt only.
+    ``--fail-at`` / ``--stall-at`` inject fires in the first attempt only.
     """
     if int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) == 0:
         return cfg
-    cfg = dataclasses.replace(cfg, fail_at=None)
+    cfg = dataclasses.replace(cfg, fail_at=None, stall_at=None)
     if cfg.resume is not None or cfg.out is None:
         return cfg
     try:
