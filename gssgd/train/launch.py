@@ -175,6 +175,7 @@ def launch(
         worker = _init(rank, world_size, local_rank, kind, timeout_s, store=store)
         try:
             result = fn(worker, *args)
+            _leave_together()
         finally:
             dist.destroy_process_group()
         return result if rank == 0 else None
@@ -237,6 +238,13 @@ def _init(
     return Worker(rank, world_size, local_rank, device, backend)
 
 
+def _leave_together() -> None:
+    """A last barrier after a successful run: no worker tears its connections down while a
+    peer is still inside a collective (seen as a rare SIGABRT in gloo at exit under load)."""
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        dist.barrier()
+
+
 def _spawned(
     rank: int,
     world_size: int,
@@ -262,6 +270,7 @@ def _spawned(
         if rank == 0:
             with open(os.path.join(rendezvous_dir, _RESULT_FILE), "wb") as f:
                 pickle.dump(result, f)
+        _leave_together()
     except KeyboardInterrupt:  # the parent stops the others with SIGINT/SIGTERM
         sys.exit(1)
     except Exception as err:  # noqa: BLE001 - report, then exit non-zero
