@@ -37,7 +37,6 @@ from gssgd._select import topk_indices
 from gssgd.aggregators.base import Aggregator
 from gssgd.aggregators.guard import CollapseGuard
 from gssgd.aggregators.options import GSOptions
-from gssgd.sketch import CountSketch
 
 log = logging.getLogger(__name__)
 
@@ -56,17 +55,14 @@ class GlobalSketchSGD(Aggregator):
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
-        self.num_candidates = min(self.options.candidates * self.k, self.d)
+        self.num_candidates = self.options.num_candidates(self.k, self.d)
         self.guard = CollapseGuard()
         self.grows = 0
         self._build_sketch(self.options.cols)
 
     def _build_sketch(self, cols: int) -> None:
-        o = self.options
         self.cols = cols
-        self.sketch = CountSketch(
-            self.d, rows=o.rows, cols=cols, seed=o.seed, cache_hashes=o.use_hash_cache(self.d)
-        )
+        self.sketch = self.options.make_sketch(self.d, cols)
 
     @property
     def max_cols(self) -> int:

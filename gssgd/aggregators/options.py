@@ -11,6 +11,8 @@ from dataclasses import dataclass, fields
 
 import torch
 
+from gssgd.sketch import CountSketch
+
 __all__ = [
     "CommonOptions",
     "DenseOptions",
@@ -188,6 +190,20 @@ class SketchedOptions(TopkOptions):
         if self.hash_cache is None:
             return 8 * self.rows * d <= HASH_CACHE_LIMIT
         return self.hash_cache
+
+    def make_sketch(self, d: int, cols: int | None = None) -> CountSketch:
+        """The Count Sketch these options describe, for vectors of length ``d``."""
+        return CountSketch(
+            d,
+            rows=self.rows,
+            cols=self.cols if cols is None else cols,
+            seed=self.seed,
+            cache_hashes=self.use_hash_cache(d),
+        )
+
+    def num_candidates(self, k: int, d: int) -> int:
+        """``m * k`` candidates, capped at ``d``."""
+        return min(self.candidates * k, d)
 
     def __post_init__(self) -> None:
         super().__post_init__()

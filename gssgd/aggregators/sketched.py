@@ -24,7 +24,6 @@ import torch
 from gssgd._select import topk_indices
 from gssgd.aggregators.base import Aggregator, index_dtype
 from gssgd.aggregators.options import SketchedOptions
-from gssgd.sketch import CountSketch
 
 __all__ = ["SketchedSGD"]
 
@@ -38,11 +37,8 @@ class SketchedSGD(Aggregator):
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
-        o = self.options
-        self.sketch = CountSketch(
-            self.d, rows=o.rows, cols=o.cols, seed=o.seed, cache_hashes=o.use_hash_cache(self.d)
-        )
-        self.num_candidates = min(o.candidates * self.k, self.d)
+        self.sketch = self.options.make_sketch(self.d)
+        self.num_candidates = self.options.num_candidates(self.k, self.d)
 
     def step(self, grad: torch.Tensor) -> torch.Tensor:
         skipped = self._begin(grad)

@@ -51,7 +51,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import dataclasses
 import datetime
 import json
 import math
@@ -75,8 +74,8 @@ from gssgd.bench.cost_model import (
     MethodSpec,
     method_spec,
 )
-from gssgd.bench.netns import ROOT_MESSAGE, EmulatedCluster, have_root, parse_link_rate
-from gssgd.bench.workers import WorkerError, run_ranks
+from gssgd.bench.netns import EmulatedCluster, have_root, parse_link_rate
+from gssgd.bench.workers import WorkerError, namespaces_or_loopback, run_ranks
 
 if TYPE_CHECKING:
     import torch
@@ -412,12 +411,8 @@ def run_comm_bench(
     work.mkdir(parents=True, exist_ok=True)
     for stale in (*work.glob("rank*.json"), *work.glob("rank*.error.json")):
         stale.unlink()
-    link_requested, cfg_run = cfg.link, cfg
-    namespaces = cfg.link_bps is not None
-    if namespaces and not have_root():
-        echo(f"note: {ROOT_MESSAGE}; running --link none (loopback) instead")
-        cfg_run = dataclasses.replace(cfg, link="none")
-        namespaces = False
+    link_requested = cfg.link
+    cfg_run, namespaces = namespaces_or_loopback(cfg, echo, have_root())
     timeout_s, collective_s = _estimates(cfg_run)
     payload = {
         **cfg_run.to_json(),

@@ -77,8 +77,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from gssgd.bench.netns import ROOT_MESSAGE, EmulatedCluster, have_root, parse_link_rate
-from gssgd.bench.workers import MASTER_PORT_NETNS, WorkerError, run_process, run_ranks
+from gssgd.bench.netns import EmulatedCluster, have_root, parse_link_rate
+from gssgd.bench.workers import (
+    MASTER_PORT_NETNS,
+    WorkerError,
+    namespaces_or_loopback,
+    run_process,
+    run_ranks,
+)
 
 __all__ = [
     "DEFAULT_METHODS",
@@ -481,12 +487,8 @@ def run_train_bench(
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     d, model = _model_size(cfg)
-    link_requested, cfg_run = cfg.link, cfg
-    namespaces = cfg.link_bps is not None
-    if namespaces and not have_root():
-        echo(f"note: {ROOT_MESSAGE}; running --link none (loopback) instead")
-        cfg_run = dataclasses.replace(cfg, link="none")
-        namespaces = False
+    link_requested = cfg.link
+    cfg_run, namespaces = namespaces_or_loopback(cfg, echo, have_root())
     where = f"namespaces on {cfg_run.link} links" if namespaces else "loopback"
     s = cfg_run.settings
     echo(

@@ -24,6 +24,7 @@ whole run's timeout, naming the ranks still running.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import os
 import signal
@@ -34,7 +35,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from gssgd.bench.netns import EmulatedCluster
+from gssgd.bench.netns import ROOT_MESSAGE, EmulatedCluster
 
 __all__ = [
     "MASTER_PORT_NETNS",
@@ -56,6 +57,25 @@ MASTER_PORT_NETNS = 29500
 
 class WorkerError(RuntimeError):
     """A benchmark worker failed or the run timed out; the message holds its error."""
+
+
+def namespaces_or_loopback(cfg: Any, echo: Any, root: bool) -> tuple[Any, bool]:
+    """The run to make: ``(cfg, True)`` for emulated links, or the loopback variant.
+
+    A link rate needs network namespaces, hence root; without root the run falls back to
+    ``--link none`` and says so, rather than failing.
+
+    Args:
+        cfg: a benchmark config dataclass with ``link`` and ``link_bps``.
+        echo: where the note goes.
+        root: whether this process may build namespaces (``netns.have_root()``).
+    """
+    if cfg.link_bps is None:
+        return cfg, False
+    if not root:
+        echo(f"note: {ROOT_MESSAGE}; running --link none (loopback) instead")
+        return dataclasses.replace(cfg, link="none"), False
+    return cfg, True
 
 
 def free_port() -> int:
