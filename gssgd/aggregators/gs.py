@@ -35,7 +35,7 @@ import torch
 
 from gssgd._select import topk_indices
 from gssgd.aggregators.base import Aggregator
-from gssgd.aggregators.guard import CollapseGuard
+from gssgd.aggregators.guard import CollapseGuard, SketchCollapseError
 from gssgd.aggregators.options import GSOptions
 
 log = logging.getLogger(__name__)
@@ -72,7 +72,7 @@ class GlobalSketchSGD(Aggregator):
     def _on_collapse(self, recall: float) -> None:
         """Grow the sketch, or raise, when an audit finds a collapse (all ranks alike)."""
         what = (
-            f"gs-SGD's sketch collapsed at step {self.steps}: its update delivered "
+            f"gs-SGD's sketch collapsed at aggregation step {self.steps}: its update delivered "
             f"{recall:.1%} of the mass that exact global top-k would have (below "
             f"{self.guard.min_recall:.0%}; rows={self.options.rows}, cols={self.cols}, "
             f"candidates={self.options.candidates}, k={self.k}, d={self.d})"
@@ -85,7 +85,7 @@ class GlobalSketchSGD(Aggregator):
             self._build_sketch(new_cols)
             self.guard.reset()
             return
-        raise RuntimeError(
+        raise SketchCollapseError(
             f"{what}. Raise cols or candidates, raise the density, or use method 'topk'"
             + (
                 f" (the sketch already grew {self.grows} times; growing late rarely rescues a"

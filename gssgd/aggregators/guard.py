@@ -22,7 +22,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["CollapseGuard"]
+__all__ = ["CollapseGuard", "SketchCollapseError"]
+
+
+class SketchCollapseError(RuntimeError):
+    """gs-SGD's sketch collapsed and the guard could not (or was told not to) repair it.
+
+    Every rank raises it at the same step with the same message (the decision comes from
+    all-reduced values), so a trainer can stop every worker together and report it once.
+    """
 
 
 @dataclass

@@ -43,6 +43,7 @@ from torch.nn.parallel import DistributedDataParallel
 from tqdm import tqdm
 
 from gssgd.aggregators import build_options
+from gssgd.aggregators.guard import SketchCollapseError
 from gssgd.ddp import HookState, comm_hook
 from gssgd.train import checkpoint
 from gssgd.train.data import ImageData, TextData, batch_indices, lm_batch, load_dataset
@@ -83,8 +84,9 @@ DEFAULT_START_ITER = 2
 DEFAULT_POWERSGD_RANK = 2
 #: Test windows of a text evaluation (drawn once from the test split, shared by ranks).
 TEXT_EVAL_WINDOWS = 512
-#: Exit status of a run stopped for a non-finite loss.
+#: ``summary["status"]`` of a finished run, and of runs that stopped early on every rank.
 STATUS_COMPLETED, STATUS_NONFINITE = "completed", "stopped: non-finite loss"
+STATUS_COLLAPSED = "stopped: sketch collapsed"
 
 # Which methods each method-specific setting applies to (None = not given = the default).
 _APPLIES_TO: dict[str, tuple[str, ...]] = {
@@ -589,7 +591,17 @@ def train_worker(worker: Worker, cfg: TrainConfig) -> dict[str, Any] | None:
 
             t1 = time.perf_counter()
             optimizer.zero_grad(set_to_none=True)
-            loss.backward()  # DDP averages the gradients here, through the method's hook
+            try:
+                loss.backward()  # DDP averages the gradients here, through the method's hook
+            except SketchCollapseError as err:  # raised on every rank at this same step
+                status = STATUS_COLLAPSED
+                saved = checkpoint.list_checkpoints(out / checkpoint.CHECKPOINT_DIR)
+                message = f"gssgd train: stopped at step {step}: {err}" + (
+                    f" The weights were not updated; {saved[-1].name} in {out} is kept."
+                    if saved
+                    else " The weights were not updated."
+                )
+                break
             optimizer.step()
             t_end = time.perf_counter()
 

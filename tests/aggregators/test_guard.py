@@ -30,12 +30,12 @@ def test_collapsed_sketch_grows_on_every_rank_until_it_recovers() -> None:
 def test_guard_raise_stops_every_rank_with_advice() -> None:
     ranks = run_workers(2, run_guard, 8, "raise", 30)
     for res in ranks:
-        assert "collapsed at step 20" in res["error"]
+        assert "collapsed at aggregation step 20" in res["error"]
         assert "Raise cols or candidates" in res["error"]
 
 
 def test_grow_gives_up_after_two_doublings_with_advice() -> None:
     for res in run_workers(2, run_guard, 8, "grow", 80):
-        assert "collapsed at step 60" in res["error"], res
+        assert "collapsed at aggregation step 60" in res["error"], res
         assert "already grew 2 times" in res["error"]
         assert res["cols"] == 32
