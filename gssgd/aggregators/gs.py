@@ -69,19 +69,31 @@ class GlobalSketchSGD(Aggregator):
         """Past ``d / (2 * rows)`` columns the sketch would cost half of dense: stop growing."""
         return max(self.options.cols, self.d // (2 * self.options.rows))
 
+    @property
+    def max_candidates(self) -> int:
+        """Past ``d / 8`` candidates the exact round would cost a quarter of dense: stop there."""
+        return max(self.options.num_candidates(self.k, self.d), self.d // 8)
+
     def _on_collapse(self, recall: float) -> None:
         """Grow the sketch, or raise, when an audit finds a collapse (all ranks alike)."""
         what = (
             f"gs-SGD's sketch collapsed at aggregation step {self.steps}: its update delivered "
             f"{recall:.1%} of the mass that exact global top-k would have (below "
             f"{self.guard.min_recall:.0%}; rows={self.options.rows}, cols={self.cols}, "
-            f"candidates={self.options.candidates}, k={self.k}, d={self.d})"
+            f"m*k={self.num_candidates} candidates, k={self.k}, d={self.d})"
         )
-        if self.options.guard == "grow" and self.cols < self.max_cols and self.grows < MAX_GROWS:
+        can_grow = self.cols < self.max_cols or self.num_candidates < self.max_candidates
+        if self.options.guard == "grow" and can_grow and self.grows < MAX_GROWS:
             self.grows += 1
             new_cols = min(2 * self.cols, self.max_cols)
+            self.num_candidates = min(2 * self.num_candidates, self.max_candidates)
             if self.rank == 0:
-                log.warning("%s; growing the sketch to cols=%d.", what, new_cols)
+                log.warning(
+                    "%s; growing the sketch to cols=%d and m*k to %d candidates.",
+                    what,
+                    new_cols,
+                    self.num_candidates,
+                )
             self._build_sketch(new_cols)
             self.guard.reset()
             return
@@ -150,6 +162,7 @@ class GlobalSketchSGD(Aggregator):
             **super().state_dict(),
             "cols": self.cols,
             "grows": self.grows,
+            "num_candidates": self.num_candidates,
             "guard": self.guard.state_dict(),
         }
 
@@ -158,4 +171,5 @@ class GlobalSketchSGD(Aggregator):
         if int(sd.get("cols", self.cols)) != self.cols:
             self._build_sketch(int(sd["cols"]))
         self.grows = int(sd.get("grows", 0))
+        self.num_candidates = int(sd.get("num_candidates", self.num_candidates))
         self.guard.load_state_dict(sd.get("guard", {}))

@@ -16,6 +16,11 @@ step's bytes), and computes exactly
 the share of the mass that exact global top-k would have delivered. Below ``min_recall``
 the sketch has collapsed. Every rank computes bitwise the same recall from all-reduced
 values, so every rank takes the same decision without further messages.
+
+The bar, ``min_recall = 0.1``, comes from the convergence study (docs/study.md): every
+collapsed run there audited below 8 % (0.9 to 7.9 %), while the default sketch trained
+MNIST to 92.6 % at density 0.001 with audits of 17 to 24 %: recall far below 1 is normal
+under error feedback, which delivers the rest later. A bar of 0.3 stopped that healthy run.
 """
 
 from __future__ import annotations
@@ -45,7 +50,7 @@ class CollapseGuard:
         last_recall: the most recent audit's recall (None before the first).
     """
 
-    min_recall: float = 0.3
+    min_recall: float = 0.1
     first_audit: int = 20
     audit_every: int = 200
     since_start: int = 0

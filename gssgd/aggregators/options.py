@@ -244,9 +244,11 @@ class GSOptions(SketchedOptions):
         allreduce: how the sketch tables are summed: "recursive_doubling" or "backend".
         guard: what to do when an audit finds the sketch collapsed (see
             :mod:`gssgd.aggregators.guard`; audits cost one dense all-reduce at step 20 and
-            every 200 steps): "grow" doubles ``cols`` (every rank alike, at most twice, up
-            to ``d / (2 * rows)``) and raises on a further collapse; "raise" stops with a message saying what
-            to change; "off" never audits.
+            every 200 steps): "grow" doubles ``cols`` and the ``m*k`` candidates (every
+            rank alike, at most twice, up to ``d / (2 * rows)`` columns and ``d / 8``
+            candidates) and raises :class:`~gssgd.aggregators.guard.SketchCollapseError` on
+            a further collapse; "raise" raises it at once, with a message saying what to
+            change; "off" never audits.
     """
 
     exact: bool = True

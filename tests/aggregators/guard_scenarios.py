@@ -26,10 +26,11 @@ def run_guard(rank: int, world_size: int, cols: int, guard: str, steps: int) -> 
             recalls.append(agg.guard.last_recall)
             bytes_sent.append(agg.last_stats.bytes_sent)
     except RuntimeError as exc:
-        return {"error": str(exc), "cols": agg.cols}
+        return {"error": str(exc), "cols": agg.cols, "num_candidates": agg.num_candidates}
     return {
         "cols": agg.cols,
         "recalls": recalls,
         "bytes": bytes_sent,
         "state_cols": agg.state_dict()["cols"],
+        "num_candidates": agg.num_candidates,
     }

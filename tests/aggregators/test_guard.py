@@ -20,9 +20,11 @@ def test_collapsed_sketch_grows_on_every_rank_until_it_recovers() -> None:
     assert len({res["cols"] for res in ranks}) == 1  # every rank took the same decisions
     res = ranks[0]
     assert res["cols"] in (256, 512) and res["state_cols"] == res["cols"]  # grown once or twice
+    assert res["num_candidates"] == 100 * res["cols"] // 128  # m*k = 2*50 doubled alike
     first_audit = res["recalls"][20]
     assert first_audit is not None and first_audit < 0.1
-    assert res["recalls"][-1] > 0.3  # after growing, the sketch finds the heavy mass again
+    # after growing, the sketch finds the heavy mass again: above the bar, 5x the first audit
+    assert res["recalls"][-1] > max(0.1, 5 * first_audit)
     # An audit all-reduces the whole vector once: that step costs about dense's bytes.
     assert res["bytes"][20] > 3 * D
 
@@ -38,4 +40,4 @@ def test_grow_gives_up_after_two_doublings_with_advice() -> None:
     for res in run_workers(2, run_guard, 8, "grow", 80):
         assert "collapsed at aggregation step 60" in res["error"], res
         assert "already grew 2 times" in res["error"]
-        assert res["cols"] == 32
+        assert res["cols"] == 32 and res["num_candidates"] == 400
