@@ -220,7 +220,7 @@ class HookState:
         model: the model whose parameter order fixes the whole-model order (the DDP
             module or the module it wraps); same as calling :meth:`bind` later.
         **options: the method's options (``k`` instead of ``density``; ``rows``, ``cols``,
-            ``candidates``, ``exact``, ``allreduce``, ``momentum``, ``seed``, ``dtype``,
+            ``candidates``, ``exact``, ``allreduce``, ``table_dtype``, ``momentum``, ``seed``, ``dtype``,
             ``nonfinite``; see :func:`gssgd.make_aggregator`).
 
     Attributes:

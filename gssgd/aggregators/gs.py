@@ -112,6 +112,17 @@ class GlobalSketchSGD(Aggregator):
             return self.comm.allreduce_backend(tensor.clone())
         return self.comm.allreduce_recursive_doubling(tensor)
 
+    def _sum_tables(self, table: torch.Tensor) -> torch.Tensor:
+        """The sum over ranks of the sketch tables, sent as ``options.table_dtype``."""
+        wire = self.options.table_dtype
+        if wire == table.dtype:
+            return self._allreduce(table)
+        with self._timed("compress"):
+            payload = (table / self.world_size).to(wire)  # the mean fits 16 bits better
+        summed = self._allreduce(payload)
+        with self._timed("decompress"):
+            return summed.to(table.dtype).mul_(self.world_size)
+
     def step(self, grad: torch.Tensor) -> torch.Tensor:
         skipped = self._begin(grad)
         if skipped is not None:
@@ -121,7 +132,7 @@ class GlobalSketchSGD(Aggregator):
             self.sketch = self.sketch.to(grad.device, grad.dtype).zero_()
             self.sketch.accumulate(accumulated)
 
-        summed = self.sketch.with_table(self._allreduce(self.sketch.table))
+        summed = self.sketch.with_table(self._sum_tables(self.sketch.table))
 
         audit = self.options.guard != "off" and self.guard.due()
         if audit:  # the exact global vector, before the residual update zeroes ``accumulated``

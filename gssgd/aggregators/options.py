@@ -249,11 +249,16 @@ class GSOptions(SketchedOptions):
             candidates) and raises :class:`~gssgd.aggregators.guard.SketchCollapseError` on
             a further collapse; "raise" raises it at once, with a message saying what to
             change; "off" never audits.
+        table_dtype: dtype of the sketch tables on the wire: torch.float32, or float16 /
+            bfloat16 to halve the sketch's bytes (scaled by 1/P before the cast, like
+            dense's 16-bit payload). Only the choice of candidates sees the rounding: the
+            exact round, the update and the residuals stay in the gradient's dtype.
     """
 
     exact: bool = True
     allreduce: str = "recursive_doubling"
     guard: str = "grow"
+    table_dtype: torch.dtype = torch.float32
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -268,3 +273,10 @@ class GSOptions(SketchedOptions):
             )
         if self.guard not in ("grow", "raise", "off"):
             raise _bad("guard", self.guard, "it must be 'grow', 'raise' or 'off'", "Use 'grow'.")
+        if self.table_dtype not in _DENSE_DTYPES:
+            raise _bad(
+                "table_dtype",
+                self.table_dtype,
+                "it must be torch.float32, torch.float16 or torch.bfloat16",
+                "Use torch.float16 to halve the sketch's bytes.",
+            )

@@ -27,7 +27,8 @@ The byte figures per rank (:func:`traffic`) are the ones :mod:`gssgd.comm` recor
 ``agg.last_stats`` on every step after the first (the first step adds the rank-agreement
 check), control messages included: every method's step starts with an all-gather of a
 4-byte non-finite flag. ``I`` is the index size (4 bytes when ``d < 2^31``, else 8), ``V`` the
-value size (4, or 2 for a 16-bit dense payload), ``S = rows * cols * V`` a sketch table,
+value size (4, or 2 for a 16-bit dense payload), ``S = rows * cols * T`` a sketch table
+(``T`` = 4, or 2 for 16-bit tables),
 ``C = min(m * k, d)`` the candidates, ``P2`` the largest power of two ``<= P`` and
 ``L = log2 P2``:
 
@@ -42,6 +43,8 @@ sketched       worker ``S + C*V`` / ``C*I + k(I+V)``   ``(P-1)(S + C*I + C*V + k
 gs             ``L (S + C*V)`` each way (+fold-in)     ``(L [+2]) (S + C*V)``; no indices
 gs-backend     ring of ``S`` and of ``C*V``            ``2(P-1)/P (S + C*V)``
 gs-estimate    as gs without ``C*V``                   ``(L [+2]) S``
+gs-small       as gs with a quarter of the columns     as gs
+gs-half        as gs, table entries in 16 bits        as gs
 =============  =====================================  =========================================
 
 ``beta0`` and ``gamma`` are CPU work: on a machine where workers share cores both stretch by
@@ -113,6 +116,7 @@ VARIANTS: dict[str, str] = {
     "gs-backend": "gs-SGD with the backend's (ring) all-reduce",
     "gs-estimate": "gs-SGD without the exact round (exact=False)",
     "gs-small": "gs-SGD with a sketch of a quarter of the columns",
+    "gs-half": "gs-SGD with float16 sketch tables on the wire",
 }
 
 #: What ``gssgd bench comm`` runs unless told otherwise.
@@ -135,6 +139,7 @@ class MethodSpec:
         value_bytes: bytes of a value on the wire (4; 2 for a 16-bit dense payload).
         index_bytes: bytes of an index (4 when ``d < 2^31``, else 8).
         rows, cols, candidates: the sketch shape and m (0 for methods without a sketch).
+        table_bytes: bytes of a sketch-table entry on the wire (4; 2 for 16-bit tables).
         exact: gs only: whether the exact second round runs.
         allreduce: gs only: "recursive_doubling" or "backend".
         seed: the hash seed of the sketching methods.
@@ -149,6 +154,7 @@ class MethodSpec:
     rows: int = 0
     cols: int = 0
     candidates: int = 0
+    table_bytes: int = 4
     exact: bool = True
     allreduce: str = "recursive_doubling"
     seed: int = 0
@@ -160,8 +166,8 @@ class MethodSpec:
 
     @property
     def sketch_bytes(self) -> int:
-        """``S = rows * cols * V``: one sketch table on the wire."""
-        return self.rows * self.cols * self.value_bytes
+        """``S = rows * cols * T``: one sketch table on the wire (``T``: ``table_bytes``)."""
+        return self.rows * self.cols * self.table_bytes
 
     def aggregator_options(self) -> dict[str, Any]:
         """Keyword arguments of :func:`gssgd.make_aggregator` (after ``name`` and ``d``)."""
@@ -175,6 +181,8 @@ class MethodSpec:
             # audits (one dense all-reduce at step 20, then every 200 steps: 0.5% of a dense
             # step on average) are left out of the benchmark.
             opts.update(exact=self.exact, allreduce=self.allreduce, guard="off")
+            if self.table_bytes == 2:
+                opts["table_dtype"] = torch.float16
         return opts
 
     def as_dict(self) -> dict[str, Any]:
@@ -250,6 +258,8 @@ def method_spec(
         spec = dataclasses.replace(spec, exact=False)
     elif name == "gs-small":
         spec = dataclasses.replace(spec, cols=max(256, base_cols // 4))
+    elif name == "gs-half":
+        spec = dataclasses.replace(spec, table_bytes=2)
     return spec
 
 
@@ -406,6 +416,7 @@ DEFAULT_GAMMA: dict[str, float] = {
     "gs-backend": 7.1e-08,
     "gs-estimate": 4.5e-08,
     "gs-small": 7.3e-08,
+    "gs-half": 7.7e-08,  # not calibrated: gs's figure
 }
 
 

@@ -195,6 +195,12 @@ def add_training_flags(parser: argparse.ArgumentParser, compare: bool = False) -
         help="gs: how sketches are summed (default recursive_doubling)",
     )
     agg.add_argument(
+        "--table-dtype",
+        choices=("float32", "float16", "bfloat16"),
+        default=None,
+        help="gs: dtype of the sketch tables on the wire (default float32; 16 bits halve them)",
+    )
+    agg.add_argument(
         "--guard",
         choices=("grow", "raise", "off"),
         default=None,
@@ -294,6 +300,7 @@ _SETTINGS = (
     "candidates",
     "exact",
     "allreduce",
+    "table_dtype",
     "guard",
     "powersgd_rank",
     "start_iter",

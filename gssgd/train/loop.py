@@ -98,6 +98,7 @@ _APPLIES_TO: dict[str, tuple[str, ...]] = {
     "candidates": ("sketched", "gs"),
     "exact": ("gs",),
     "allreduce": ("gs",),
+    "table_dtype": ("gs",),
     "guard": ("gs",),
     "powersgd_rank": ("powersgd",),
     "start_iter": (*HOOK_METHODS, "powersgd"),
@@ -147,6 +148,7 @@ class TrainConfig:
     candidates: int | None = None  # m: the sketch proposes m*k candidates (default 32, m*k <= d/8)
     exact: bool | None = None  # gs: fetch exact values of the candidates (default True)
     allreduce: str | None = None  # gs: recursive_doubling (default) or backend
+    table_dtype: str | None = None  # gs: sketch tables on the wire: float32 (default), float16, bfloat16
     guard: str | None = None  # gs: on a collapsed sketch grow it (default), raise, or off
     powersgd_rank: int | None = None  # powersgd: matrix approximation rank (default 2)
     start_iter: int | None = None  # steps of plain all-reduce before compression (default 2)
@@ -232,6 +234,8 @@ class TrainConfig:
             raise _bad("exact", self.exact, "it must be True or False")
         if self.allreduce not in (None, "recursive_doubling", "backend"):
             raise _bad("allreduce", self.allreduce, "it must be recursive_doubling or backend")
+        if self.table_dtype not in (None, "float32", "float16", "bfloat16"):
+            raise _bad("table_dtype", self.table_dtype, "it must be float32, float16 or bfloat16")
         if self.guard not in (None, "grow", "raise", "off"):
             raise _bad("guard", self.guard, "it must be grow, raise or off")
         if self.start_iter is not None:
@@ -258,6 +262,8 @@ class TrainConfig:
         }
         if self.method in ("sketched", "gs"):
             opts["seed"] = self.seed
+        if self.table_dtype is not None:
+            opts["table_dtype"] = getattr(torch, self.table_dtype)
         return opts
 
     @property
