@@ -34,7 +34,7 @@ import torch
 
 from gssgd._select import topk_indices
 
-__all__ = ["CountSketch", "sketch_hash_params"]
+__all__ = ["CountSketch", "hash_cache_bytes", "sketch_hash_params"]
 
 _MASK64 = (1 << 64) - 1
 _MASK32 = 0xFFFFFFFF
@@ -85,8 +85,10 @@ class CountSketch:
         seed: hash seed; sketches are addable only when built with the same seed.
         device: device of the table (and of the vectors it accepts).
         dtype: dtype of the table.
-        cache_hashes: precompute and keep the signed buckets (int64) of all ``d``
-            coordinates: ``8 * rows * d`` bytes, for faster repeated sketching and queries.
+        cache_hashes: precompute and keep the signed buckets of all ``d`` coordinates,
+            for faster repeated sketching and queries (``hash_cache_bytes(d, rows)``
+            bytes: int64 for the scatter-add, an int32 copy for the gathers, or with one
+            row the coordinates sorted by bucket).
 
     Raises:
         ValueError: a size is out of range, or ``rows`` is even.
@@ -116,11 +118,18 @@ class CountSketch:
         self.d, self.rows, self.cols, self.seed = d, rows, cols, seed
         self.table = torch.zeros(rows, cols, device=device, dtype=dtype)
         self._params = sketch_hash_params(seed, rows)
-        self._cache: torch.Tensor | None = None
+        self._cache: torch.Tensor | None = None  # int64 signed buckets (rows, d)
+        self._cache32: torch.Tensor | None = None  # the same in int32: gathers read half
         self._occupancy: torch.Tensor | None = None  # coordinates per row-0 bucket
+        self._by_bucket: torch.Tensor | None = None  # one row: coordinates sorted by bucket
         if cache_hashes:
             self._cache = self._all_signed_buckets()
             self._occupancy = torch.bincount(self._cache[0] % cols, minlength=cols)
+            if rows == 1:  # coordinates grouped by bucket (ascending within each): see
+                # _heavy_hitters_one_row
+                self._by_bucket = torch.argsort(self._cache[0] % cols, stable=True)
+            else:  # buckets < 2 * cols < 2^31: int32 indexes as well, at half the bytes
+                self._cache32 = self._cache.to(torch.int32)
 
     # ------------------------------------------------------------------ hashing
     @property
@@ -135,7 +144,7 @@ class CountSketch:
         needs a multiplication.
         """
         if self._cache is not None:
-            return self._cache.index_select(1, idx)
+            return (self._cache if self._cache32 is None else self._cache32).index_select(1, idx)
         idx = idx.to(torch.int64)
         out = []
         for r in range(self.rows):
@@ -153,12 +162,14 @@ class CountSketch:
             dim=1,
         )
 
-    def _chunks(self, indices: torch.Tensor | None):
+    def _chunks(self, indices: torch.Tensor | None, for_gather: bool = False):
         """Yield ``(part, signed_buckets)`` over ``indices`` (all of d when None), chunked
-        unless hashes are cached, so hash work space stays bounded whatever d is."""
+        unless hashes are cached, so hash work space stays bounded whatever d is.
+        ``for_gather``: the buckets only index gathers, so the int32 cache will do."""
         n = self.d if indices is None else indices.numel()
         if self._cache is not None and indices is None:
-            yield slice(0, n), self._cache
+            cached = self._cache32 if for_gather and self._cache32 is not None else self._cache
+            yield slice(0, n), cached
             return
         step = n if self._cache is not None else HASH_CHUNK
         for start in range(0, n, step):
@@ -173,7 +184,7 @@ class CountSketch:
     def accumulate(self, vec: torch.Tensor) -> None:
         """Add the sketch of ``vec`` to the table, in place.
 
-        One scatter-add per chunk into the doubled table ``(rows, 2*cols)``; the positive
+        One scatter-add per row and chunk into the doubled table ``(rows, 2*cols)``; the positive
         half minus the negative half is then added to ``table``.
 
         Args:
@@ -186,7 +197,8 @@ class CountSketch:
         vec = vec.to(self.table.dtype)
         doubled = torch.zeros(self.rows, 2 * self.cols, dtype=self.table.dtype, device=self.device)
         for part, buckets in self._chunks(None):
-            doubled.scatter_add_(1, buckets, vec[part].unsqueeze(0).expand(self.rows, -1))
+            for r in range(self.rows):  # row by row: ~10% faster than one expanded 2-D call
+                doubled[r].scatter_add_(0, buckets[r], vec[part])
         self.table += doubled[:, : self.cols] - doubled[:, self.cols :]
 
     def zero_(self) -> CountSketch:
@@ -228,6 +240,8 @@ class CountSketch:
         if out._cache is not None:
             out._cache = out._cache.to(device)
             out._occupancy = out._occupancy.to(device) if out._occupancy is not None else None
+            out._by_bucket = out._by_bucket.to(device) if out._by_bucket is not None else None
+            out._cache32 = out._cache32.to(device) if out._cache32 is not None else None
         return out
 
     def with_table(self, table: torch.Tensor) -> CountSketch:
@@ -239,7 +253,8 @@ class CountSketch:
         out = CountSketch.__new__(CountSketch)
         out.d, out.rows, out.cols, out.seed = self.d, self.rows, self.cols, self.seed
         out._params, out._cache, out.table = self._params, self._cache, table
-        out._occupancy = self._occupancy
+        out._cache32 = self._cache32
+        out._occupancy, out._by_bucket = self._occupancy, self._by_bucket
         return out
 
     def copy(self) -> CountSketch:
@@ -269,7 +284,7 @@ class CountSketch:
         n = self.d if indices is None else indices.numel()
         out = torch.empty(n, dtype=self.table.dtype, device=self.device)
         doubled = self._doubled()
-        for part, buckets in self._chunks(indices):
+        for part, buckets in self._chunks(indices, for_gather=True):
             out[part] = self._estimates(buckets, doubled)
         return out
 
@@ -307,32 +322,22 @@ class CountSketch:
             est = self.query()
             idx = topk_indices(est.abs(), k, ordered)
             return idx, est[idx]
-        if self.rows == 1 and self._occupancy is not None:
-            # One row: a coordinate's estimate is its bucket's value, so walking the buckets
-            # by |value| until they hold k coordinates gives a threshold that is exact.
-            size = self.table[0].abs()
-            guess = min(self.cols, 2 * -(-k * self.cols // self.d) + 16)  # buckets to hold k
-            while True:
-                order = torch.topk(size, guess).indices
-                held = torch.cumsum(self._occupancy[order], 0)
-                if int(held[-1]) >= k or guess == self.cols:
-                    break
-                guess = min(self.cols, 4 * guess)
-            tau = size[order[int(torch.searchsorted(held, k))]]
+        if self._by_bucket is not None:
+            return self._heavy_hitters_one_row(k, ordered)
+        if self._cache is not None:  # a strided view of the cache: no gather, no hashing
+            cached = self._cache if self._cache32 is None else self._cache32
+            sample_buckets = cached[:, ::stride]
         else:
-            if self._cache is not None:  # a strided view of the cache: no gather, no hashing
-                sample_buckets = self._cache[:, ::stride]
-            else:
-                sample_buckets = self._signed_buckets(
-                    torch.arange(0, self.d, stride, device=self.device)
-                )
-            sample_abs = self._estimates(sample_buckets, self._doubled()).abs()
-            want = min(sample_abs.numel(), 2 * -(-k // stride) + 16)
-            tau = torch.topk(sample_abs, want, sorted=False).values.min()
+            sample_buckets = self._signed_buckets(
+                torch.arange(0, self.d, stride, device=self.device)
+            )
+        sample_abs = self._estimates(sample_buckets, self._doubled()).abs()
+        want = min(sample_abs.numel(), 2 * -(-k // stride) + 16)
+        tau = torch.topk(sample_abs, want, sorted=False).values.min()
         heavy = torch.cat([self.table.abs() >= tau] * 2, dim=1).to(torch.uint8)
         majority = (self.rows + 1) // 2
         survivors = []
-        for part, buckets in self._chunks(None):
+        for part, buckets in self._chunks(None, for_gather=True):
             votes = heavy[0].index_select(0, buckets[0])
             for r in range(1, self.rows):
                 votes += heavy[r].index_select(0, buckets[r])
@@ -345,6 +350,40 @@ class CountSketch:
             idx = topk_indices(est.abs(), k, ordered)
             return idx, est[idx]
         keep = topk_indices(est_abs, k, ordered)
+        return cand[keep], est[keep]
+
+    def _heavy_hitters_one_row(self, k: int, ordered: bool) -> tuple[torch.Tensor, torch.Tensor]:
+        """``heavy_hitters`` of a one-row sketch with cached hashes, in O(cols + candidates).
+
+        With one row a coordinate's estimate is its bucket's signed value, so the top k are
+        found from the buckets alone:
+
+        1. Walk the buckets by decreasing ``|value|`` until they hold ``k`` coordinates
+           (bucket occupancy is known): that bucket's ``|value|`` is the exact threshold
+           ``tau`` of the k-th largest ``|estimate|``.
+        2. The candidates are the coordinates of the buckets with ``|value| >= tau``, read
+           from an index of the coordinates sorted by bucket (built with the hash cache):
+           no pass over all ``d`` coordinates.
+        3. Their top k by ``|estimate|``, ties to the lower index, as ranking all d would.
+        """
+        cols = self.cols
+        size = self.table[0].abs()
+        guess = min(cols, 2 * -(-k * cols // self.d) + 16)  # buckets to hold k coordinates
+        while True:
+            order = torch.topk(size, guess).indices
+            held = torch.cumsum(self._occupancy[order], 0)
+            if int(held[-1]) >= k or guess == cols:
+                break
+            guess = min(cols, 4 * guess)
+        tau = size[order[int(torch.searchsorted(held, k))]]
+        heavy = torch.nonzero(size >= tau).flatten()
+        counts = self._occupancy[heavy]
+        starts = torch.cumsum(self._occupancy, 0)[heavy] - counts  # where each bucket begins
+        shift = torch.repeat_interleave(starts - (torch.cumsum(counts, 0) - counts), counts)
+        cand = self._by_bucket[torch.arange(shift.numel(), device=self.device) + shift]
+        cand = torch.sort(cand).values  # ascending, so ties go to the lower index
+        est = self.query(cand)
+        keep = topk_indices(est.abs(), k, ordered)
         return cand[keep], est[keep]
 
     def l2_estimate(self) -> float:
@@ -376,6 +415,15 @@ class CountSketch:
             f"CountSketch(d={self.d}, rows={self.rows}, cols={self.cols}, seed={self.seed}, "
             f"device={self.device}, dtype={self.table.dtype})"
         )
+
+
+def hash_cache_bytes(d: int, rows: int) -> int:
+    """Bytes a :class:`CountSketch` with ``cache_hashes=True`` keeps beside its table.
+
+    int64 signed buckets (``8 * rows * d``) plus, with one row, the coordinates sorted by
+    bucket (``8 * d``), or, with more rows, an int32 copy of the buckets (``4 * rows * d``).
+    """
+    return 8 * rows * d + (8 * d if rows == 1 else 4 * rows * d)
 
 
 def _check_int(name: str, value: object, low: int, high: int | None, hint: str) -> None:

@@ -11,7 +11,7 @@ from dataclasses import dataclass, fields
 
 import torch
 
-from gssgd.sketch import CountSketch
+from gssgd.sketch import CountSketch, hash_cache_bytes
 
 __all__ = [
     "CommonOptions",
@@ -175,8 +175,10 @@ class SketchedOptions(TopkOptions):
         candidates: m; the sketch proposes m * k candidates (capped at d) whose exact
             values are then fetched; None for :func:`default_candidates`.
         seed: hash seed shared by all ranks.
-        hash_cache: keep every coordinate's buckets in memory (``8 * rows * d`` bytes) for
-            speed; None (default) caches when that is at most ``HASH_CACHE_LIMIT`` bytes.
+        hash_cache: keep every coordinate's buckets in memory
+            (:func:`gssgd.sketch.hash_cache_bytes`: ``16 * d`` bytes for one row,
+            ``12 * rows * d`` for more) for speed; None (default) caches when that is at
+            most ``HASH_CACHE_LIMIT`` bytes.
     """
 
     rows: int = DEFAULT_ROWS
@@ -188,7 +190,7 @@ class SketchedOptions(TopkOptions):
     def use_hash_cache(self, d: int) -> bool:
         """Whether a sketch of length ``d`` should cache its hashes."""
         if self.hash_cache is None:
-            return 8 * self.rows * d <= HASH_CACHE_LIMIT
+            return hash_cache_bytes(d, self.rows) <= HASH_CACHE_LIMIT
         return self.hash_cache
 
     def make_sketch(self, d: int, cols: int | None = None) -> CountSketch:

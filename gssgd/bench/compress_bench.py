@@ -96,7 +96,15 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     rows = [
-        time_compression(d, args.density, repeats=args.repeats, cache=not args.no_cache)
+        time_compression(
+            d,
+            args.density,
+            rows=args.rows,
+            cols_per_k=args.cols_per_k,
+            candidates=args.candidates,
+            repeats=args.repeats,
+            cache=not args.no_cache,
+        )
         for d in args.d
     ]
     print(
