@@ -114,6 +114,25 @@ for m in topk gtopk sketched gs; do
     run "C-$m-0.001" "${C[@]}" --lr "$LR_C" --method $m --density 0.001
 done
 
+# ---- B2. MNIST CNN, P = 8: dense, and density 0.01 ---------------------------------
+run B-p8-dense "${B[@]}" "${COMMON[@]}" --method dense
+for m in topk gtopk sketched gs; do
+    run "B-p8-$m-0.01" "${B[@]}" "${COMMON[@]}" --method $m --density 0.01
+done
+
+# ---- C2. Shakespeare, P = 4, density 0.01 -----------------------------------------------
+for m in topk gtopk sketched gs; do
+    run "C-$m-0.01" "${C[@]}" --lr "$LR_C" --method $m --density 0.01
+done
+
+# ---- E. Shakespeare, P = 8, density 0.001 (same rate as part C) -----------------------
+E=(--dataset shakespeare --model lm --batch-size 32 --seq-len 64 --workers 8
+   --steps "$STEPS_C" --eval-every 50 --momentum 0.9 --lr "$LR_C")
+run E-p8-dense "${E[@]}" --method dense
+for m in topk gtopk sketched gs; do
+    run "E-p8-$m-0.001" "${E[@]}" --method $m --density 0.001
+done
+
 # ---- A (optional). local momentum placement at density 0.01 --------------------------
 if [ "$SKIP_OPTIONAL" != 1 ]; then
     for m in topk gtopk sketched gs; do

@@ -15,8 +15,10 @@ and its log ``docs/study/logs/<name>.log``, and writes
                                              [--clean-checkpoints]
 
 Run names (set by the shell script): ``A-common-<method>-<density>``, ``A-common-dense``,
-``A-local-<method>-<density>``, ``A-published-<method>-0.001``, ``B-p8-<method>-0.001``,
-``C-lr-dense-<lr>``, ``C-<method>-0.001``, ``D-gs-r<rows>-c<cols>-m<m>``.
+``A-local-<method>-<density>``, ``A-published-<method>-0.001``, ``B-p8-dense``,
+``B-p8-<method>-<density>``, ``C-lr-dense-<lr>``, ``C-<method>-<density>``,
+``D-gs-r<rows>-c<cols>-m<m>``, ``E-p8-dense``, ``E-p8-<method>-0.001``. A method named
+``gs5row`` in a run name is gs with the sketch default of the study's first pass (5 rows).
 """
 
 from __future__ import annotations
@@ -30,6 +32,9 @@ from pathlib import Path
 from typing import Any
 
 import matplotlib
+
+from gssgd.aggregators.options import DEFAULT_ROWS, default_candidates, default_sketch_cols
+from gssgd.bench.cost_model import MethodSpec, traffic
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
@@ -124,6 +129,7 @@ def load_run(run_dir: Path, logs: Path) -> dict[str, Any] | None:
         "delivered_fraction_mean_last50": (sum(fracs[-50:]) / len(fracs[-50:])) if fracs else None,
         "nonfinite_skips": sum(1 for r in lines if r.get("skipped")),
         "bytes_levels": byte_levels[:6] if len(byte_levels) <= 6 else None,
+        "bytes_plain_step": byte_levels[0] if byte_levels else None,
         "evals": evals,
         "_curve": [(r["step"], r.get("loss"), r.get("bytes_sent_total")) for r in lines],
     }
@@ -168,18 +174,60 @@ def f_evals(r: dict, text: bool = False) -> str:
     return " / ".join(f"{100 * a:.1f}" if _finite(a) else "nan" for _, a, _ in r["evals"])
 
 
+#: Runs made before the sketch default changed (commit 6db8d63, 02:05 UTC): their sketches
+#: used the old default. Every later run (the editable install picked the change up at
+#: once) used the new one. Bytes alone cannot tell them apart at density 0.01, where
+#: 5 x 4030 and 1 x 20150 send the same number of floats.
+OLD_DEFAULT_RUNS = frozenset([
+    "A-common-sketched-0.01", "A-common-gs5row-0.01", "A-common-sketched-0.001",
+    "A-common-gs5row-0.001", "A-local-sketched-0.001", "A-local-gs5row-0.001",
+    "A-published-sketched-0.001", "A-published-gs-0.001", "D-gs-r5-c810-m4",
+    "D-gs-r3-c810-m16", "D-gs-r1-c3240-m16", "D-gs-r5-c3240-m16", "D-gs-r1-c810-m16",
+    "B-p8-sketched-0.001", "B-p8-gs5row-0.001",
+])
+
+
+def _default_shapes(d: int, k: int, rows: int | None) -> list[tuple[int, int, int]]:
+    """(rows, cols, m) of the library default now, and of the default before the study
+    changed it (5 rows, 10k columns capped at d/(4 rows), m = 16 capped at m*k <= d/8)."""
+    new_rows = rows or DEFAULT_ROWS
+    old_rows = rows or 5
+    return [
+        (new_rows, default_sketch_cols(d, k, new_rows), default_candidates(d, k)),
+        (old_rows, max(1, min(10 * k, max(256, d // (4 * old_rows)))),
+         max(1, min(16, d // (8 * k)))),
+    ]
+
+
+def run_shape(r: dict) -> tuple[int, int, int] | None:
+    """The (rows, cols, m) a sketching run started with.
+
+    Flags given on the command line are taken as they are; the defaults are the old ones for
+    :data:`OLD_DEFAULT_RUNS` and the current ones otherwise. The byte count that shape
+    implies (:func:`gssgd.bench.cost_model.traffic`) is checked against the run's plainest
+    step, so a wrong guess stops the report instead of mislabelling a row.
+    """
+    k, d, p = r.get("k"), r.get("d"), r.get("workers")
+    if r["method"] not in ("sketched", "gs") or not (k and d and p):
+        return None
+    new, old = _default_shapes(d, k, r.get("rows"))
+    rows, cols, m = old if r["name"] in OLD_DEFAULT_RUNS else new
+    shape = (rows, r.get("cols") or cols, r.get("candidates") or m)
+    spec = MethodSpec(r["method"], r["method"], d, k, rows=shape[0], cols=shape[1],
+                      candidates=shape[2])
+    sent = traffic(spec, p).sent
+    want, got = sum(sent) / len(sent), r.get("bytes_plain_step")
+    if got is not None and abs(got - want) > 0.02 * want:
+        raise SystemExit(f"{r['name']}: shape {shape} implies {want:.0f} B/step, the run sent "
+                         f"{got:.0f}: fix OLD_DEFAULT_RUNS")
+    return shape
+
+
 def sketch_shape(r: dict) -> str:
-    if r["method"] not in ("sketched", "gs"):
+    shape = run_shape(r)
+    if shape is None:
         return "—"
-    k = r.get("k")
-    rows, cols, m = r.get("rows"), r.get("cols"), r.get("candidates")
-    d = r.get("d")
-    if rows is None:  # library defaults (gssgd.aggregators.options)
-        rows = 5
-    if cols is None and k and d:
-        cols = max(1, min(10 * k, max(256, d // (4 * rows))))
-    if m is None and k and d:
-        m = max(1, min(16, d // (8 * k)))
+    rows, cols, m = shape
     label = f"{rows}×{cols}, m={m}"
     if r.get("rows") is None and r.get("cols") is None and r.get("candidates") is None:
         label += " (default)"
@@ -394,18 +442,23 @@ def main() -> None:
         "C-lr": by_prefix(runs, "C-lr-"),
         "C": ([dense_c] if dense_c else []) + [r for r in by_prefix(runs, "C-")
                                                if not r["name"].startswith("C-lr-")],
-        "D": [r for r in [runs.get("A-common-gs-0.001")] if r] + by_prefix(runs, "D-"),
+        "D": [r for r in [runs.get("A-common-gs-0.001"), runs.get("A-common-gs5row-0.001")] if r]
+        + by_prefix(runs, "D-"),
+        "E": by_prefix(runs, "E-"),
     }
+    dense_b = runs.get("B-p8-dense", {}).get("bytes_sent_per_step")
+    dense_e = runs.get("E-p8-dense", {}).get("bytes_sent_per_step")
     blocks = {
         "A-common": table(parts["A-common"], dense_bytes=dense_a),
         "A-local": table(parts["A-local"], dense_bytes=dense_a),
         "A-published": table(parts["A-published"] + [r for r in [runs.get("A-local-gs-0.001"),
                              runs.get("A-local-sketched-0.001")] if r], dense_bytes=dense_a),
         # no dense run at P = 8: the ring all-reduce figure comm.py would count for it
-        "B": table(parts["B"], dense_bytes=(2 * 7 / 8 * 4 * parts["B"][0]["d"]) if parts["B"] else None),
+        "B": table(parts["B"], dense_bytes=dense_b),
         "C-lr": table(parts["C-lr"], text=True),
         "C": table(parts["C"], text=True, dense_bytes=dense_c.get("bytes_sent_per_step")),
         "D": sweep_table(parts["D"]),
+        "E": table(parts["E"], text=True, dense_bytes=dense_e),
         "baseline": baseline_table(runs),
     }
     best, pareto = sweep_best(parts["D"])
@@ -425,8 +478,9 @@ def main() -> None:
     plot_group(parts["A-local"], sd / "A_local.png", "A: MNIST P=4, local momentum")
     plot_group(parts["A-published"] + [r for r in [runs.get("A-local-gs-0.001")] if r],
                sd / "A_published.png", "A: published 5x10k, m=4 (local momentum)")
-    plot_group(parts["B"], sd / "B_p8.png", "B: MNIST P=8, density 0.001")
-    plot_group(parts["C"], sd / "C_shakespeare.png", "C: Shakespeare LSTM, P=4, 0.001", text=True)
+    plot_group(parts["B"], sd / "B_p8.png", "B: MNIST P=8")
+    plot_group(parts["C"], sd / "C_shakespeare.png", "C: Shakespeare LSTM, P=4", text=True)
+    plot_group(parts["E"], sd / "E_shakespeare_p8.png", "E: Shakespeare LSTM, P=8", text=True)
     plot_sweep(parts["D"], sd / "D_sweep.png")
 
     public = {n: {k: v for k, v in r.items() if not k.startswith("_")} for n, r in runs.items()}

@@ -223,6 +223,13 @@ def add_training_flags(parser: argparse.ArgumentParser, compare: bool = False) -
         action="store_true",
         help="compress each DDP bucket apart instead of the whole model at once",
     )
+    agg.add_argument(
+        "--bucket-cap-mb",
+        type=float,
+        default=None,
+        help="DDP bucket size in MB (default: DDP's 25); smaller buckets let a per-bucket "
+        "hook overlap communication with the backward pass",
+    )
 
     out = parser.add_argument_group("output")
     if not compare:
@@ -305,6 +312,7 @@ _SETTINGS = (
     "powersgd_rank",
     "start_iter",
     "per_bucket",
+    "bucket_cap_mb",
     "out",
     "eval_every",
     "checkpoint_every",

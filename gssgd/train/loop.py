@@ -153,6 +153,7 @@ class TrainConfig:
     powersgd_rank: int | None = None  # powersgd: matrix approximation rank (default 2)
     start_iter: int | None = None  # steps of plain all-reduce before compression (default 2)
     per_bucket: bool = False  # aggregate each DDP bucket apart, not the whole model at once
+    bucket_cap_mb: float | None = None  # DDP's bucket size in MB (None: DDP's default, 25)
     # -- output
     out: str | None = None  # run directory; None: runs/<method>-<dataset>-<time>
     eval_every: int = 100  # evaluate every N steps and after the last (0: after the last only)
@@ -234,6 +235,12 @@ class TrainConfig:
             raise _bad("exact", self.exact, "it must be True or False")
         if self.allreduce not in (None, "recursive_doubling", "backend"):
             raise _bad("allreduce", self.allreduce, "it must be recursive_doubling or backend")
+        if self.bucket_cap_mb is not None and (
+            isinstance(self.bucket_cap_mb, bool)
+            or not isinstance(self.bucket_cap_mb, (int, float))
+            or not 0 < self.bucket_cap_mb <= 1024
+        ):
+            raise _bad("bucket_cap_mb", self.bucket_cap_mb, "it must be a number in (0, 1024]")
         if self.table_dtype not in (None, "float32", "float16", "bfloat16"):
             raise _bad("table_dtype", self.table_dtype, "it must be float32, float16 or bfloat16")
         if self.guard not in (None, "grow", "raise", "off"):
@@ -530,7 +537,11 @@ def train_worker(worker: Worker, cfg: TrainConfig) -> dict[str, Any] | None:
         start_step = int(resumed["step"])
 
     # 3. DDP and the method's gradient averaging.
-    ddp = DistributedDataParallel(model, device_ids=[device] if device.type == "cuda" else None)
+    ddp = DistributedDataParallel(
+        model,
+        device_ids=[device] if device.type == "cuda" else None,
+        **({} if cfg.bucket_cap_mb is None else {"bucket_cap_mb": cfg.bucket_cap_mb}),
+    )
     if resumed is not None:
         _rebuild_buckets(ddp, data, cfg, start_step, worker)
     sync = GradientSync(ddp, cfg, world_size)

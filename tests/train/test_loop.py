@@ -193,6 +193,9 @@ def test_non_finite_loss_stops_every_worker_cleanly(tmp_path: Path) -> None:
         ({"density": 2.0}, r"--density=2.0 is invalid: it must be a number in \(0, 1\]"),
         ({"method": "powersgd", "start_iter": 1}, r"--start-iter=1 is invalid: .* >= 2"),
         ({"fail_at": (1,)}, "RANK:STEP"),
+        ({"bucket_cap_mb": 0}, r"--bucket-cap-mb=0 is invalid: it must be a number in \(0, 1024\]"),
+        ({"method": "gs", "table_dtype": "int8"}, "--table-dtype='int8' is invalid"),
+        ({"method": "topk", "table_dtype": "float16"}, "--table-dtype does not apply to --method topk"),
     ],
 )
 def test_bad_settings_name_the_flag_the_range_and_the_fix(
