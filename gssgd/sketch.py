@@ -361,10 +361,11 @@ class CountSketch:
         1. Walk the buckets by decreasing ``|value|`` until they hold ``k`` coordinates
            (bucket occupancy is known): that bucket's ``|value|`` is the exact threshold
            ``tau`` of the k-th largest ``|estimate|``.
-        2. The candidates are the coordinates of the buckets with ``|value| >= tau``, read
-           from an index of the coordinates sorted by bucket (built with the hash cache):
-           no pass over all ``d`` coordinates.
-        3. Their top k by ``|estimate|``, ties to the lower index, as ranking all d would.
+        2. Take every coordinate of the buckets with ``|value| > tau`` and, from the
+           buckets at exactly ``tau``, the lowest coordinates up to k (ties go to the lower
+           index, as ranking all d would), read from an index of the coordinates sorted by
+           bucket (built with the hash cache): no pass over all ``d`` coordinates.
+        3. With ``ordered``, sort them by decreasing ``|estimate|`` (ties: lower index).
         """
         cols = self.cols
         size = self.table[0].abs()
@@ -376,15 +377,25 @@ class CountSketch:
                 break
             guess = min(cols, 4 * guess)
         tau = size[order[int(torch.searchsorted(held, k))]]
-        heavy = torch.nonzero(size >= tau).flatten()
-        counts = self._occupancy[heavy]
-        starts = torch.cumsum(self._occupancy, 0)[heavy] - counts  # where each bucket begins
+        # Buckets above tau are taken whole; of those exactly at tau (one, unless values
+        # tie), the lowest coordinates fill up to k, as ranking all d would pick them.
+        above = self._coords_of_buckets(torch.nonzero(size > tau).flatten())
+        at_tau = self._coords_of_buckets(torch.nonzero(size == tau).flatten())
+        at_tau = torch.sort(at_tau).values[: k - above.numel()]
+        chosen = torch.cat([above, at_tau])
+        if ordered:  # by decreasing |estimate|, ties to the lower index
+            chosen = torch.sort(chosen).values
+            est = self.query(chosen)
+            keep = topk_indices(est.abs(), k, ordered=True)
+            return chosen[keep], est[keep]
+        return chosen, self.query(chosen)
+
+    def _coords_of_buckets(self, buckets: torch.Tensor) -> torch.Tensor:
+        """The coordinates hashed (in row 0) to ``buckets``, bucket after bucket."""
+        counts = self._occupancy[buckets]
+        starts = torch.cumsum(self._occupancy, 0)[buckets] - counts  # where each begins
         shift = torch.repeat_interleave(starts - (torch.cumsum(counts, 0) - counts), counts)
-        cand = self._by_bucket[torch.arange(shift.numel(), device=self.device) + shift]
-        cand = torch.sort(cand).values  # ascending, so ties go to the lower index
-        est = self.query(cand)
-        keep = topk_indices(est.abs(), k, ordered)
-        return cand[keep], est[keep]
+        return self._by_bucket[torch.arange(shift.numel(), device=self.device) + shift]
 
     def l2_estimate(self) -> float:
         """Estimate of ``||x||_2`` of the sketched vector: median over rows of the row norm."""

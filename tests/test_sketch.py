@@ -98,6 +98,9 @@ def test_fast_heavy_hitters_equal_ranking_all_estimates(rows: int, cache: bool, 
     idx, vals = sk.heavy_hitters(k)
     assert torch.equal(idx, want)
     assert torch.equal(vals, est[want])
+    idx, vals = sk.heavy_hitters(k, ordered=False)  # the same set, in any order
+    assert torch.equal(torch.sort(idx).values, torch.sort(want).values)
+    assert torch.equal(vals, est[idx])
 
 
 def test_heavy_hitter_ties_go_to_the_lower_index() -> None:
