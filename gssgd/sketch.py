@@ -137,7 +137,10 @@ class CountSketch:
         return self.table.device
 
     def _signed_buckets(self, idx: torch.Tensor) -> torch.Tensor:
-        """Signed buckets of ``idx``: ``h_r(i) + cols * [s_r(i) < 0]``, shape (rows, n), int64.
+        """Signed buckets of ``idx``: ``h_r(i) + cols * [s_r(i) < 0]``, shape (rows, n).
+
+        int64, or int32 when read from the int32 copy of the cache (only gathers use this;
+        the scatter-add of :meth:`accumulate` reads the int64 cache).
 
         A signed bucket indexes a *doubled* row ``[+table[r], -table[r]]`` (length 2*cols),
         so that sketching is a plain scatter-add and querying a plain gather: the sign never

@@ -83,6 +83,11 @@ for shape in "5 $C10K 4" "3 $C10K 16" "1 $C40K 16" "5 $C40K 16" "1 $C10K 16"; do
         --rows "$1" --cols "$2" --candidates "$3"
 done
 
+# D2. the throughput levers of docs/benchmarks.md, on the default sketch: do they train alike?
+run D-gs-half "${A[@]}" "${COMMON[@]}" --method gs --density 0.001 --table-dtype float16
+run D-gs-backend "${A[@]}" "${COMMON[@]}" --method gs --density 0.001 --allreduce backend
+run D-gs-estimate "${A[@]}" "${COMMON[@]}" --method gs --density 0.001 --no-exact
+
 # ---- B. MNIST CNN, P = 8, density 0.001, common configuration ------------------------
 B=("${MNIST[@]}" --workers 8 --steps "$STEPS_B" --eval-every 100)
 for m in topk gtopk sketched gs; do

@@ -18,7 +18,8 @@ Run names (set by the shell script): ``A-common-<method>-<density>``, ``A-common
 ``A-local-<method>-<density>``, ``A-published-<method>-0.001``, ``B-p8-dense``,
 ``B-p8-<method>-<density>``, ``C-lr-dense-<lr>``, ``C-<method>-<density>``,
 ``D-gs-r<rows>-c<cols>-m<m>``, ``E-p8-dense``, ``E-p8-<method>-0.001``. A method named
-``gs5row`` in a run name is gs with the sketch default of the study's first pass (5 rows).
+``gs5row`` / ``sketched5row`` in a run name: that method with the sketch default of the study's first
+pass (5 rows; see OLD_DEFAULT_RUNS).
 """
 
 from __future__ import annotations
@@ -107,6 +108,8 @@ def load_run(run_dir: Path, logs: Path) -> dict[str, Any] | None:
         "k": next((r.get("k") for r in reversed(lines) if r.get("k")), None),
         "density": cfg.get("density"),
         "rows": cfg.get("rows"), "cols": cfg.get("cols"), "candidates": cfg.get("candidates"),
+        "table_dtype": cfg.get("table_dtype"), "exact": cfg.get("exact"),
+        "allreduce": cfg.get("allreduce"),
         "lr": cfg.get("lr"), "momentum": cfg.get("momentum"),
         "local_momentum": cfg.get("local_momentum"),
         "batch_size": cfg.get("batch_size"), "seed": cfg.get("seed"),
@@ -179,11 +182,11 @@ def f_evals(r: dict, text: bool = False) -> str:
 #: once) used the new one. Bytes alone cannot tell them apart at density 0.01, where
 #: 5 x 4030 and 1 x 20150 send the same number of floats.
 OLD_DEFAULT_RUNS = frozenset([
-    "A-common-sketched-0.01", "A-common-gs5row-0.01", "A-common-sketched-0.001",
-    "A-common-gs5row-0.001", "A-local-sketched-0.001", "A-local-gs5row-0.001",
+    "A-common-sketched5row-0.01", "A-common-gs5row-0.01", "A-common-sketched5row-0.001",
+    "A-common-gs5row-0.001", "A-local-sketched5row-0.001", "A-local-gs5row-0.001",
     "A-published-sketched-0.001", "A-published-gs-0.001", "D-gs-r5-c810-m4",
     "D-gs-r3-c810-m16", "D-gs-r1-c3240-m16", "D-gs-r5-c3240-m16", "D-gs-r1-c810-m16",
-    "B-p8-sketched-0.001", "B-p8-gs5row-0.001",
+    "B-p8-sketched5row-0.001", "B-p8-gs5row-0.001",
 ])
 
 
@@ -214,7 +217,9 @@ def run_shape(r: dict) -> tuple[int, int, int] | None:
     rows, cols, m = old if r["name"] in OLD_DEFAULT_RUNS else new
     shape = (rows, r.get("cols") or cols, r.get("candidates") or m)
     spec = MethodSpec(r["method"], r["method"], d, k, rows=shape[0], cols=shape[1],
-                      candidates=shape[2])
+                      candidates=shape[2], table_bytes=2 if r.get("table_dtype") in
+                      ("float16", "bfloat16") else 4, exact=r.get("exact") is not False,
+                      allreduce=r.get("allreduce") or "recursive_doubling")
     sent = traffic(spec, p).sent
     want, got = sum(sent) / len(sent), r.get("bytes_plain_step")
     if got is not None and abs(got - want) > 0.02 * want:
@@ -443,7 +448,9 @@ def main() -> None:
         "C": ([dense_c] if dense_c else []) + [r for r in by_prefix(runs, "C-")
                                                if not r["name"].startswith("C-lr-")],
         "D": [r for r in [runs.get("A-common-gs-0.001"), runs.get("A-common-gs5row-0.001")] if r]
-        + by_prefix(runs, "D-"),
+        + by_prefix(runs, "D-gs-r"),
+        "D2": [r for r in [runs.get("A-common-gs-0.001")] if r]
+        + [r for r in by_prefix(runs, "D-gs-") if not r["name"].startswith("D-gs-r")],
         "E": by_prefix(runs, "E-"),
     }
     dense_b = runs.get("B-p8-dense", {}).get("bytes_sent_per_step")
@@ -458,6 +465,7 @@ def main() -> None:
         "C-lr": table(parts["C-lr"], text=True),
         "C": table(parts["C"], text=True, dense_bytes=dense_c.get("bytes_sent_per_step")),
         "D": sweep_table(parts["D"]),
+        "D2": table(parts["D2"], dense_bytes=dense_a),
         "E": table(parts["E"], text=True, dense_bytes=dense_e),
         "baseline": baseline_table(runs),
     }

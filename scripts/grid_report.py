@@ -1,0 +1,160 @@
+#!/usr/bin/env python3
+"""Tables and a plot of the aggregation grid (scripts/bench_grid.sh) for docs/benchmarks.md.
+
+Reads ``<grid>/comm_P<P>_d<d>M_<link>/results.json`` (written by ``gssgd bench comm``) and
+prints three markdown tables, every figure taken from one run (one cell):
+
+* gs-SGD's speed-up against every baseline (the other method's time / gs's time);
+* each lever's effect: the time of a gs variant relative to gs's default (< 1: faster);
+* milliseconds per step and bytes per worker of every method.
+
+It also writes ``<grid>/grid.png`` (gs's speed-up against d, one panel per baseline).
+
+    .venv/bin/python scripts/grid_report.py [--grid docs/results/grid]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+BASELINES = ["dense", "dense16", "topk", "gtopk", "sketched"]
+LEVERS = {
+    "gs-backend": "backend (ring) all-reduce of the tables",
+    "gs-half": "16-bit tables",
+    "gs-small": "a quarter of the columns",
+    "gs-estimate": "one round (estimates, no exact round)",
+}
+CELL = re.compile(r"comm_P(\d+)_d(\d+)M_(\w+)$")
+
+
+def load(grid: Path) -> list[dict]:
+    """One record per cell: P, d (millions), link, load average and the per-method results."""
+    cells = []
+    for path in sorted(grid.glob("comm_P*_d*M_*/results.json")):
+        m = CELL.match(path.parent.name)
+        if not m:
+            continue
+        res = json.loads(path.read_text())
+        meta = res.pop("_meta")
+        cells.append({"P": int(m[1]), "d": int(m[2]), "link": m[3], "meta": meta, "res": res})
+    link_order = {"100mbit": 0, "1gbit": 1, "10gbit": 2, "none": 3}
+    return sorted(cells, key=lambda c: (link_order.get(c["link"], 9), c["P"], c["d"]))
+
+
+def _ms(s: float) -> str:
+    return f"{1000 * s:.0f}" if s >= 0.1 else f"{1000 * s:.1f}"
+
+
+def _bytes(b: float) -> str:
+    for unit, size in (("MB", 1e6), ("kB", 1e3)):
+        if b >= size:
+            return f"{b / size:.3g} {unit}"
+    return f"{b:.0f} B"
+
+
+def speedup_table(cells: list[dict]) -> str:
+    head = ["link", "P", "d"] + [f"vs {b}" for b in BASELINES] + ["load avg"]
+    out = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for c in cells:
+        gs = c["res"]["gs"]["seconds_per_step"]
+        ratios = []
+        for b in BASELINES:
+            r = c["res"][b]["seconds_per_step"] / gs
+            ratios.append(f"**{r:.2f}×**" if r > 1 else f"{r:.2f}×")
+        load = c["meta"].get("load_average_1min_before")
+        out.append("| " + " | ".join([c["link"], str(c["P"]), f"{c['d']}M", *ratios,
+                                      f"{load:.1f}" if load is not None else "?"]) + " |")
+    return "\n".join(out)
+
+
+def lever_table(cells: list[dict]) -> str:
+    head = ["link", "P", "d", "gs default (ms)"] + list(LEVERS) + ["fastest gs"]
+    out = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for c in cells:
+        gs = c["res"]["gs"]["seconds_per_step"]
+        rel = {v: c["res"][v]["seconds_per_step"] / gs for v in LEVERS if v in c["res"]}
+        best = min(rel, key=rel.get) if rel and min(rel.values()) < 1 else "gs"
+        out.append("| " + " | ".join([c["link"], str(c["P"]), f"{c['d']}M", _ms(gs),
+                                      *(f"{rel[v]:.2f}" if v in rel else "—" for v in LEVERS),
+                                      best]) + " |")
+    return "\n".join(out)
+
+
+def time_table(cells: list[dict]) -> str:
+    methods = [m for m in [*BASELINES, "gs", *LEVERS] if any(m in c["res"] for c in cells)]
+    head = ["link", "P", "d"] + methods
+    out = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for c in cells:
+        out.append("| " + " | ".join([c["link"], str(c["P"]), f"{c['d']}M"]
+                                     + [_ms(c["res"][m]["seconds_per_step"]) if m in c["res"]
+                                        else "—" for m in methods]) + " |")
+    out.append("")
+    out.append("Bytes sent per worker per step (mean over ranks; Sketched-SGD's server in "
+               "parentheses):")
+    out.append("")
+    out.append("| P | d | " + " | ".join(methods) + " |")
+    out.append("|---|---|" + "---|" * len(methods))
+    seen = set()
+    for c in cells:
+        if (c["P"], c["d"]) in seen:
+            continue
+        seen.add((c["P"], c["d"]))
+        row = []
+        for m in methods:
+            r = c["res"].get(m)
+            if r is None:
+                row.append("—")
+                continue
+            text = _bytes(r["bytes_sent_per_step"])
+            if m == "sketched":
+                text += f" ({_bytes(r['bytes_sent_max_per_step'])})"
+            row.append(text)
+        out.append(f"| {c['P']} | {c['d']}M | " + " | ".join(row) + " |")
+    return "\n".join(out)
+
+
+def plot(cells: list[dict], path: Path) -> None:
+    fig, axes = plt.subplots(1, len(BASELINES), figsize=(4 * len(BASELINES), 3.6), sharey=True)
+    for ax, b in zip(axes, BASELINES, strict=True):
+        for link, style in (("100mbit", "-"), ("1gbit", "--")):
+            for p, color in ((4, "tab:blue"), (8, "tab:red")):
+                pts = [(c["d"], c["res"][b]["seconds_per_step"] / c["res"]["gs"]["seconds_per_step"])
+                       for c in cells if c["link"] == link and c["P"] == p]
+                if pts:
+                    ax.plot(*zip(*pts, strict=True), style, color=color, marker="o", label=f"P={p}, {link}")
+        ax.axhline(1, color="k", lw=0.8)
+        ax.set(xscale="log", yscale="log", xlabel="d (millions)", title=f"gs vs {b}")
+    axes[0].set_ylabel("speed-up of gs (>1: gs faster)")
+    axes[0].legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--grid", type=Path, default=Path("docs/results/grid"))
+    args = ap.parse_args()
+    cells = load(args.grid)
+    if not cells:
+        raise SystemExit(f"no results under {args.grid}: run scripts/bench_grid.sh first")
+    print("### gs-SGD's speed-up (other method's time / gs's time; > 1: gs is faster)\n")
+    print(speedup_table(cells))
+    print("\n### Levers (time of the gs variant / gs default's time; < 1: the lever helps)\n")
+    print(lever_table(cells))
+    print("\n### Milliseconds per step\n")
+    print(time_table(cells))
+    plot(cells, args.grid / "grid.png")
+    print(f"\nwrote {args.grid / 'grid.png'}")
+
+
+if __name__ == "__main__":
+    main()
