@@ -17,7 +17,8 @@ computed on the fly, in chunks, from the seed with a multiply-add-shift hash
 ``sign = top bit of (c_r * i + e_r) mod 2^64``. The 64-bit multipliers come from a
 SplitMix64 stream of the seed, so every process computes identical hashes on CPU and CUDA.
 Sketching a 100M-element vector therefore needs only a chunk of hash work space beyond the
-vector; ``cache_hashes=True`` trades ``rows * d * 8`` bytes of memory for speed.
+vector; ``cache_hashes=True`` trades ``hash_cache_bytes(d, rows)`` bytes of memory for speed
+(one cache per shape and seed, shared by every sketch of that shape).
 
 Example:
     >>> import torch, gssgd
@@ -29,6 +30,8 @@ Example:
 """
 
 from __future__ import annotations
+
+import weakref
 
 import torch
 
@@ -122,14 +125,29 @@ class CountSketch:
         self._cache32: torch.Tensor | None = None  # the same in int32: gathers read half
         self._occupancy: torch.Tensor | None = None  # coordinates per row-0 bucket
         self._by_bucket: torch.Tensor | None = None  # one row: coordinates sorted by bucket
+        self._index: _HashIndex | None = None  # keeps the shared cache alive
         if cache_hashes:
-            self._cache = self._all_signed_buckets()
-            self._occupancy = torch.bincount(self._cache[0] % cols, minlength=cols)
-            if rows == 1:  # coordinates grouped by bucket (ascending within each): see
-                # _heavy_hitters_one_row
-                self._by_bucket = torch.argsort(self._cache[0] % cols, stable=True)
-            else:  # buckets < 2 * cols < 2^31: int32 indexes as well, at half the bytes
-                self._cache32 = self._cache.to(torch.int32)
+            key = (d, rows, cols, seed, str(self.table.device))
+            index = _SHARED_INDEXES.get(key)
+            if index is None:  # built once per shape and seed, shared by every sketch of it
+                index = _SHARED_INDEXES[key] = self._build_index()
+            self._use_index(index)
+
+    def _build_index(self) -> _HashIndex:
+        """Hash all ``d`` coordinates once: the read-only tables behind ``cache_hashes``."""
+        buckets = self._all_signed_buckets()
+        occupancy = torch.bincount(buckets[0] % self.cols, minlength=self.cols)
+        if self.rows == 1:  # coordinates grouped by bucket (ascending within each): see
+            # _heavy_hitters_one_row
+            return _HashIndex(buckets, None, occupancy,
+                              torch.argsort(buckets[0] % self.cols, stable=True))
+        # buckets < 2 * cols < 2^31: int32 indexes as well, at half the bytes
+        return _HashIndex(buckets, buckets.to(torch.int32), occupancy, None)
+
+    def _use_index(self, index: _HashIndex) -> None:
+        self._index = index
+        self._cache, self._cache32 = index.buckets, index.buckets32
+        self._occupancy, self._by_bucket = index.occupancy, index.by_bucket
 
     # ------------------------------------------------------------------ hashing
     @property
@@ -240,11 +258,14 @@ class CountSketch:
             return self
         out = self.copy()
         out.table = self.table.to(device, dtype)
-        if out._cache is not None:
-            out._cache = out._cache.to(device)
-            out._occupancy = out._occupancy.to(device) if out._occupancy is not None else None
-            out._by_bucket = out._by_bucket.to(device) if out._by_bucket is not None else None
-            out._cache32 = out._cache32.to(device) if out._cache32 is not None else None
+        if out._index is not None:
+            key = (self.d, self.rows, self.cols, self.seed, str(out.table.device))
+            index = _SHARED_INDEXES.get(key)
+            if index is None:
+                index = _SHARED_INDEXES[key] = _HashIndex(
+                    *(None if t is None else t.to(device) for t in out._index.tensors())
+                )
+            out._use_index(index)
         return out
 
     def with_table(self, table: torch.Tensor) -> CountSketch:
@@ -255,9 +276,10 @@ class CountSketch:
             )
         out = CountSketch.__new__(CountSketch)
         out.d, out.rows, out.cols, out.seed = self.d, self.rows, self.cols, self.seed
-        out._params, out._cache, out.table = self._params, self._cache, table
-        out._cache32 = self._cache32
-        out._occupancy, out._by_bucket = self._occupancy, self._by_bucket
+        out._params, out.table = self._params, table
+        out._cache = out._cache32 = out._occupancy = out._by_bucket = out._index = None
+        if self._index is not None:
+            out._use_index(self._index)
         return out
 
     def copy(self) -> CountSketch:
@@ -429,6 +451,30 @@ class CountSketch:
             f"CountSketch(d={self.d}, rows={self.rows}, cols={self.cols}, seed={self.seed}, "
             f"device={self.device}, dtype={self.table.dtype})"
         )
+
+
+class _HashIndex:
+    """The hash cache of one ``(d, rows, cols, seed, device)``: built once, read-only, and
+    shared by every :class:`CountSketch` of that shape (several aggregators, a resized
+    sketch, ``with_table`` copies); freed when the last of them goes."""
+
+    __slots__ = ("buckets", "buckets32", "occupancy", "by_bucket", "__weakref__")
+
+    def __init__(
+        self,
+        buckets: torch.Tensor,
+        buckets32: torch.Tensor | None,
+        occupancy: torch.Tensor,
+        by_bucket: torch.Tensor | None,
+    ) -> None:
+        self.buckets, self.buckets32 = buckets, buckets32
+        self.occupancy, self.by_bucket = occupancy, by_bucket
+
+    def tensors(self) -> tuple[torch.Tensor | None, ...]:
+        return self.buckets, self.buckets32, self.occupancy, self.by_bucket
+
+
+_SHARED_INDEXES: weakref.WeakValueDictionary[tuple, _HashIndex] = weakref.WeakValueDictionary()
 
 
 def hash_cache_bytes(d: int, rows: int) -> int:

@@ -195,3 +195,17 @@ def test_merging_different_sketches_raises() -> None:
         a.accumulate(torch.zeros(99))
     with pytest.raises(ValueError, match="k=101 is invalid"):
         a.heavy_hitters(101)
+
+
+def test_sketches_of_one_shape_share_one_hash_cache() -> None:
+    a = CountSketch(5000, rows=1, cols=200, seed=3, cache_hashes=True)
+    b = CountSketch(5000, rows=1, cols=200, seed=3, cache_hashes=True)
+    c = CountSketch(5000, rows=1, cols=200, seed=4, cache_hashes=True)
+    assert a._cache is b._cache and a._cache is not c._cache
+    assert a.with_table(a.table.clone())._cache is a._cache
+    x = torch.randn(5000)
+    a.accumulate(x)
+    b.accumulate(x)
+    assert torch.equal(a.table, b.table)
+    assert torch.equal(a.heavy_hitters(40)[0], CountSketch(5000, 1, 200, 3).with_table(
+        a.table).heavy_hitters(40)[0])  # the uncached path agrees
