@@ -37,7 +37,7 @@ run() {
         echo "skip  $name (summary.json exists)"
         return 0
     fi
-    local cmd=("$GSSGD" train "$@" --seed 0 --no-progress --out "$out" --overwrite)
+    local cmd=("$GSSGD" train --seed 0 "$@" --no-progress --out "$out" --overwrite)  # a later --seed wins
     echo "run   $name: ${cmd[*]}"
     local t0=$SECONDS
     "${cmd[@]}" > "$LOGS/$name.log" 2>&1
@@ -144,5 +144,14 @@ if [ "$SKIP_OPTIONAL" != 1 ]; then
         run "A-local-$m-0.01" "${A[@]}" "${LOCAL[@]}" --method $m --density 0.01
     done
 fi
+
+# ---- S. seeds 1 and 2 of part A's headline cell (density 0.001, common configuration) ------
+# One seed leaves differences of several points unresolved: these say how far runs scatter.
+for seed in 1 2; do
+    for m in topk gtopk sketched gs; do
+        run "S-$m-0.001-seed$seed" "${A[@]}" "${COMMON[@]}" --method $m --density 0.001 \
+            --seed "$seed"
+    done
+done
 
 echo "all runs done; report: $PY scripts/study_report.py --study-dir $STUDY_DIR"

@@ -8,9 +8,11 @@ prints three markdown tables, every figure taken from one run (one cell):
 * each lever's effect: the time of a gs variant relative to gs's default (< 1: faster);
 * milliseconds per step and bytes per worker of every method.
 
-It also writes ``<grid>/grid.png`` (gs's speed-up against d, one panel per baseline).
+It also writes ``<grid>/grid.png`` (gs's speed-up against d, one panel per baseline) and,
+with ``--doc``, splices the tables into that markdown file between ``<!-- BEGIN grid -->``
+and ``<!-- END grid -->`` (the prose around them is kept).
 
-    .venv/bin/python scripts/grid_report.py [--grid docs/results/grid]
+    .venv/bin/python scripts/grid_report.py [--grid docs/results/grid] [--doc docs/benchmarks.md]
 """
 
 from __future__ import annotations
@@ -142,18 +144,30 @@ def plot(cells: list[dict], path: Path) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--grid", type=Path, default=Path("docs/results/grid"))
+    ap.add_argument("--doc", type=Path, help="markdown file to splice the tables into")
     args = ap.parse_args()
     cells = load(args.grid)
     if not cells:
         raise SystemExit(f"no results under {args.grid}: run scripts/bench_grid.sh first")
-    print("### gs-SGD's speed-up (other method's time / gs's time; > 1: gs is faster)\n")
-    print(speedup_table(cells))
-    print("\n### Levers (time of the gs variant / gs default's time; < 1: the lever helps)\n")
-    print(lever_table(cells))
-    print("\n### Milliseconds per step\n")
-    print(time_table(cells))
+    md = "\n".join([
+        "**gs-SGD's speed-up** (the other method's time / gs's time, same run; > 1: gs is "
+        "faster):", "", speedup_table(cells), "",
+        "**Levers** (time of the gs variant / gs default's time, same run; < 1: the lever "
+        "helps):", "", lever_table(cells), "",
+        "**Milliseconds per step** (median over steps of the slowest rank):", "",
+        time_table(cells),
+    ])
+    print(md)
     plot(cells, args.grid / "grid.png")
     print(f"\nwrote {args.grid / 'grid.png'}")
+    if args.doc:
+        text = args.doc.read_text()
+        begin, end = "<!-- BEGIN grid -->\n", "<!-- END grid -->"
+        if begin not in text or end not in text:
+            raise SystemExit(f"{args.doc} has no {begin.strip()} ... {end} markers")
+        head, rest = text.split(begin, 1)
+        args.doc.write_text(head + begin + md + "\n" + end + rest.split(end, 1)[1])
+        print(f"spliced the tables into {args.doc}")
 
 
 if __name__ == "__main__":

@@ -393,6 +393,21 @@ def sweep_table(rows: list[dict]) -> str:
     return "\n".join(out)
 
 
+def seeds_table(runs: dict[str, dict]) -> str:
+    """Part S: final test accuracy of part A's headline cell over seeds 0, 1 and 2."""
+    out = ["| method | seed 0 | seed 1 | seed 2 | mean | range |", "|---|---|---|---|---|---|"]
+    for m in ("topk", "gtopk", "sketched", "gs"):
+        rs = [runs.get(f"A-common-{m}-0.001")] + [runs.get(f"S-{m}-0.001-seed{s}") for s in (1, 2)]
+        accs = [r["final_test_accuracy"] if r else None for r in rs]
+        got = [a for a in accs if _finite(a)]
+        cells = [f"{100 * a:.2f}%" if _finite(a) else ("diverged" if r else "not run")
+                 for a, r in zip(accs, rs, strict=True)]
+        mean = f"{100 * sum(got) / len(got):.2f}%" if got else "—"
+        spread = f"{100 * min(got):.1f}–{100 * max(got):.1f}%" if got else "—"
+        out.append(f"| {m} | " + " | ".join(cells) + f" | {mean} | {spread} |")
+    return "\n".join(out)
+
+
 def baseline_table(runs: dict[str, dict]) -> str:
     out = ["| method | density | earlier baseline (800 steps) | this study (A, common, "
            f"{next(iter(runs.values()))['steps'] if runs else '?'} steps) |", "|---|---|---|---|"]
@@ -467,6 +482,7 @@ def main() -> None:
         "D": sweep_table(parts["D"]),
         "D2": table(parts["D2"], dense_bytes=dense_a),
         "E": table(parts["E"], text=True, dense_bytes=dense_e),
+        "S": seeds_table(runs),
         "baseline": baseline_table(runs),
     }
     best, pareto = sweep_best(parts["D"])
