@@ -255,6 +255,8 @@ class GSOptions(SketchedOptions):
             bfloat16 to halve the sketch's bytes (scaled by 1/P before the cast, like
             dense's 16-bit payload). Only the choice of candidates sees the rounding: the
             exact round, the update and the residuals stay in the gradient's dtype.
+            float16 overflows past 65504 per bucket (of the mean over ranks); bfloat16
+            does not, at a coarser rounding.
     """
 
     exact: bool = True
