@@ -32,6 +32,7 @@ Example:
 from __future__ import annotations
 
 import weakref
+from collections.abc import Callable
 
 import torch
 
@@ -121,33 +122,45 @@ class CountSketch:
         self.d, self.rows, self.cols, self.seed = d, rows, cols, seed
         self.table = torch.zeros(rows, cols, device=device, dtype=dtype)
         self._params = sketch_hash_params(seed, rows)
-        self._cache: torch.Tensor | None = None  # int64 signed buckets (rows, d)
-        self._cache32: torch.Tensor | None = None  # the same in int32: gathers read half
-        self._occupancy: torch.Tensor | None = None  # coordinates per row-0 bucket
-        self._by_bucket: torch.Tensor | None = None  # one row: coordinates sorted by bucket
-        self._index: _HashIndex | None = None  # keeps the shared cache alive
+        self._index: _HashIndex | None = None  # the shared hash cache, when there is one
         if cache_hashes:
-            key = (d, rows, cols, seed, str(self.table.device))
-            index = _SHARED_INDEXES.get(key)
-            if index is None:  # built once per shape and seed, shared by every sketch of it
-                index = _SHARED_INDEXES[key] = self._build_index()
-            self._use_index(index)
+            self._index = _shared_index(self._index_key(), self._build_index)
+
+    def _index_key(self) -> tuple:
+        return (self.d, self.rows, self.cols, self.seed, str(self.table.device))
 
     def _build_index(self) -> _HashIndex:
         """Hash all ``d`` coordinates once: the read-only tables behind ``cache_hashes``."""
         buckets = self._all_signed_buckets()
-        occupancy = torch.bincount(buckets[0] % self.cols, minlength=self.cols)
-        if self.rows == 1:  # coordinates grouped by bucket (ascending within each): see
-            # _heavy_hitters_one_row
-            return _HashIndex(buckets, None, occupancy,
-                              torch.argsort(buckets[0] % self.cols, stable=True))
+        row0 = buckets[0] % self.cols
+        occupancy = torch.bincount(row0, minlength=self.cols)
+        if self.rows == 1:  # coordinates grouped by bucket (ascending within each), and
+            # where each bucket's group starts: see _heavy_hitters_one_row
+            starts = torch.cumsum(occupancy, 0) - occupancy
+            return _HashIndex(buckets, None, occupancy, torch.argsort(row0, stable=True), starts)
         # buckets < 2 * cols < 2^31: int32 indexes as well, at half the bytes
-        return _HashIndex(buckets, buckets.to(torch.int32), occupancy, None)
+        return _HashIndex(buckets, buckets.to(torch.int32), occupancy, None, None)
 
-    def _use_index(self, index: _HashIndex) -> None:
-        self._index = index
-        self._cache, self._cache32 = index.buckets, index.buckets32
-        self._occupancy, self._by_bucket = index.occupancy, index.by_bucket
+    # The parts of the hash cache (None without one).
+    @property
+    def _cache(self) -> torch.Tensor | None:
+        """int64 signed buckets, (rows, d): what the scatter-add reads."""
+        return None if self._index is None else self._index.buckets
+
+    @property
+    def _cache32(self) -> torch.Tensor | None:
+        """The same in int32 (several rows only): gathers read half the bytes."""
+        return None if self._index is None else self._index.buckets32
+
+    @property
+    def _occupancy(self) -> torch.Tensor | None:
+        """Coordinates per row-0 bucket."""
+        return None if self._index is None else self._index.occupancy
+
+    @property
+    def _by_bucket(self) -> torch.Tensor | None:
+        """One row only: the coordinates sorted by bucket."""
+        return None if self._index is None else self._index.by_bucket
 
     # ------------------------------------------------------------------ hashing
     @property
@@ -258,14 +271,12 @@ class CountSketch:
             return self
         out = self.copy()
         out.table = self.table.to(device, dtype)
-        if out._index is not None:
-            key = (self.d, self.rows, self.cols, self.seed, str(out.table.device))
-            index = _SHARED_INDEXES.get(key)
-            if index is None:
-                index = _SHARED_INDEXES[key] = _HashIndex(
-                    *(None if t is None else t.to(device) for t in out._index.tensors())
-                )
-            out._use_index(index)
+        if self._index is not None:
+            moved = self._index.tensors()
+            out._index = _shared_index(
+                out._index_key(),
+                lambda: _HashIndex(*(None if t is None else t.to(device) for t in moved)),
+            )
         return out
 
     def with_table(self, table: torch.Tensor) -> CountSketch:
@@ -276,10 +287,7 @@ class CountSketch:
             )
         out = CountSketch.__new__(CountSketch)
         out.d, out.rows, out.cols, out.seed = self.d, self.rows, self.cols, self.seed
-        out._params, out.table = self._params, table
-        out._cache = out._cache32 = out._occupancy = out._by_bucket = out._index = None
-        if self._index is not None:
-            out._use_index(self._index)
+        out._params, out.table, out._index = self._params, table, self._index
         return out
 
     def copy(self) -> CountSketch:
@@ -418,7 +426,7 @@ class CountSketch:
     def _coords_of_buckets(self, buckets: torch.Tensor) -> torch.Tensor:
         """The coordinates hashed (in row 0) to ``buckets``, bucket after bucket."""
         counts = self._occupancy[buckets]
-        starts = torch.cumsum(self._occupancy, 0)[buckets] - counts  # where each begins
+        starts = self._index.bucket_starts[buckets]  # where each bucket's group begins
         shift = torch.repeat_interleave(starts - (torch.cumsum(counts, 0) - counts), counts)
         return self._by_bucket[torch.arange(shift.numel(), device=self.device) + shift]
 
@@ -458,7 +466,7 @@ class _HashIndex:
     shared by every :class:`CountSketch` of that shape (several aggregators, a resized
     sketch, ``with_table`` copies); freed when the last of them goes."""
 
-    __slots__ = ("buckets", "buckets32", "occupancy", "by_bucket", "__weakref__")
+    __slots__ = ("buckets", "buckets32", "occupancy", "by_bucket", "bucket_starts", "__weakref__")
 
     def __init__(
         self,
@@ -466,15 +474,25 @@ class _HashIndex:
         buckets32: torch.Tensor | None,
         occupancy: torch.Tensor,
         by_bucket: torch.Tensor | None,
+        bucket_starts: torch.Tensor | None,
     ) -> None:
         self.buckets, self.buckets32 = buckets, buckets32
-        self.occupancy, self.by_bucket = occupancy, by_bucket
+        self.occupancy, self.by_bucket, self.bucket_starts = occupancy, by_bucket, bucket_starts
 
     def tensors(self) -> tuple[torch.Tensor | None, ...]:
-        return self.buckets, self.buckets32, self.occupancy, self.by_bucket
+        """Every part, in the constructor's order (to move the index to another device)."""
+        return self.buckets, self.buckets32, self.occupancy, self.by_bucket, self.bucket_starts
 
 
 _SHARED_INDEXES: weakref.WeakValueDictionary[tuple, _HashIndex] = weakref.WeakValueDictionary()
+
+
+def _shared_index(key: tuple, build: Callable[[], _HashIndex]) -> _HashIndex:
+    """The index registered under ``key``, built (and registered) on first use."""
+    index = _SHARED_INDEXES.get(key)
+    if index is None:
+        index = _SHARED_INDEXES[key] = build()
+    return index
 
 
 def hash_cache_bytes(d: int, rows: int) -> int:

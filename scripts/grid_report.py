@@ -24,6 +24,8 @@ from pathlib import Path
 
 import matplotlib
 
+from gssgd.bench.report import fmt_bytes, splice_markdown
+
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
@@ -53,13 +55,6 @@ def load(grid: Path) -> list[dict]:
 
 def _ms(s: float) -> str:
     return f"{1000 * s:.0f}" if s >= 0.1 else f"{1000 * s:.1f}"
-
-
-def _bytes(b: float) -> str:
-    for unit, size in (("MB", 1e6), ("kB", 1e3)):
-        if b >= size:
-            return f"{b / size:.3g} {unit}"
-    return f"{b:.0f} B"
 
 
 def speedup_table(cells: list[dict]) -> str:
@@ -115,9 +110,9 @@ def time_table(cells: list[dict]) -> str:
             if r is None:
                 row.append("—")
                 continue
-            text = _bytes(r["bytes_sent_per_step"])
+            text = fmt_bytes(r["bytes_sent_per_step"])
             if m == "sketched":
-                text += f" ({_bytes(r['bytes_sent_max_per_step'])})"
+                text += f" ({fmt_bytes(r['bytes_sent_max_per_step'])})"
             row.append(text)
         out.append(f"| {c['P']} | {c['d']}M | " + " | ".join(row) + " |")
     return "\n".join(out)
@@ -161,12 +156,8 @@ def main() -> None:
     plot(cells, args.grid / "grid.png")
     print(f"\nwrote {args.grid / 'grid.png'}")
     if args.doc:
-        text = args.doc.read_text()
-        begin, end = "<!-- BEGIN grid -->\n", "<!-- END grid -->"
-        if begin not in text or end not in text:
-            raise SystemExit(f"{args.doc} has no {begin.strip()} ... {end} markers")
-        head, rest = text.split(begin, 1)
-        args.doc.write_text(head + begin + md + "\n" + end + rest.split(end, 1)[1])
+        if splice_markdown(args.doc, {"grid": md}):
+            raise SystemExit(f"{args.doc} has no <!-- BEGIN grid --> ... <!-- END grid --> markers")
         print(f"spliced the tables into {args.doc}")
 
 

@@ -36,6 +36,7 @@ import matplotlib
 
 from gssgd.aggregators.options import DEFAULT_ROWS, default_candidates, default_sketch_cols
 from gssgd.bench.cost_model import MethodSpec, traffic
+from gssgd.bench.report import splice_markdown
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
@@ -419,17 +420,6 @@ def baseline_table(runs: dict[str, dict]) -> str:
     return "\n".join(out)
 
 
-def splice(doc: Path, blocks: dict[str, str]) -> None:
-    if not doc.exists():
-        return
-    text = doc.read_text()
-    for name, body in blocks.items():
-        pat = re.compile(rf"(<!-- BEGIN {re.escape(name)} -->\n).*?(<!-- END {re.escape(name)} -->)",
-                         re.S)
-        text = pat.sub(lambda m, body=body: m[1] + body.rstrip() + "\n" + m[2], text)
-    doc.write_text(text)
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--study-dir", default="docs/study", type=Path)
@@ -511,7 +501,8 @@ def main() -> None:
     (sd / "results.json").write_text(json.dumps(public, indent=1, sort_keys=True) + "\n")
     md = "\n\n".join(f"## {name}\n\n{body}" for name, body in blocks.items())
     (sd / "tables.md").write_text(md + "\n")
-    splice(args.doc, blocks)
+    if args.doc.exists():
+        splice_markdown(args.doc, blocks)
     print(md)
     if args.clean_checkpoints:
         for ck in (sd / "runs").glob("*/checkpoints"):

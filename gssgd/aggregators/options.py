@@ -124,7 +124,14 @@ class CommonOptions:
         return {f.name: getattr(self, f.name) for f in fields(self)}
 
 
-_DENSE_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+#: The payload dtypes dense's ``dtype`` and gs's ``table_dtype`` take, by name (the names
+#: the command line and TrainConfig use).
+PAYLOAD_DTYPES: dict[str, torch.dtype] = {
+    "float32": torch.float32,
+    "float16": torch.float16,
+    "bfloat16": torch.bfloat16,
+}
+_DENSE_DTYPES = tuple(PAYLOAD_DTYPES.values())
 
 
 @dataclass(frozen=True)

@@ -7,6 +7,7 @@ module never touches pyplot's global state or needs a display.
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -21,6 +22,7 @@ __all__ = [
     "plot_fit",
     "plot_lines",
     "plot_train",
+    "splice_markdown",
     "train_progress_line",
     "train_table",
 ]
@@ -57,6 +59,26 @@ def fmt_bytes(n: float | None) -> str:
     return f"{n:.0f} B"
 
 
+def splice_markdown(path: str | Path, blocks: Mapping[str, str]) -> list[str]:
+    """Replace, in the markdown file ``path``, the text between ``<!-- BEGIN name -->`` and
+    ``<!-- END name -->`` with ``blocks[name]`` (the prose around the markers is kept).
+
+    Returns:
+        The names whose markers the file lacks (left unwritten).
+    """
+    path = Path(path)
+    text = path.read_text()
+    missing = []
+    for name, body in blocks.items():
+        pattern = re.compile(rf"(<!-- BEGIN {re.escape(name)} -->\n).*?(<!-- END {re.escape(name)} -->)", re.S)
+        if not pattern.search(text):
+            missing.append(name)
+            continue
+        text = pattern.sub(lambda m, body=body: m[1] + body.rstrip() + "\n" + m[2], text)
+    path.write_text(text)
+    return missing
+
+
 def _render(header: Sequence[str], rows: Sequence[Sequence[str]], left: int = 1) -> str:
     """Columns padded to their widest cell; the first ``left`` columns left-aligned."""
     widths = [max(len(str(c)) for c in col) for col in zip(header, *rows, strict=True)]
@@ -75,15 +97,20 @@ def _methods(results: Mapping[str, Any]) -> list[str]:
     return [name for name in results if not name.startswith("_")]
 
 
-def _comm_title(meta: Mapping[str, Any]) -> str:
+def _link(meta: Mapping[str, Any]) -> str:
+    """``100mbit (namespaces)``: the link a run used, and how (and what was asked for)."""
     link = meta.get("link", "?")
     where = "namespaces" if meta.get("mode") == "namespaces" else "loopback"
     requested = meta.get("link_requested")
     if requested and requested != link:
         where += f", {requested} requested"
+    return f"{link} ({where})"
+
+
+def _comm_title(meta: Mapping[str, Any]) -> str:
     return (
         f"P={meta.get('workers')}  d={meta.get('d', 0):,}  k={meta.get('k', 0):,} "
-        f"(density {meta.get('density')})  link {link} ({where})  "
+        f"(density {meta.get('density')})  link {_link(meta)}  "
         f"{meta.get('threads')} thread/worker  {meta.get('repeats')} timed steps "
         f"(+{meta.get('warmup')} warm-up)  {meta.get('cpu_count')} CPUs"
     )
@@ -350,17 +377,12 @@ def plot_fit(rows: Sequence[Any], path: str | Path, title: str, check: Sequence[
 
 
 def _train_title(meta: Mapping[str, Any]) -> str:
-    link = meta.get("link", "?")
-    where = "namespaces" if meta.get("mode") == "namespaces" else "loopback"
-    requested = meta.get("link_requested")
-    if requested and requested != link:
-        where += f", {requested} requested"
     k = meta.get("k")
     return (
         f"P={meta.get('workers')}  {meta.get('dataset')} {meta.get('model')} "
         f"(d={meta.get('d', 0):,}{f', k={k:,}' if k else ''}, density {meta.get('density')})  "
         f"batch {meta.get('batch_size')}/worker  {meta.get('steps')} steps  "
-        f"link {link} ({where})  {meta.get('cpu_count')} CPUs, load {meta.get('load_average_1min_before')}"
+        f"link {_link(meta)}  {meta.get('cpu_count')} CPUs, load {meta.get('load_average_1min_before')}"
     )
 
 

@@ -10,6 +10,7 @@ import argparse
 import sys
 from typing import Any
 
+from gssgd.aggregators.options import PAYLOAD_DTYPES
 from gssgd.train.checkpoint import CheckpointError
 from gssgd.train.data import DatasetUnavailableError
 from gssgd.train.launch import DEVICES, WorkerFailed, is_user_error
@@ -196,7 +197,7 @@ def add_training_flags(parser: argparse.ArgumentParser, compare: bool = False) -
     )
     agg.add_argument(
         "--table-dtype",
-        choices=("float32", "float16", "bfloat16"),
+        choices=tuple(PAYLOAD_DTYPES),
         default=None,
         help="gs: dtype of the sketch tables on the wire (default float32; 16 bits halve them)",
     )

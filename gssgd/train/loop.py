@@ -44,6 +44,7 @@ from tqdm import tqdm
 
 from gssgd.aggregators import build_options
 from gssgd.aggregators.guard import SketchCollapseError
+from gssgd.aggregators.options import PAYLOAD_DTYPES
 from gssgd.ddp import HookState, comm_hook
 from gssgd.train import checkpoint
 from gssgd.train.data import ImageData, TextData, batch_indices, lm_batch, load_dataset
@@ -241,7 +242,7 @@ class TrainConfig:
             or not 0 < self.bucket_cap_mb <= 1024
         ):
             raise _bad("bucket_cap_mb", self.bucket_cap_mb, "it must be a number in (0, 1024]")
-        if self.table_dtype not in (None, "float32", "float16", "bfloat16"):
+        if self.table_dtype is not None and self.table_dtype not in PAYLOAD_DTYPES:
             raise _bad("table_dtype", self.table_dtype, "it must be float32, float16 or bfloat16")
         if self.guard not in (None, "grow", "raise", "off"):
             raise _bad("guard", self.guard, "it must be grow, raise or off")
@@ -270,7 +271,7 @@ class TrainConfig:
         if self.method in ("sketched", "gs"):
             opts["seed"] = self.seed
         if self.table_dtype is not None:
-            opts["table_dtype"] = getattr(torch, self.table_dtype)
+            opts["table_dtype"] = PAYLOAD_DTYPES[self.table_dtype]
         return opts
 
     @property
