@@ -4,18 +4,25 @@
 # (all gs levers included), one run per cell, strictly one after another.
 #
 #   sudo scripts/bench_grid.sh                  # as root: namespaces + tbf (else loopback)
-#   OUT=/tmp/grid WORKERS="8" DS="1000000" scripts/bench_grid.sh
+#   .venv/bin/python scripts/grid_report.py --doc docs/benchmarks.md   # tables + grid.png
+#   RAW=/tmp/grid DOCS=/tmp/grid-docs WORKERS="8" DS="1000000" scripts/bench_grid.sh
 #
-# Results land in $OUT/comm_P<P>_d<d>_<link>/ (results.json, table.txt, comm.png); a cell
-# whose results.json exists is skipped, so the grid can be stopped and started again.
+# Each cell's raw output (workers/ with the per-rank records, run.log with the run's
+# stdout+stderr) lands in $RAW/comm_P<P>_d<d>M_<link>/ (default runs/grid, ignored by git);
+# its summary (results.json, table.txt with the compress / communicate / decompress split,
+# comm.png) is then copied to $DOCS/comm_P<P>_d<d>M_<link>/ (default docs/results/grid) by
+# scripts/publish_results.sh. A cell whose summary exists in $DOCS is skipped, so the grid
+# can be stopped and started again; delete a cell's folder under $DOCS to measure it again.
 # Larger vectors get fewer timed steps (a dense step of d = 25M takes ~12 s at 100 Mbit/s).
 set -u
 cd "$(dirname "$0")/.."
 GSSGD=${GSSGD:-.venv/bin/gssgd}
-OUT=${OUT:-docs/results/grid}
+RAW=${RAW:-runs/grid}
+DOCS=${DOCS:-docs/results/grid}
 WORKERS=${WORKERS:-"8 4"}
 DS=${DS:-"1000000 10000000 25000000"}
 LINKS=${LINKS:-"100mbit 1gbit"}
+mkdir -p "$RAW"
 
 for d in $DS; do
     case $d in
@@ -24,15 +31,19 @@ for d in $DS; do
     esac
     for p in $WORKERS; do
         for link in $LINKS; do
-            dir=$OUT/comm_P${p}_d$((d / 1000000))M_$link
-            if [ -f "$dir/results.json" ]; then
-                echo "skip  $dir"
+            cell=comm_P${p}_d$((d / 1000000))M_$link
+            if [ -f "$DOCS/$cell/results.json" ]; then
+                echo "skip  $cell ($DOCS/$cell/results.json exists)"
                 continue
             fi
-            echo "run   $dir ($(date -u +%H:%M:%S))"
-            "$GSSGD" bench comm --workers "$p" --d "$d" --density 0.001 --link "$link" \
-                "${steps[@]}" --out "$dir" > "$dir.log" 2>&1 || echo "FAIL  $dir: see $dir.log"
-            mv "$dir.log" "$dir/run.log" 2>/dev/null || true
+            echo "run   $cell ($(date -u +%H:%M:%S))"
+            if "$GSSGD" bench comm --workers "$p" --d "$d" --density 0.001 --link "$link" \
+                "${steps[@]}" --out "$RAW/$cell" > "$RAW/$cell.log" 2>&1; then
+                mv "$RAW/$cell.log" "$RAW/$cell/run.log"
+                scripts/publish_results.sh "$RAW/$cell" "$DOCS/$cell"
+            else
+                echo "FAIL  $cell: see $RAW/$cell.log"
+            fi
         done
     done
 done

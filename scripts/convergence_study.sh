@@ -1,14 +1,23 @@
 #!/usr/bin/env bash
 # The convergence study (docs/study.md): every run of it, one after another.
 #
-#   scripts/convergence_study.sh            # runs whatever is missing, then the report
-#   STUDY_DIR=/tmp/s scripts/convergence_study.sh
+#   scripts/convergence_study.sh                                 # the runs missing, in runs/study
+#   .venv/bin/python scripts/study_report.py --clean-checkpoints  # docs/study/ and docs/study.md
+#   STUDY_DIR=/tmp/s scripts/convergence_study.sh                  # raw runs elsewhere; then
+#   .venv/bin/python scripts/study_report.py --raw /tmp/s
 #
-# Idempotent: a run whose docs/study/runs/<name>/summary.json exists is skipped, so the
+# Raw output stays out of git, under $STUDY_DIR (default runs/study, ignored as /runs/):
+# $STUDY_DIR/runs/<name>/ holds each run's summary.json, metrics.jsonl, config.json and
+# checkpoints; $STUDY_DIR/logs/<name>.log its stdout+stderr (the collapse guard's "growing
+# the sketch" warnings land there), $STUDY_DIR/logs/status.tsv one line per run (command,
+# exit status, seconds) and $STUDY_DIR/logs/C-lr.txt part C's learning rate. Only the
+# report's summaries are committed: docs/study/results.json, docs/study/tables.md, the
+# plots docs/study/*.png and the tables spliced into docs/study.md.
+#
+# Idempotent: a run whose $STUDY_DIR/runs/<name>/summary.json exists is skipped, so the
 # script can be stopped and started again. Runs are strictly sequential (the development
 # machine has 2 cores shared with other jobs). A run that fails is logged and the study
-# goes on; docs/study/logs/<name>.log holds each run's stdout+stderr (the collapse guard's
-# "growing the sketch" warnings land there), docs/study/logs/status.tsv one line per run.
+# goes on.
 #
 # Environment knobs (the values docs/study.md reports were run with the defaults):
 #   STEPS_A=400  STEPS_B=300  STEPS_C=200  SKIP_OPTIONAL=0 (1: skip part A's local
@@ -18,7 +27,7 @@ cd "$(dirname "$0")/.."
 
 GSSGD=${GSSGD:-.venv/bin/gssgd}
 PY=${PY:-.venv/bin/python}
-STUDY_DIR=${STUDY_DIR:-docs/study}
+STUDY_DIR=${STUDY_DIR:-runs/study}
 RUNS=$STUDY_DIR/runs
 LOGS=$STUDY_DIR/logs
 STEPS_A=${STEPS_A:-400}
@@ -49,6 +58,8 @@ run() {
     return 0
 }
 
+# The dense reference of every part is DDP's built-in all-reduce (`ddp-allreduce`; runs made
+# before the method names were split recorded it as `dense`, and the report shows it as dense).
 MNIST=(--dataset mnist --model cnn --batch-size 32 --lr 0.05)
 COMMON=(--momentum 0.9)                          # optimizer momentum after aggregation
 LOCAL=(--momentum 0 --local-momentum 0.9)        # local momentum with momentum stopping
@@ -59,7 +70,7 @@ K3=81; C10K=$((10 * K3)); C40K=$((40 * K3))
 # ---- A. MNIST CNN, P = 4 -------------------------------------------------------------
 A=("${MNIST[@]}" --workers 4 --steps "$STEPS_A" --eval-every 100)
 # A1 common configuration, library sketch defaults
-run A-common-dense "${A[@]}" "${COMMON[@]}" --method dense
+run A-common-dense "${A[@]}" "${COMMON[@]}" --method ddp-allreduce
 for dens in 0.01 0.001; do
     for m in topk gtopk sketched gs; do
         run "A-common-$m-$dens" "${A[@]}" "${COMMON[@]}" --method $m --density $dens
@@ -69,14 +80,15 @@ done
 for m in topk gtopk sketched gs; do
     run "A-local-$m-0.001" "${A[@]}" "${LOCAL[@]}" --method $m --density 0.001
 done
-# A3 Sketched-SGD's published configuration: 5 x 10k, m = 4, local momentum 0.9
+# A3 Sketched-SGD's published configuration: 5 rows x 10·k columns, m = 4, local momentum 0.9
 for m in sketched gs; do
     run "A-published-$m-0.001" "${A[@]}" "${LOCAL[@]}" --method $m --density 0.001 \
         --rows 5 --cols $C10K --candidates 4
 done
 
 # ---- D. gs sketch-size sweep, MNIST, P = 4, density 0.001, common configuration -------
-# (5, 10k, 16) is the library default for this d and k: that run is A-common-gs-0.001.
+# Today's default (1 row x 40·k columns, m = 32) is run A-common-gs-0.001; the first pass's
+# default (5 rows x 10·k columns, m = 16) is run A-common-gs5row-0.001.
 for shape in "5 $C10K 4" "3 $C10K 16" "1 $C40K 16" "5 $C40K 16" "1 $C10K 16"; do
     set -- $shape
     run "D-gs-r$1-c$2-m$3" "${A[@]}" "${COMMON[@]}" --method gs --density 0.001 \
@@ -99,7 +111,7 @@ C=(--dataset shakespeare --model lm --batch-size 32 --seq-len 64 --workers 4
    --steps "$STEPS_C" --eval-every 50 --momentum 0.9)
 # learning rate: dense at three rates, the lowest final test loss is used for every method
 for lr in 0.5 1.0 2.0; do
-    run "C-lr-dense-$lr" "${C[@]}" --method dense --lr $lr
+    run "C-lr-dense-$lr" "${C[@]}" --method ddp-allreduce --lr $lr
 done
 LR_C=$("$PY" - "$RUNS" <<'EOF'
 import json, sys, pathlib
@@ -120,7 +132,7 @@ for m in topk gtopk sketched gs; do
 done
 
 # ---- B2. MNIST CNN, P = 8: dense, and density 0.01 ---------------------------------
-run B-p8-dense "${B[@]}" "${COMMON[@]}" --method dense
+run B-p8-dense "${B[@]}" "${COMMON[@]}" --method ddp-allreduce
 for m in topk gtopk sketched gs; do
     run "B-p8-$m-0.01" "${B[@]}" "${COMMON[@]}" --method $m --density 0.01
 done
@@ -133,7 +145,7 @@ done
 # ---- E. Shakespeare, P = 8, density 0.001 (same rate as part C) -----------------------
 E=(--dataset shakespeare --model lm --batch-size 32 --seq-len 64 --workers 8
    --steps "$STEPS_C" --eval-every 50 --momentum 0.9 --lr "$LR_C")
-run E-p8-dense "${E[@]}" --method dense
+run E-p8-dense "${E[@]}" --method ddp-allreduce
 for m in topk gtopk sketched gs; do
     run "E-p8-$m-0.001" "${E[@]}" --method $m --density 0.001
 done
@@ -154,4 +166,4 @@ for seed in 1 2; do
     done
 done
 
-echo "all runs done; report: $PY scripts/study_report.py --study-dir $STUDY_DIR"
+echo "all runs done; report: $PY scripts/study_report.py --raw $STUDY_DIR --clean-checkpoints"

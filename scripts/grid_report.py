@@ -1,18 +1,27 @@
 #!/usr/bin/env python3
 """Tables and a plot of the aggregation grid (scripts/bench_grid.sh) for docs/benchmarks.md.
 
-Reads ``<grid>/comm_P<P>_d<d>M_<link>/results.json`` (written by ``gssgd bench comm``) and
-prints three markdown tables, every figure taken from one run (one cell):
+Reads ``<grid>/comm_P<P>_d<d>M_<link>/results.json`` (written by ``gssgd bench comm``; the
+grid script keeps each raw run under ``runs/grid/`` and copies its results.json, table.txt
+and comm.png to ``docs/results/grid/``) and prints three markdown tables, every figure
+taken from one run (one cell):
 
 * gs-SGD's speed-up against every baseline (the other method's time / gs's time);
 * each lever's effect: the time of a gs variant relative to gs's default (< 1: faster);
 * milliseconds per step and bytes per worker of every method.
 
-It also writes ``<grid>/grid.png`` (gs's speed-up against d, one panel per baseline) and,
-with ``--doc``, splices the tables into that markdown file between ``<!-- BEGIN grid -->``
-and ``<!-- END grid -->`` (the prose around them is kept).
+It also writes ``--plot`` (default ``<grid>/grid.png``: gs's speed-up against d, one panel
+per baseline; recompressed losslessly with optipng when it is installed) and, with
+``--doc``, splices the tables into that markdown file between ``<!-- BEGIN grid -->`` and
+``<!-- END grid -->`` (the prose around them is kept).
 
-    .venv/bin/python scripts/grid_report.py [--grid docs/results/grid] [--doc docs/benchmarks.md]
+Remake the committed tables and plot of docs/benchmarks.md:
+
+    sudo scripts/bench_grid.sh        # measures the cells that have no summary in docs/ yet
+    .venv/bin/python scripts/grid_report.py --doc docs/benchmarks.md
+
+The summaries in docs/results/grid/ are enough; the raw runs under runs/grid/ hold the same
+results.json files (``--grid runs/grid --plot docs/results/grid/grid.png``).
 """
 
 from __future__ import annotations
@@ -20,6 +29,8 @@ from __future__ import annotations
 import argparse
 import json
 import re
+import shutil
+import subprocess
 from pathlib import Path
 
 import matplotlib
@@ -134,13 +145,22 @@ def plot(cells: list[dict], path: Path) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
+    shrink_png(path)
+
+
+def shrink_png(path: Path) -> None:
+    """Recompress a PNG losslessly with optipng, when it is installed (smaller docs)."""
+    if shutil.which("optipng"):
+        subprocess.run(["optipng", "-quiet", "-o2", "-strip", "all", str(path)], check=False)
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--grid", type=Path, default=Path("docs/results/grid"))
+    ap.add_argument("--plot", type=Path, help="where to write the plot (default: <grid>/grid.png)")
     ap.add_argument("--doc", type=Path, help="markdown file to splice the tables into")
     args = ap.parse_args()
+    plot_path = args.plot or args.grid / "grid.png"
     cells = load(args.grid)
     if not cells:
         raise SystemExit(f"no results under {args.grid}: run scripts/bench_grid.sh first")
@@ -153,8 +173,8 @@ def main() -> None:
         time_table(cells),
     ])
     print(md)
-    plot(cells, args.grid / "grid.png")
-    print(f"\nwrote {args.grid / 'grid.png'}")
+    plot(cells, plot_path)
+    print(f"\nwrote {plot_path}")
     if args.doc:
         if splice_markdown(args.doc, {"grid": md}):
             raise SystemExit(f"{args.doc} has no <!-- BEGIN grid --> ... <!-- END grid --> markers")

@@ -1,18 +1,26 @@
 #!/usr/bin/env python3
 """Tables and plots of the convergence study (scripts/convergence_study.sh, docs/study.md).
 
-Reads every run under ``docs/study/runs/<name>/`` (summary.json, metrics.jsonl, config.json)
-and its log ``docs/study/logs/<name>.log``, and writes
+Reads the raw runs, kept out of git under ``runs/study/`` (``--raw``): every run's
+``runs/<name>/`` (summary.json, metrics.jsonl, config.json), its log ``logs/<name>.log`` and
+``logs/status.tsv``; and writes the summaries that are committed (``--out``, default
+``docs/study``):
 
 * ``docs/study/results.json``   one record per run (the numbers the tables show);
 * ``docs/study/tables.md``      the markdown tables, one per part;
-* ``docs/study/*.png``          the plots (matplotlib, Agg);
+* ``docs/study/*.png``          the plots (matplotlib, Agg; recompressed losslessly with
+                                optipng when it is installed);
 * ``docs/study.md``             the tables are also spliced into it between
                                 ``<!-- BEGIN name -->`` / ``<!-- END name -->`` markers,
                                 where those markers exist (the prose around them is kept).
 
-    .venv/bin/python scripts/study_report.py [--study-dir docs/study] [--doc docs/study.md]
-                                             [--clean-checkpoints]
+Remake everything docs/study.md shows:
+
+    scripts/convergence_study.sh                  # the runs missing under runs/study/
+    .venv/bin/python scripts/study_report.py --clean-checkpoints
+
+    .venv/bin/python scripts/study_report.py [--raw runs/study] [--out docs/study]
+                                             [--doc docs/study.md] [--clean-checkpoints]
 
 Run names (set by the shell script): ``A-common-<method>-<density>``, ``A-common-dense``,
 ``A-local-<method>-<density>``, ``A-published-<method>-0.001``, ``B-p8-dense``,
@@ -29,6 +37,7 @@ import json
 import math
 import re
 import shutil
+import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -59,6 +68,12 @@ BASELINE = {
 
 def _finite(x: Any) -> bool:
     return isinstance(x, (int, float)) and math.isfinite(x)
+
+
+def _method(name: str | None) -> str | None:
+    """The method as the tables show it: the dense reference is DDP's built-in all-reduce,
+    ``ddp-allreduce`` (recorded as ``dense`` by runs made before the method names were split)."""
+    return "dense" if name == "ddp-allreduce" else name
 
 
 def load_run(run_dir: Path, logs: Path) -> dict[str, Any] | None:
@@ -102,7 +117,7 @@ def load_run(run_dir: Path, logs: Path) -> dict[str, Any] | None:
         "name": name,
         "status": s.get("status"),
         "message": s.get("message"),
-        "method": s.get("method") or cfg.get("method"),
+        "method": _method(s.get("method") or cfg.get("method")),
         "dataset": s.get("dataset"),
         "workers": s.get("world_size"),
         "d": s.get("d"),
@@ -193,7 +208,7 @@ OLD_DEFAULT_RUNS = frozenset([
 
 def _default_shapes(d: int, k: int, rows: int | None) -> list[tuple[int, int, int]]:
     """(rows, cols, m) of the library default now, and of the default before the study
-    changed it (5 rows, 10k columns capped at d/(4 rows), m = 16 capped at m*k <= d/8)."""
+    changed it (5 rows, 10·k columns capped at d/(4 rows), m = 16 capped at m*k <= d/8)."""
     new_rows = rows or DEFAULT_ROWS
     old_rows = rows or 5
     return [
@@ -272,6 +287,12 @@ def table(rows: list[dict], text: bool = False, dense_bytes: float | None = None
 
 # ----------------------------------------------------------------------------- plots
 
+def shrink_png(path: Path) -> None:
+    """Recompress a PNG losslessly with optipng, when it is installed (smaller docs)."""
+    if shutil.which("optipng"):
+        subprocess.run(["optipng", "-quiet", "-o2", "-strip", "all", str(path)], check=False)
+
+
 def _smooth(xs: list[float], w: int = 20) -> list[float]:
     out, acc = [], []
     for x in xs:
@@ -318,6 +339,7 @@ def plot_group(rows: list[dict], path: Path, title: str, text: bool = False) -> 
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
+    shrink_png(path)
 
 
 def plot_sweep(rows: list[dict], path: Path) -> None:
@@ -345,6 +367,7 @@ def plot_sweep(rows: list[dict], path: Path) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
+    shrink_png(path)
 
 
 # ----------------------------------------------------------------------------- parts
@@ -422,28 +445,39 @@ def baseline_table(runs: dict[str, dict]) -> str:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--study-dir", default="docs/study", type=Path)
+    ap.add_argument("--raw", default="runs/study", type=Path,
+                    help="the study's raw runs: <raw>/runs/<name>/ and <raw>/logs/ "
+                         "(default runs/study, what scripts/convergence_study.sh writes)")
+    ap.add_argument("--out", default="docs/study", type=Path,
+                    help="where results.json, tables.md and the plots go (default docs/study)")
     ap.add_argument("--doc", default="docs/study.md", type=Path)
     ap.add_argument("--clean-checkpoints", action="store_true",
-                    help="delete runs/*/checkpoints afterwards (keeps the repo small)")
+                    help="delete <raw>/runs/*/checkpoints afterwards (saves disk space)")
     args = ap.parse_args()
-    sd: Path = args.study_dir
+    raw: Path = args.raw
+    sd: Path = args.out
+    if not (raw / "runs").is_dir():
+        raise SystemExit(f"no runs under {raw / 'runs'}: run scripts/convergence_study.sh first "
+                         "(or pass --raw)")
+    sd.mkdir(parents=True, exist_ok=True)
+    logs = raw / "logs"
     runs: dict[str, dict] = {}
-    for run_dir in sorted((sd / "runs").glob("*")):
-        r = load_run(run_dir, sd / "logs")
+    for run_dir in sorted((raw / "runs").glob("*")):
+        r = load_run(run_dir, logs)
         if r is not None:
             runs[r["name"]] = r
     missing = []
-    status = sd / "logs" / "status.tsv"
+    status = logs / "status.tsv"
     if status.exists():
         for line in status.read_text().splitlines()[1:]:
             name, rc, *_ = line.split("\t")
             if rc != "0":
-                missing.append(f"`{name}` exited {rc} (see docs/study/logs/{name}.log)")
+                missing.append(f"`{name}` exited {rc} (log: `{logs / name}.log`, written by "
+                               "`scripts/convergence_study.sh`, not committed)")
 
     dense_a = runs.get("A-common-dense", {}).get("bytes_sent_per_step")
-    dense_c = runs.get(f"C-lr-dense-{(sd / 'logs' / 'C-lr.txt').read_text().strip()}", {}) \
-        if (sd / "logs" / "C-lr.txt").exists() else {}
+    dense_c = runs.get(f"C-lr-dense-{(logs / 'C-lr.txt').read_text().strip()}", {}) \
+        if (logs / "C-lr.txt").exists() else {}
     parts = {
         "A-common": by_prefix(runs, "A-common-"),
         "A-local": by_prefix(runs, "A-local-"),
@@ -505,9 +539,9 @@ def main() -> None:
         splice_markdown(args.doc, blocks)
     print(md)
     if args.clean_checkpoints:
-        for ck in (sd / "runs").glob("*/checkpoints"):
+        for ck in (raw / "runs").glob("*/checkpoints"):
             shutil.rmtree(ck)
-        print(f"\ndeleted checkpoints under {sd / 'runs'}")
+        print(f"\ndeleted checkpoints under {raw / 'runs'}")
 
 
 if __name__ == "__main__":

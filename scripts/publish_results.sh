@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# Copy the summary of one benchmark run from runs/ into docs/, leaving the raw output behind.
+#
+#   scripts/publish_results.sh RAW_DIR DOCS_DIR
+#   scripts/publish_results.sh runs/results/train_P4_100mbit docs/results/train_P4_100mbit
+#
+# RAW_DIR is the --out folder of `gssgd bench comm|train|model` (under runs/, which git
+# ignores). Only its top-level summaries are copied: results.json, table.txt, model.json,
+# tables.txt and the plots (*.png). Everything else stays in RAW_DIR: workers/ (per-rank
+# records), per-method training folders (metrics.jsonl, summary.json, config.json, logs/),
+# run.log. The plots are shrunk losslessly with optipng when it is installed
+# (`apt-get install optipng`), so the committed docs stay small.
+set -euo pipefail
+if [ $# -ne 2 ]; then
+    echo "usage: $0 RAW_DIR DOCS_DIR" >&2
+    exit 2
+fi
+raw=$1
+dst=$2
+if [ ! -d "$raw" ]; then
+    echo "$0: no folder $raw" >&2
+    exit 1
+fi
+mkdir -p "$dst"
+copied=0
+for f in "$raw"/results.json "$raw"/table.txt "$raw"/model.json "$raw"/tables.txt "$raw"/*.png; do
+    [ -f "$f" ] || continue
+    cp "$f" "$dst/"
+    copied=$((copied + 1))
+    case $f in
+        *.png) if command -v optipng >/dev/null; then optipng -quiet -o2 -strip all "$dst/$(basename "$f")"; fi ;;
+    esac
+done
+if [ "$copied" -eq 0 ]; then
+    echo "$0: $raw holds no results.json, table.txt, model.json, tables.txt or *.png" >&2
+    exit 1
+fi
+echo "published $copied file(s): $raw -> $dst"
