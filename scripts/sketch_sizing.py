@@ -51,7 +51,7 @@ def main() -> None:
     p.add_argument("--checkpoints", default="20,100,300")
     p.add_argument("--json", default=None)
     p.add_argument("--grid", default=None,
-                   help="rows:cols_per_k:m,... (default: rows 1,3,5 x cols 2,10,40,160 k x m 1,4,16)")
+                   help="rows:cols_per_k:m,... (default: rows 1,3,5 x cols (2,10,40,160)·k x m 1,4,16)")
     args = p.parse_args()
     torch.manual_seed(0)
     data = load_dataset(args.dataset)
@@ -90,7 +90,7 @@ def main() -> None:
             print(f"step {step} loss {loss.item():.3f}")
             for r in out["results"]:
                 if r["step"] == step:
-                    print(f"  rows={r['rows']} cols={r['cols_per_k']}k m={r['m']}: "
+                    print(f"  rows={r['rows']} cols={r['cols_per_k']}·k m={r['m']}: "
                           f"recall {r['recall']:.2f}")
         update = torch.zeros(d)
         update[chosen] = total[chosen] / args.workers
