@@ -1,11 +1,23 @@
 """gssgd: communication-efficient data-parallel training with global sketching (gs-SGD).
 
-Public surface: :class:`CountSketch`, :func:`make_aggregator` and :data:`AGGREGATORS`;
-the DDP hooks live in :mod:`gssgd.ddp`.
+Public surface: :class:`CountSketch`, :func:`make_aggregator`, :data:`AGGREGATORS` and the
+method registry (:data:`METHODS`, :class:`Method`, :func:`register_method`); the DDP hooks
+live in :mod:`gssgd.ddp`.
 """
 
 from gssgd.aggregators import AGGREGATORS, Aggregator, StepStats, make_aggregator
+from gssgd.methods import METHODS, Method, Variant, register_method
 from gssgd.sketch import CountSketch
 
-__all__ = ["AGGREGATORS", "Aggregator", "CountSketch", "StepStats", "make_aggregator"]
+__all__ = [
+    "AGGREGATORS",
+    "METHODS",
+    "Aggregator",
+    "CountSketch",
+    "Method",
+    "StepStats",
+    "Variant",
+    "make_aggregator",
+    "register_method",
+]
 __version__ = "0.1.0"

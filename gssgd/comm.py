@@ -19,6 +19,12 @@ rank, the payload bytes it sends and receives under the algorithm's own message 
 ``rounds`` counts the sequential communication steps on the algorithm's critical path (the
 same on every rank), ``messages`` the point-to-point messages this rank sent (one per
 tensor), and ``seconds`` the wall time spent inside collectives.
+
+The same patterns as formulas (:class:`Traffic`, :func:`ring_allreduce`,
+:func:`allgather`, :func:`recursive_doubling`, :func:`star`) predict what a step moves
+without running it; each aggregator's ``traffic`` classmethod composes them into its own
+message pattern, and the cost model and the training metrics read them from there. This
+module is the one place every byte formula lives.
 """
 
 from __future__ import annotations
@@ -30,7 +36,19 @@ from dataclasses import dataclass, fields
 import torch
 import torch.distributed as dist
 
-__all__ = ["CommStats", "Communicator", "recursive_doubling_plan", "RecursiveDoublingPlan"]
+__all__ = [
+    "CONTROL_BYTES",
+    "CommStats",
+    "Communicator",
+    "RecursiveDoublingPlan",
+    "Traffic",
+    "allgather",
+    "recursive_doubling",
+    "recursive_doubling_plan",
+    "ring_allreduce",
+    "ring_allreduce_bytes",
+    "star",
+]
 
 Payload = list[torch.Tensor]
 
@@ -82,6 +100,98 @@ def recursive_doubling_plan(rank: int, world_size: int) -> RecursiveDoublingPlan
     folded = rank + power if rank + power < world_size else None
     partners = tuple(rank ^ (1 << i) for i in range(power.bit_length() - 1))
     return RecursiveDoublingPlan(world_size, power, None, folded, partners)
+
+
+#: Bytes of the int32 non-finite flag every aggregator step all-gathers first.
+CONTROL_BYTES = 4
+
+
+def ring_allreduce_bytes(nbytes: int, world_size: int) -> int:
+    """Bytes one rank sends (and receives) in a ring all-reduce of ``nbytes``:
+    ``floor(2(P-1)/P * n)`` (a reduce-scatter and an all-gather of ``P-1`` steps each)."""
+    return (2 * (world_size - 1) * nbytes) // world_size
+
+
+@dataclass(frozen=True)
+class Traffic:
+    """What one step of a message pattern moves, for every rank.
+
+    Attributes:
+        sent, received: payload bytes per rank (index = rank), as :class:`Communicator`
+            counts them.
+        rounds: sequential communication steps on the critical path.
+        critical_bytes: bytes on the busiest link, summed over the sequential phases, each
+            phase counted in its busier direction (links are full duplex).
+    """
+
+    sent: tuple[int, ...]
+    received: tuple[int, ...]
+    rounds: int
+    critical_bytes: int
+
+    def __add__(self, other: Traffic) -> Traffic:
+        """The two patterns one after the other."""
+        return Traffic(
+            tuple(a + b for a, b in zip(self.sent, other.sent, strict=True)),
+            tuple(a + b for a, b in zip(self.received, other.received, strict=True)),
+            self.rounds + other.rounds,
+            self.critical_bytes + other.critical_bytes,
+        )
+
+
+def ring_allreduce(nbytes: int, world_size: int) -> Traffic:
+    """The backend's all-reduce of ``nbytes`` (:meth:`Communicator.allreduce_backend`),
+    counted as a ring: :func:`ring_allreduce_bytes` each way in ``2(P-1)`` steps."""
+    p = world_size
+    moved = ring_allreduce_bytes(nbytes, p)
+    return Traffic((moved,) * p, (moved,) * p, 2 * (p - 1), moved)
+
+
+def allgather(nbytes: int, world_size: int) -> Traffic:
+    """An all-gather of ``nbytes`` per rank (:meth:`Communicator.allgather_backend`): each
+    rank's bytes go out once (logically) and ``(P-1) * n`` come in, over ``P-1`` steps."""
+    p = world_size
+    if p == 1:
+        return Traffic((0,), (0,), 0, 0)
+    return Traffic((nbytes,) * p, ((p - 1) * nbytes,) * p, p - 1, (p - 1) * nbytes)
+
+
+def recursive_doubling(nbytes: int, world_size: int, result_extra: int = 0) -> Traffic:
+    """Recursive doubling of an ``nbytes`` payload (:meth:`Communicator.recursive_doubling`).
+
+    ``log2 P2`` exchanges of ``n`` bytes with partner ``rank XOR 2^i``; with ``P != P2`` the
+    ranks ``>= P2`` first send their payload to ``rank - P2`` and get the result (plus
+    ``result_extra`` bytes, e.g. gTop-k's survival flags) back last: two more rounds.
+    """
+    p = world_size
+    sent, received = [], []
+    for rank in range(p):
+        plan = recursive_doubling_plan(rank, p)
+        if plan.fold_into is not None:  # folds in, then receives the result
+            sent.append(nbytes)
+            received.append(nbytes + result_extra)
+            continue
+        s = r = len(plan.partners) * nbytes
+        if plan.folded_from is not None:  # receives a folded payload, sends back the result
+            r += nbytes
+            s += nbytes + result_extra
+        sent.append(s)
+        received.append(r)
+    plan = recursive_doubling_plan(0, p)
+    folded = p != plan.power
+    critical = len(plan.partners) * nbytes + ((2 * nbytes + result_extra) if folded else 0)
+    return Traffic(tuple(sent), tuple(received), plan.rounds, critical)
+
+
+def star(to_root: int, from_root: int, world_size: int) -> Traffic:
+    """One star phase through rank 0 (:meth:`Communicator.gather_to_root` or
+    :meth:`Communicator.broadcast_from_root`): every other rank sends ``to_root`` bytes to
+    rank 0 and receives ``from_root`` bytes from it; rank 0's link carries ``P-1`` copies.
+    One round (a gather and a broadcast are one each: pass 0 for the direction unused)."""
+    p = world_size
+    sent = ((p - 1) * from_root,) + (to_root,) * (p - 1)
+    received = ((p - 1) * to_root,) + (from_root,) * (p - 1)
+    return Traffic(sent, received, 1, (p - 1) * max(to_root, from_root))
 
 
 def _nbytes(tensors: Sequence[torch.Tensor]) -> int:
@@ -229,8 +339,8 @@ class Communicator:
         start = time.perf_counter()
         if self.world_size > 1:
             dist.all_reduce(tensor, op=op, group=self.group)
-        p, n = self.world_size, _nbytes([tensor])
-        moved = (2 * (p - 1) * n) // p
+        p = self.world_size
+        moved = ring_allreduce_bytes(_nbytes([tensor]), p)
         self.stats.bytes_sent += moved
         self.stats.bytes_received += moved
         self.stats.messages += 2 * (p - 1)
@@ -238,10 +348,28 @@ class Communicator:
         self.stats.seconds += time.perf_counter() - start
         return tensor
 
+    def allreduce_backend_async(self, tensor: torch.Tensor) -> torch.futures.Future[torch.Tensor]:
+        """The backend's all-reduce (sum) of ``tensor`` in place, started without waiting.
+
+        Counted like :meth:`allreduce_backend` when it starts; the caller times it (the
+        returned future completes when the sum is in ``tensor``). DDP's hooks chain on it.
+
+        Returns:
+            A future whose value is ``tensor`` holding the sum.
+        """
+        p = self.world_size
+        moved = ring_allreduce_bytes(_nbytes([tensor]), p)
+        self.stats.bytes_sent += moved
+        self.stats.bytes_received += moved
+        self.stats.messages += 2 * (p - 1)
+        self.stats.rounds += 2 * (p - 1)
+        work = dist.all_reduce(tensor, group=self.group, async_op=True)
+        return work.get_future().then(lambda fut: fut.value()[0])
+
     def allgather_backend(self, tensor: torch.Tensor) -> list[torch.Tensor]:
         """The backend's all-gather, by rank.
 
-        Counted by the all-gather's logical pattern (design.md's Top-k figure): this rank's
+        Counted by the all-gather's logical pattern (local Top-k's figure): this rank's
         ``n`` bytes are sent once and every other rank's ``(P-1) * n`` are received.
         """
         start = time.perf_counter()

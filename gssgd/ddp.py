@@ -1,7 +1,8 @@
 """DistributedDataParallel communication hooks built on the gssgd aggregators.
 
-Any aggregator of :data:`gssgd.AGGREGATORS` ("dense", "topk", "gtopk", "sketched", "gs")
-becomes a DDP communication hook with one line, the way PyTorch's ``powerSGD_hook`` does::
+Any aggregator of :data:`gssgd.AGGREGATORS` ("dense", "topk", "gtopk", "sketched", "gs",
+and any method registered with :func:`gssgd.register_method`) becomes a DDP communication
+hook with one line, the way PyTorch's ``powerSGD_hook`` does::
 
     from gssgd.ddp import HookState, comm_hook
     ddp_model.register_comm_hook(HookState("gs", density=0.01, model=ddp_model), comm_hook)
@@ -61,6 +62,7 @@ import torch.distributed as dist
 from torch import nn
 
 from gssgd.aggregators import AGGREGATORS, Aggregator, StepStats, build_options, make_aggregator
+from gssgd.comm import Communicator
 
 __all__ = ["HookState", "comm_hook"]
 
@@ -241,7 +243,7 @@ class HookState:
         >>> # xdoctest: +SKIP
         >>> model = DistributedDataParallel(net, bucket_cap_mb=25)
         >>> state = HookState("gs", density=0.001, start_iter=100, whole_model=True,
-        ...                   model=model, rows=5, candidates=4)
+        ...                   model=model)  # the default sketch: 1 row of 40·k columns, m = 32
         >>> model.register_comm_hook(state, comm_hook)
         >>> loss_fn(model(x), y).backward()     # gradients are the gs-SGD update
         >>> state.last_stats.bytes_sent
@@ -264,6 +266,23 @@ class HookState:
         if model is not None:
             self.bind(model)
 
+    @classmethod
+    def from_settings(
+        cls,
+        settings: HookSettings,
+        group: dist.ProcessGroup | None = None,
+        model: nn.Module | None = None,
+    ) -> "HookState":
+        """A state for already validated :class:`HookSettings` (``gssgd train`` builds them
+        from its config); otherwise the same as the constructor."""
+        state = cls.__new__(cls)
+        state.settings = settings
+        state.group = group
+        state._reset()
+        if model is not None:
+            state.bind(model)
+        return state
+
     def _reset(self) -> None:
         """Empty runtime state: no aggregators, no binding, iteration 0."""
         self.iter = 0
@@ -276,6 +295,7 @@ class HookState:
         self._pending: list[_Pending] = []
         self._stats: _IterationStats | None = None
         self._session_iters = 0  # iterations seen in this process (not saved)
+        self._comm: Communicator | None = None  # the warm-up's accounted all-reduce
 
     # ------------------------------------------------------------------ settings
     @property
@@ -466,29 +486,32 @@ class HookState:
         return agg
 
     def _allreduce_mean(self, buffer: torch.Tensor) -> torch.futures.Future[torch.Tensor]:
-        """Warm-up: the plain average by the backend's all-reduce, counted as a ring."""
-        world_size = dist.get_world_size(self.group)
-        n = buffer.numel() * buffer.element_size()
-        moved = (2 * (world_size - 1) * n) // world_size
-        stats = StepStats(
-            bytes_sent=moved,
-            bytes_received=moved,
-            messages=2 * (world_size - 1),
-            rounds=2 * (world_size - 1),
-            k=buffer.numel(),
-            d=buffer.numel(),
-        )
-        totals = self._iteration_stats()
-        totals.add(stats)
-        buffer.div_(world_size)  # before the sum, as DDP's own hook does (no fp16 overflow)
+        """Warm-up: the plain average by the backend's all-reduce (through the accounted
+        :class:`~gssgd.comm.Communicator`, counted as a ring), chained on its future."""
+        if self._comm is None:
+            self._comm = Communicator(self.group)
+        comm = self._comm
+        buffer.div_(comm.world_size)  # before the sum, as DDP's own hook does (no fp16 overflow)
         start = time.perf_counter()
-        work = dist.all_reduce(buffer, group=self.group, async_op=True)
+        fut = comm.allreduce_backend_async(buffer)
+        counted = comm.take_stats()
+        totals = self._iteration_stats()
+        totals.add(
+            StepStats(
+                bytes_sent=counted.bytes_sent,
+                bytes_received=counted.bytes_received,
+                messages=counted.messages,
+                rounds=counted.rounds,
+                k=buffer.numel(),
+                d=buffer.numel(),
+            )
+        )
 
-        def done(fut: torch.futures.Future[list[torch.Tensor]]) -> torch.Tensor:
+        def done(fut: torch.futures.Future[torch.Tensor]) -> torch.Tensor:
             totals.total.seconds_communicate += time.perf_counter() - start
-            return fut.value()[0]
+            return fut.value()
 
-        return work.get_future().then(done)
+        return fut.then(done)
 
     def _per_bucket(self, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
         """Per-bucket mode: the bucket's own aggregator averages it."""
@@ -589,7 +612,7 @@ def comm_hook(state: HookState, bucket: dist.GradBucket) -> torch.futures.Future
     Example::
         >>> # xdoctest: +SKIP
         >>> from gssgd.ddp import HookState, comm_hook
-        >>> state = HookState("gs", density=0.01, start_iter=10, rows=5, candidates=4)
+        >>> state = HookState("gs", density=0.01, start_iter=10)
         >>> ddp_model.register_comm_hook(state, comm_hook)
         >>> for x, y in loader:
         ...     optimizer.zero_grad()

@@ -12,19 +12,13 @@ import dataclasses
 import torch.distributed as dist
 
 from gssgd.aggregators.base import Aggregator, StepStats
-from gssgd.aggregators.dense import DenseAllReduce
-from gssgd.aggregators.gs import GlobalSketchSGD
-from gssgd.aggregators.gtopk import GlobalTopk
 from gssgd.aggregators.options import default_candidates, default_sketch_cols, resolve_k
-from gssgd.aggregators.sketched import SketchedSGD
-from gssgd.aggregators.topk import LocalTopk
 
 __all__ = ["AGGREGATORS", "Aggregator", "StepStats", "make_aggregator", "build_options"]
 
-#: Method name -> aggregator class. The CLI, the DDP hook and the benchmarks all use it.
-AGGREGATORS: dict[str, type[Aggregator]] = {
-    cls.name: cls for cls in (DenseAllReduce, LocalTopk, GlobalTopk, SketchedSGD, GlobalSketchSGD)
-}
+#: Method name -> aggregator class: the aggregator view of the method registry
+#: (:data:`gssgd.methods.METHODS`), which fills it as methods are registered.
+AGGREGATORS: dict[str, type[Aggregator]] = {}
 
 
 def build_options(name: str, d: int, density: float | None = None, **options: object):
@@ -40,9 +34,9 @@ def build_options(name: str, d: int, density: float | None = None, **options: ob
         raise ValueError(f"unknown method {name!r}; valid methods: {', '.join(AGGREGATORS)}.")
     cls = AGGREGATORS[name]
     k_given = options.pop("k", None)
-    if name == "dense":
+    if cls.sends_all:
         if k_given is not None:
-            raise ValueError("method 'dense' sends every coordinate and takes no k; drop k=.")
+            raise ValueError(f"method {name!r} sends every coordinate and takes no k; drop k=.")
         resolve_k(d, density, None)  # validates d and density even though dense ignores them
         k = d
     else:
@@ -52,7 +46,7 @@ def build_options(name: str, d: int, density: float | None = None, **options: ob
     if unknown:
         raise ValueError(
             f"unknown option(s) {unknown} for method {name!r}; valid options: "
-            f"{', '.join(valid + ([] if name == 'dense' else ['k']))}."
+            f"{', '.join(valid + ([] if cls.sends_all else ['k']))}."
         )
     opts = cls.Options(**options)  # type: ignore[arg-type]
     if getattr(opts, "cols", 0) is None:
@@ -88,7 +82,7 @@ def make_aggregator(
         RuntimeError: torch.distributed is not initialised.
 
     Example:
-        >>> agg = make_aggregator("gs", d=1_000_000, density=0.001, rows=5)  # doctest: +SKIP
+        >>> agg = make_aggregator("gs", d=1_000_000, density=0.001)  # doctest: +SKIP
         >>> update = agg.step(flat_grad)
     """
     cls, k, opts = build_options(name, d, density, **options)

@@ -18,7 +18,7 @@ import torch
 import torch.distributed as dist
 
 from gssgd.aggregators.options import CommonOptions
-from gssgd.comm import Communicator
+from gssgd.comm import CONTROL_BYTES, Communicator, Traffic, allgather
 
 __all__ = ["Aggregator", "StepStats", "index_dtype"]
 
@@ -86,6 +86,8 @@ class Aggregator:
     name: ClassVar[str] = ""
     Options: ClassVar[type[CommonOptions]] = CommonOptions
     has_residual: ClassVar[bool] = True
+    #: True for a method that sends every coordinate (dense): it takes no ``k``/density.
+    sends_all: ClassVar[bool] = False
 
     def __init__(
         self, d: int, k: int, options: CommonOptions, group: dist.ProcessGroup | None = None
@@ -104,6 +106,29 @@ class Aggregator:
     # ---------------------------------------------------------------- contract
     def step(self, grad: torch.Tensor) -> torch.Tensor:  # pragma: no cover - abstract
         raise NotImplementedError
+
+    @classmethod
+    def traffic(cls, d: int, k: int, options: CommonOptions, world_size: int) -> Traffic:
+        """What one step after the first moves on ``world_size`` ranks, without running it.
+
+        The message pattern of ``step`` as :mod:`gssgd.comm` formulas, control messages
+        included (every step starts with the all-gather of a 4-byte non-finite flag:
+        :meth:`control_traffic`); values are counted as float32. It must equal what
+        ``last_stats`` reports (tests check this for every method), and the cost model reads
+        it. A subclass that does not override it cannot be predicted by the cost model.
+
+        Raises:
+            NotImplementedError: the method does not describe its traffic.
+        """
+        raise NotImplementedError(
+            f"{cls.__name__} does not describe its traffic; override the classmethod "
+            "traffic(d, k, options, world_size) to let the cost model predict it."
+        )
+
+    @staticmethod
+    def control_traffic(world_size: int) -> Traffic:
+        """The all-gather of the non-finite flag that starts every step."""
+        return allgather(CONTROL_BYTES, world_size)
 
     def agreement_fields(self) -> dict[str, Any]:
         """What all ranks must agree on before the first update."""

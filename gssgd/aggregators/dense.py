@@ -13,6 +13,7 @@ import torch
 
 from gssgd.aggregators.base import Aggregator
 from gssgd.aggregators.options import DenseOptions
+from gssgd.comm import Traffic, ring_allreduce
 
 __all__ = ["DenseAllReduce"]
 
@@ -28,7 +29,14 @@ class DenseAllReduce(Aggregator):
     name = "dense"
     Options = DenseOptions
     has_residual = False
+    sends_all = True
     options: DenseOptions
+
+    @classmethod
+    def traffic(cls, d: int, k: int, options: DenseOptions, world_size: int) -> Traffic:
+        """A ring all-reduce of the ``d`` payload values."""
+        payload = d * options.dtype.itemsize
+        return cls.control_traffic(world_size) + ring_allreduce(payload, world_size)
 
     def step(self, grad: torch.Tensor) -> torch.Tensor:
         skipped = self._begin(grad)

@@ -37,6 +37,7 @@ from gssgd._select import topk_indices
 from gssgd.aggregators.base import Aggregator
 from gssgd.aggregators.guard import CollapseGuard, SketchCollapseError
 from gssgd.aggregators.options import GSOptions
+from gssgd.comm import Traffic, recursive_doubling, ring_allreduce
 
 log = logging.getLogger(__name__)
 
@@ -52,6 +53,19 @@ class GlobalSketchSGD(Aggregator):
     name = "gs"
     Options = GSOptions
     options: GSOptions
+
+    @classmethod
+    def traffic(cls, d: int, k: int, options: GSOptions, world_size: int) -> Traffic:
+        """The table all-reduce (``rows * cols`` entries of ``table_dtype``), then, with
+        ``exact``, the all-reduce of the ``m * k`` candidates' values; no indices. Either
+        by recursive doubling or, with ``allreduce="backend"``, the ring. The collapse
+        guard's audits (a dense all-reduce at step 20, then every 200 steps) are left out."""
+        reduce = ring_allreduce if options.allreduce == "backend" else recursive_doubling
+        table = options.rows * options.cols * options.table_dtype.itemsize
+        out = cls.control_traffic(world_size) + reduce(table, world_size)
+        if options.exact:
+            out = out + reduce(options.num_candidates(k, d) * 4, world_size)
+        return out
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)

@@ -23,7 +23,7 @@ import torch
 from gssgd._select import topk_indices
 from gssgd.aggregators.base import Aggregator, index_dtype
 from gssgd.aggregators.options import TopkOptions
-from gssgd.comm import recursive_doubling_plan
+from gssgd.comm import Traffic, recursive_doubling, recursive_doubling_plan
 
 __all__ = ["GlobalTopk", "merge_topk"]
 
@@ -49,6 +49,13 @@ class GlobalTopk(Aggregator):
     name = "gtopk"
     Options = TopkOptions
     options: TopkOptions
+
+    @classmethod
+    def traffic(cls, d: int, k: int, options: TopkOptions, world_size: int) -> Traffic:
+        """Recursive doubling of (index, value) lists; a folded rank also gets k survival
+        flags (uint8) back with the final list."""
+        pair = k * (index_dtype(d).itemsize + 4)
+        return cls.control_traffic(world_size) + recursive_doubling(pair, world_size, k)
 
     def step(self, grad: torch.Tensor) -> torch.Tensor:
         skipped = self._begin(grad)

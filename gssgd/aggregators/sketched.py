@@ -24,6 +24,7 @@ import torch
 from gssgd._select import topk_indices
 from gssgd.aggregators.base import Aggregator, index_dtype
 from gssgd.aggregators.options import SketchedOptions
+from gssgd.comm import Traffic, star
 
 __all__ = ["SketchedSGD"]
 
@@ -34,6 +35,21 @@ class SketchedSGD(Aggregator):
     name = "sketched"
     Options = SketchedOptions
     options: SketchedOptions
+
+    @classmethod
+    def traffic(cls, d: int, k: int, options: SketchedOptions, world_size: int) -> Traffic:
+        """Four star phases through rank 0: sketches in, candidate indices out, candidate
+        values in, the final (index, value) list out."""
+        p, i, v = world_size, index_dtype(d).itemsize, 4
+        table = options.rows * options.cols * v
+        c = options.num_candidates(k, d)
+        return (
+            cls.control_traffic(p)
+            + star(table, 0, p)
+            + star(0, c * i, p)
+            + star(c * v, 0, p)
+            + star(0, k * (i + v), p)
+        )
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)

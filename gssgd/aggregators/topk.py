@@ -19,6 +19,7 @@ import torch
 from gssgd._select import topk_indices
 from gssgd.aggregators.base import Aggregator, index_dtype
 from gssgd.aggregators.options import TopkOptions
+from gssgd.comm import Traffic, allgather
 
 __all__ = ["LocalTopk"]
 
@@ -29,6 +30,16 @@ class LocalTopk(Aggregator):
     name = "topk"
     Options = TopkOptions
     options: TopkOptions
+
+    @classmethod
+    def traffic(cls, d: int, k: int, options: TopkOptions, world_size: int) -> Traffic:
+        """An all-gather of k indices, then one of k values."""
+        index_bytes = index_dtype(d).itemsize
+        return (
+            cls.control_traffic(world_size)
+            + allgather(k * index_bytes, world_size)
+            + allgather(k * 4, world_size)
+        )
 
     def step(self, grad: torch.Tensor) -> torch.Tensor:
         skipped = self._begin(grad)

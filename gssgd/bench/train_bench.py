@@ -28,7 +28,7 @@ Steps:
        * ``seconds_compute_per_step``: median of ``seconds_compute`` (the step minus the
          time the comm hook reported: forward, backward, optimizer), and
          ``seconds_overhead_per_step`` = step - compute (compression and communication).
-         DDP's built-in all-reduce (``dense``, ``dense16``, ``powersgd``) runs inside the
+         DDP's built-in all-reduce (``ddp-allreduce``, ``ddp-fp16``, ``powersgd``) runs inside the
          backward pass untimed, so their ``seconds_compute`` includes the communication;
          their overhead is estimated with the median compute of the methods that do
          separate it (``overhead_estimated``);
@@ -98,8 +98,9 @@ __all__ = [
     "train_argv",
 ]
 
-#: What ``gssgd bench train`` runs unless told otherwise.
-DEFAULT_METHODS: tuple[str, ...] = ("dense", "topk", "gtopk", "sketched", "gs")
+#: What ``gssgd bench train`` runs unless told otherwise: the fastest dense baseline (DDP's
+#: own all-reduce, which overlaps with the backward pass) and the sparse methods.
+DEFAULT_METHODS: tuple[str, ...] = ("ddp-allreduce", "topk", "gtopk", "sketched", "gs")
 #: A per-step wall clock the trainer may log; used for the time to target when present.
 ELAPSED_FIELD = "seconds_elapsed"
 #: Settings always written into the reproducing command (bench train's own defaults).
@@ -140,7 +141,8 @@ class TrainBenchConfig:
     configs: dict[str, Any] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        from gssgd.train.loop import METHODS, TrainConfig, settings_for
+        from gssgd.methods import parse_methods
+        from gssgd.train.config import TrainConfig, settings_for
 
         settings = dict(self.settings)
         settings.pop("progress", None)  # the runs never show a progress bar
@@ -151,16 +153,7 @@ class TrainBenchConfig:
             if settings.get(name) is None:
                 settings[name] = default
         object.__setattr__(self, "settings", settings)
-        methods = tuple(self.methods)
-        unknown = [m for m in methods if m not in METHODS]
-        if unknown or not methods:
-            raise ValueError(
-                f"methods {list(methods)!r}: {f'unknown {unknown}' if unknown else 'none given'}; "
-                f"choose among {', '.join(METHODS)}"
-            )
-        if len(set(methods)) != len(methods):
-            raise ValueError(f"methods {list(methods)!r} name a method twice; list each once")
-        object.__setattr__(self, "methods", methods)
+        object.__setattr__(self, "methods", parse_methods(self.methods))
         parse_link_rate(self.link)  # raises with the valid forms
         if self.link_bps is not None and settings["device"] != "cpu":
             raise ValueError(
@@ -181,7 +174,7 @@ class TrainBenchConfig:
             m: TrainConfig(
                 method=m, **settings_for(m, settings), out=m, overwrite=True, progress=False
             )  # fmt: skip
-            for m in methods
+            for m in self.methods
         }
         object.__setattr__(self, "configs", configs)
 

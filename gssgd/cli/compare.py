@@ -17,9 +17,11 @@ from pathlib import Path
 from typing import Any
 
 from gssgd.cli.train import Formatter, add_training_flags, settings_from_args
+from gssgd.methods import METHODS, parse_methods
+from gssgd.train.config import TrainConfig, check_settings_apply, import_plugins, settings_for
 from gssgd.train.data import TextData, load_dataset
 from gssgd.train.launch import is_user_error
-from gssgd.train.loop import METHODS, TrainConfig, applies_to, run_training, settings_for
+from gssgd.train.loop import run_training
 from gssgd.train.metrics import METRICS_FILE, read_metrics, write_json
 
 __all__ = ["DEFAULTS", "add_parser", "run"]
@@ -61,7 +63,8 @@ method (one `gssgd train` run each, into DIR/METHOD/), then compare them:
   DIR/vs_bytes.png   the same against the bytes a worker sent
   stdout             a table of the above
 
-Methods: dense, dense16, topk, gtopk, sketched, gs, powersgd (see `gssgd train --help`).
+Methods: every name `gssgd train --help` lists (dense is gssgd's all-reduce through the
+same hook as the compressors; ddp-allreduce is DDP's own).
 Method-specific flags (--rows, --density, ...) go to the methods that take them.
 The defaults are the main job: MNIST, CNN, 4 workers, five methods, density 0.01,
 about four minutes on a 2-core machine.
@@ -105,24 +108,6 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     return parser
 
 
-def _methods(text: str) -> list[str]:
-    """Parse ``--methods``.
-
-    Raises:
-        ValueError: an unknown or repeated method, or none.
-    """
-    methods = [m.strip() for m in text.split(",") if m.strip()]
-    unknown = [m for m in methods if m not in METHODS]
-    if not methods or unknown:
-        raise ValueError(
-            f"--methods={text!r} is invalid: {f'unknown {unknown}' if unknown else 'empty'}; "
-            f"give a comma-separated list from {', '.join(METHODS)}"
-        )
-    if len(set(methods)) != len(methods):
-        raise ValueError(f"--methods={text!r} names a method twice; list each once")
-    return methods
-
-
 def _configs(args: argparse.Namespace, methods: list[str], out: Path) -> dict[str, TrainConfig]:
     """One config per method from the same flags; every one is checked before any runs.
 
@@ -131,13 +116,8 @@ def _configs(args: argparse.Namespace, methods: list[str], out: Path) -> dict[st
     """
     settings = settings_from_args(args)
     settings.pop("out")  # compare's --out is the parent of the runs
-    for name, value in settings.items():
-        if value not in (None, False) and not set(methods) & set(applies_to(name)):
-            flag = "--" + name.replace("_", "-")
-            raise ValueError(
-                f"{flag} applies to {', '.join(applies_to(name))}, none of which is in "
-                f"--methods {','.join(methods)}; drop {flag} or add such a method"
-            )
+    import_plugins(settings.get("plugins", ()))  # before the method names are checked
+    check_settings_apply(settings, methods)
     return {
         m: TrainConfig(method=m, **settings_for(m, settings), out=str(out / m), overwrite=True)
         for m in methods
@@ -152,7 +132,8 @@ def run(args: argparse.Namespace) -> int:
     """
     out = Path(args.out) if args.out else Path("runs") / f"compare-{datetime.now():%Y%m%d-%H%M%S}"
     try:
-        methods = _methods(args.methods)
+        import_plugins(args.plugins)
+        methods = list(parse_methods(args.methods))
         configs = _configs(args, methods, out)
         text = isinstance(load_dataset(args.dataset), TextData)
     except Exception as err:
@@ -203,7 +184,7 @@ def table(results: dict[str, dict[str, Any]], text: bool = False) -> str:
     """The comparison as a fixed-width table (one row per method)."""
     headline = "test loss" if text else "test acc"
     key = "final_test_loss" if text else "final_test_accuracy"
-    dense = (results.get("dense") or {}).get("bytes_sent_per_step")
+    dense = (results.get("dense") or results.get("ddp-allreduce") or {}).get("bytes_sent_per_step")
     rows = [
         (
             "method",

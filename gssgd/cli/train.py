@@ -7,28 +7,30 @@ reuses them through :func:`add_training_flags` and :func:`settings_from_args`.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 from typing import Any
 
 from gssgd.aggregators.options import PAYLOAD_DTYPES
+from gssgd.methods import METHODS
 from gssgd.train.checkpoint import CheckpointError
+from gssgd.train.config import TrainConfig, setting_applies_to
 from gssgd.train.data import DatasetUnavailableError
 from gssgd.train.launch import DEVICES, WorkerFailed, is_user_error
-from gssgd.train.loop import METHODS, STATUS_COMPLETED, TrainConfig, run_training
+from gssgd.train.loop import STATUS_COMPLETED, run_training
 from gssgd.train.models import MODELS
 
 __all__ = ["Formatter", "add_parser", "add_training_flags", "run", "settings_from_args"]
 
+def method_list() -> str:
+    """The registered methods, one line each (for ``--help``)."""
+    return "\n".join(f"  {m.name:<14} {m.summary}" for m in METHODS.values())
+
+
 DESCRIPTION = """\
 Train a model data-parallel on N workers, averaging gradients with one method:
 
-  dense      DDP's all-reduce of the full float32 gradient (the baseline)
-  dense16    DDP's fp16_compress_hook (16-bit payload)
-  topk       local Top-k with error feedback: all-gather of k (index, value) pairs
-  gtopk      global Top-k: recursive-doubling merges that keep the top k
-  sketched   Sketched-SGD: Count Sketches summed at a server (rank 0), exact top-k
-  gs         gs-SGD: Count Sketches summed by an all-reduce, no server (the default)
-  powersgd   PyTorch's PowerSGD hook (low-rank, error feedback)
+{methods}
 
 Started plainly, it spawns --workers local processes (gloo over the loopback
 interface). Under torchrun it is one worker of torchrun's group (gloo on the CPU,
@@ -75,259 +77,155 @@ def _fail_at(text: str) -> tuple[int, int]:
 
 
 def add_training_flags(parser: argparse.ArgumentParser, compare: bool = False) -> None:
-    """Add the flags shared by ``train`` and ``compare``.
+    """Add the flags shared by ``train`` and ``compare``, group by group.
 
     Args:
         parser: the subcommand's parser.
         compare: leave out what ``compare`` sets itself (--method, --out, --resume,
             --overwrite, --fail-at) and use its defaults.
     """
+    _what_flags(parser, compare)
+    _optimisation_flags(parser)
+    _worker_flags(parser)
+    _aggregation_flags(parser)
+    _output_flags(parser, compare)
+    if not compare:
+        _fault_flags(parser)
+
+
+def _applies(name: str) -> str:
+    """``(topk, gs; ...)``: the methods a setting applies to, from the registry."""
+    return ", ".join(setting_applies_to(name))
+
+
+def _what_flags(parser: argparse.ArgumentParser, compare: bool) -> None:
     c = TrainConfig  # the defaults live in one place: the dataclass
     what = parser.add_argument_group("what to train")
     if not compare:
-        what.add_argument(
-            "--method",
-            choices=METHODS,
-            default=c.method,
-            help="how gradients are averaged (see above)",
-        )
-    what.add_argument(
-        "--dataset",
-        default=c.dataset,
-        help="digits, mnist, fashion-mnist, shakespeare, npz:PATH (x_train, "
-        "y_train, x_test, y_test) or text:PATH (UTF-8)",
-    )
-    what.add_argument(
-        "--model",
-        choices=MODELS,
-        default=None,
-        help="the model; default: cnn for images, mlp for flat features, lm for text",
-    )
+        what.add_argument("--method", default=c.method,
+                          help="how gradients are averaged: a method listed above (or one a "
+                          "--plugin registers)")
+    what.add_argument("--dataset", default=c.dataset,
+                      help="digits, mnist, fashion-mnist, shakespeare, npz:PATH (x_train, "
+                      "y_train, x_test, y_test) or text:PATH (UTF-8)")
+    what.add_argument("--model", choices=MODELS, default=None,
+                      help="the model; default: cnn for images, mlp for flat features, lm for text")
+    what.add_argument("--plugin", dest="plugins", action="append", default=[], metavar="MODULE",
+                      help="import MODULE first, on every worker too (it registers methods of "
+                      "your own with gssgd.register_method); repeatable")
 
+
+def _optimisation_flags(parser: argparse.ArgumentParser) -> None:
+    c = TrainConfig
     opt = parser.add_argument_group("optimisation")
-    opt.add_argument(
-        "--steps",
-        type=int,
-        default=c.steps,
-        help="total steps (a resumed run continues up to this many)",
-    )
-    opt.add_argument(
-        "--batch-size",
-        type=int,
-        default=c.batch_size,
-        help="samples (text: windows) per worker per step",
-    )
+    opt.add_argument("--steps", type=int, default=c.steps,
+                     help="total steps (a resumed run continues up to this many)")
+    opt.add_argument("--batch-size", type=int, default=c.batch_size,
+                     help="samples (text: windows) per worker per step")
     opt.add_argument("--lr", type=float, default=c.lr, help="SGD learning rate (constant)")
-    opt.add_argument(
-        "--momentum", type=float, default=c.momentum, help="SGD momentum, applied after aggregation"
-    )
+    opt.add_argument("--momentum", type=float, default=c.momentum,
+                     help="SGD momentum, applied after aggregation")
     opt.add_argument("--weight-decay", type=float, default=c.weight_decay, help="SGD weight decay")
     opt.add_argument("--seq-len", type=int, default=c.seq_len, help="characters per window (text)")
-    opt.add_argument(
-        "--seed",
-        type=int,
-        default=c.seed,
-        help="seeds the model init, the batches and the sketch hashes",
-    )
+    opt.add_argument("--seed", type=int, default=c.seed,
+                     help="seeds the model init, the batches and the sketch hashes")
 
+
+def _worker_flags(parser: argparse.ArgumentParser) -> None:
+    c = TrainConfig
     run_ = parser.add_argument_group("workers")
-    run_.add_argument(
-        "--workers",
-        type=int,
-        default=None,
-        help="worker processes to spawn (default: 4; under torchrun: its WORLD_SIZE)",
-    )
-    run_.add_argument(
-        "--device",
-        choices=DEVICES,
-        default=c.device,
-        help="cpu (gloo), cuda (NCCL, one GPU per worker) or auto",
-    )
+    run_.add_argument("--workers", type=int, default=None,
+                      help="worker processes to spawn (default: 4; under torchrun: its WORLD_SIZE)")
+    run_.add_argument("--device", choices=DEVICES, default=c.device,
+                      help="cpu (gloo), cuda (NCCL, one GPU per worker) or auto")
     run_.add_argument("--threads", type=int, default=c.threads, help="torch threads per worker")
-    run_.add_argument(
-        "--timeout",
-        type=float,
-        default=c.timeout,
-        metavar="SECONDS",
-        help="how long a collective waits for a peer before the run fails",
-    )
+    run_.add_argument("--timeout", type=float, default=c.timeout, metavar="SECONDS",
+                      help="how long a collective waits for a peer before the run fails")
 
+
+def _aggregation_flags(parser: argparse.ArgumentParser) -> None:
     agg = parser.add_argument_group(
         "aggregation", "method-specific settings; a setting the method does not take is an error"
     )
     sparse = agg.add_mutually_exclusive_group()
-    sparse.add_argument(
-        "--density",
-        type=float,
-        default=None,
-        help="fraction of coordinates sent, k = max(1, round(density*d)) "
-        "(topk, gtopk, sketched, gs; default 0.01)",
-    )
-    sparse.add_argument(
-        "--k", type=int, default=None, help="coordinates sent per worker, instead of --density"
-    )
-    agg.add_argument(
-        "--local-momentum",
-        type=float,
-        default=None,
-        help="aggregator-side momentum with momentum stopping (topk, gtopk, "
-        "sketched, gs; default 0 = off)",
-    )
-    agg.add_argument("--rows", type=int, default=None, help="sketch rows, odd (default 1)")
-    agg.add_argument(
-        "--cols", type=int, default=None, help="sketch columns (default 40k, capped at d/(4 rows))"
-    )
-    agg.add_argument(
-        "--candidates",
-        type=int,
-        default=None,
-        help="m: the sketch proposes m*k candidates (default 32, capped at m*k <= d/8)",
-    )
-    agg.add_argument(
-        "--exact",
-        action=argparse.BooleanOptionalAction,
-        default=None,
-        help="gs: fetch exact sums of the candidates (default --exact)",
-    )
-    agg.add_argument(
-        "--allreduce",
-        choices=("recursive_doubling", "backend"),
-        default=None,
-        help="gs: how sketches are summed (default recursive_doubling)",
-    )
-    agg.add_argument(
-        "--table-dtype",
-        choices=tuple(PAYLOAD_DTYPES),
-        default=None,
-        help="gs: dtype of the sketch tables on the wire (default float32; 16 bits halve them)",
-    )
-    agg.add_argument(
-        "--guard",
-        choices=("grow", "raise", "off"),
-        default=None,
-        help="gs: when an audit finds the sketch collapsed, grow it (default), raise, or off",
-    )
-    agg.add_argument(
-        "--powersgd-rank",
-        type=int,
-        default=None,
-        help="powersgd: matrix approximation rank (default 2)",
-    )
-    agg.add_argument(
-        "--start-iter",
-        type=int,
-        default=None,
-        help="steps of plain all-reduce before compression starts (default 2)",
-    )
-    agg.add_argument(
-        "--per-bucket",
-        action="store_true",
-        help="compress each DDP bucket apart instead of the whole model at once",
-    )
-    agg.add_argument(
-        "--bucket-cap-mb",
-        type=float,
-        default=None,
-        help="DDP bucket size in MB (default: DDP's 25); smaller buckets let a per-bucket "
-        "hook overlap communication with the backward pass",
-    )
+    sparse.add_argument("--density", type=float, default=None,
+                        help="fraction of coordinates sent, k = max(1, round(density*d)) "
+                        f"({_applies('density')}; default 0.01)")
+    sparse.add_argument("--k", type=int, default=None,
+                        help="coordinates sent per worker, instead of --density")
+    agg.add_argument("--local-momentum", type=float, default=None,
+                     help="aggregator-side momentum with momentum stopping "
+                     f"({_applies('local_momentum')}; default 0 = off)")
+    agg.add_argument("--payload-dtype", choices=tuple(PAYLOAD_DTYPES), default=None,
+                     help=f"{_applies('payload_dtype')}: dtype of the all-reduced gradient "
+                     "(default float32; 16 bits are scaled by 1/P first)")
+    agg.add_argument("--rows", type=int, default=None,
+                     help=f"sketch rows, odd ({_applies('rows')}; default 1)")
+    agg.add_argument("--cols", type=int, default=None,
+                     help="sketch columns (default 40·k, capped at d/(4 rows))")
+    agg.add_argument("--candidates", type=int, default=None,
+                     help="m: the sketch proposes m*k candidates (default 32, capped at m*k <= d/8)")
+    agg.add_argument("--exact", action=argparse.BooleanOptionalAction, default=None,
+                     help=f"{_applies('exact')}: fetch exact sums of the candidates (default --exact)")
+    agg.add_argument("--allreduce", choices=("recursive_doubling", "backend"), default=None,
+                     help=f"{_applies('allreduce')}: how sketches are summed "
+                     "(default recursive_doubling)")
+    agg.add_argument("--table-dtype", choices=tuple(PAYLOAD_DTYPES), default=None,
+                     help=f"{_applies('table_dtype')}: dtype of the sketch tables on the wire "
+                     "(default float32; 16 bits halve them)")
+    agg.add_argument("--guard", choices=("grow", "raise", "off"), default=None,
+                     help=f"{_applies('guard')}: when an audit finds the sketch collapsed, grow "
+                     "it (default), raise, or off")
+    agg.add_argument("--powersgd-rank", type=int, default=None,
+                     help=f"{_applies('powersgd_rank')}: matrix approximation rank (default 2)")
+    agg.add_argument("--start-iter", type=int, default=None,
+                     help="steps of plain all-reduce before compression starts (default 2)")
+    agg.add_argument("--per-bucket", action="store_true",
+                     help="compress each DDP bucket apart instead of the whole model at once")
+    agg.add_argument("--bucket-cap-mb", type=float, default=None,
+                     help="DDP bucket size in MB (default: DDP's 25); smaller buckets let a "
+                     "per-bucket hook overlap communication with the backward pass")
 
+
+def _output_flags(parser: argparse.ArgumentParser, compare: bool) -> None:
+    c = TrainConfig
     out = parser.add_argument_group("output")
     if not compare:
-        out.add_argument(
-            "--out",
-            default=None,
-            metavar="DIR",
-            help="run directory (default: runs/METHOD-DATASET-TIME, or the --resume directory)",
-        )
-    out.add_argument(
-        "--eval-every",
-        type=int,
-        default=c.eval_every,
-        metavar="N",
-        help="evaluate on the test split every N steps and after the last (0: last only)",
-    )
-    out.add_argument(
-        "--checkpoint-every",
-        type=int,
-        default=c.checkpoint_every,
-        metavar="N",
-        help="checkpoint every N steps and after the last (0: last only)",
-    )
+        out.add_argument("--out", default=None, metavar="DIR",
+                         help="run directory (default: runs/METHOD-DATASET-TIME, or the "
+                         "--resume directory)")
+    out.add_argument("--eval-every", type=int, default=c.eval_every, metavar="N",
+                     help="evaluate on the test split every N steps and after the last "
+                     "(0: last only)")
+    out.add_argument("--checkpoint-every", type=int, default=c.checkpoint_every, metavar="N",
+                     help="checkpoint every N steps and after the last (0: last only)")
     if not compare:
-        out.add_argument(
-            "--resume",
-            default=None,
-            metavar="DIR",
-            help="continue the run in DIR (its --out) or from a checkpoint file",
-        )
-        out.add_argument(
-            "--overwrite",
-            action="store_true",
-            help="start afresh in an --out that holds an earlier run (deletes it)",
-        )
+        out.add_argument("--resume", default=None, metavar="DIR",
+                         help="continue the run in DIR (its --out) or from a checkpoint file")
+        out.add_argument("--overwrite", action="store_true",
+                         help="start afresh in an --out that holds an earlier run (deletes it)")
     out.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar")
-    if not compare:
-        fault = parser.add_argument_group("fault injection")
-        fault.add_argument(
-            "--fail-at",
-            type=_fail_at,
-            default=None,
-            metavar="RANK:STEP",
-            help="that rank exits abruptly at that step (reliability tests)",
-        )
-        fault.add_argument(
-            "--stall-at",
-            type=_fail_at,
-            default=None,
-            metavar="RANK:STEP",
-            help="that rank stops answering at that step, alive but silent (reliability tests)",
-        )
+
+
+def _fault_flags(parser: argparse.ArgumentParser) -> None:
+    fault = parser.add_argument_group("fault injection")
+    fault.add_argument("--fail-at", type=_fail_at, default=None, metavar="RANK:STEP",
+                       help="that rank exits abruptly at that step (reliability tests)")
+    fault.add_argument("--stall-at", type=_fail_at, default=None, metavar="RANK:STEP",
+                       help="that rank stops answering at that step, alive but silent "
+                       "(reliability tests)")
 
 
 #: The argparse destinations that are TrainConfig fields (everything but method/methods).
-_SETTINGS = (
-    "dataset",
-    "model",
-    "steps",
-    "batch_size",
-    "lr",
-    "momentum",
-    "weight_decay",
-    "seq_len",
-    "seed",
-    "workers",
-    "device",
-    "threads",
-    "timeout",
-    "density",
-    "k",
-    "local_momentum",
-    "rows",
-    "cols",
-    "candidates",
-    "exact",
-    "allreduce",
-    "table_dtype",
-    "guard",
-    "powersgd_rank",
-    "start_iter",
-    "per_bucket",
-    "bucket_cap_mb",
-    "out",
-    "eval_every",
-    "checkpoint_every",
-    "resume",
-    "overwrite",
-    "progress",
-    "fail_at",
-    "stall_at",
-)
+_SETTINGS = tuple(f.name for f in dataclasses.fields(TrainConfig) if f.name != "method")
 
 
 def settings_from_args(args: argparse.Namespace) -> dict[str, Any]:
     """The TrainConfig keyword arguments the parsed flags hold."""
-    return {name: getattr(args, name) for name in _SETTINGS if hasattr(args, name)}
+    settings = {name: getattr(args, name) for name in _SETTINGS if hasattr(args, name)}
+    if "plugins" in settings:
+        settings["plugins"] = tuple(settings["plugins"])
+    return settings
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -335,7 +233,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     parser = subparsers.add_parser(
         "train",
         help="train with one method (spawns workers, or joins torchrun)",
-        description=DESCRIPTION,
+        description=DESCRIPTION.format(methods=method_list()),
         epilog=EPILOG,
         formatter_class=Formatter,
         allow_abbrev=False,

@@ -1,9 +1,8 @@
 """What a training run measures, and where it writes it.
 
-* :func:`builtin_hook_bytes`: the payload bytes of DDP's own all-reduce, its fp16 hook and
-  PowerSGD, counted like :mod:`gssgd.comm` counts a backend all-reduce (the ring figure
-  ``floor(2(P-1)/P * n)`` sent and received per all-reduce), so that every method of
-  ``gssgd compare`` is measured with the same yardstick.
+(The bytes of DDP's built-in hooks are counted by :func:`gssgd.train.sync.builtin_hook_bytes`
+with :mod:`gssgd.comm`'s ring figure, so every method is measured with the same yardstick.)
+
 * :class:`RunTotals`: running sums over the run (resumable: they live in the checkpoint).
 * :class:`MetricsLog`: one JSON object per step in ``OUT/metrics.jsonl`` (rank 0 only).
 * :func:`write_json`: ``OUT/summary.json`` and friends, written atomically.
@@ -36,12 +35,9 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Iterable
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
-
-import torch
 
 from gssgd.train.checkpoint import atomic_write
 
@@ -50,70 +46,12 @@ __all__ = [
     "SUMMARY_FILE",
     "MetricsLog",
     "RunTotals",
-    "builtin_hook_bytes",
     "read_metrics",
-    "ring_allreduce_bytes",
     "write_json",
 ]
 
 METRICS_FILE = "metrics.jsonl"
 SUMMARY_FILE = "summary.json"
-
-
-def ring_allreduce_bytes(nbytes: int, world_size: int) -> int:
-    """Bytes one rank sends (and receives) in a ring all-reduce of ``nbytes``: ``2(P-1)/P·n``."""
-    return (2 * (world_size - 1) * nbytes) // world_size
-
-
-def builtin_hook_bytes(
-    method: str,
-    shapes: Iterable[torch.Size],
-    world_size: int,
-    compressed: bool,
-    powersgd_rank: int = 2,
-    min_compression_rate: float = 2.0,
-) -> int:
-    """Payload bytes one rank sends per step with DDP's built-in communication.
-
-    Args:
-        method: ``"dense"`` (float32 all-reduce), ``"dense16"`` (``fp16_compress_hook``)
-            or ``"powersgd"``.
-        shapes: the shapes of the model's gradients (float32).
-        world_size: the number of ranks P.
-        compressed: for PowerSGD, whether this step is past ``start_powerSGD_iter`` (before
-            it, PowerSGD all-reduces the dense gradient).
-        powersgd_rank: PowerSGD's ``matrix_approximation_rank``.
-        min_compression_rate: PowerSGD's rule for which tensors it compresses.
-
-    Returns:
-        Bytes sent (the same number is received), by the ring figure per all-reduce.
-        PowerSGD is counted as its hook works: 1-D and small tensors are all-reduced
-        uncompressed; every other tensor, viewed as an ``n x m`` matrix, sends its
-        ``P`` factor (``n·r``) and its ``Q`` factor (``m·r``) in two further all-reduces.
-
-    Raises:
-        ValueError: an unknown method.
-    """
-    shapes = [torch.Size(s) for s in shapes]
-    numel = sum(s.numel() for s in shapes)
-    if method == "dense" or (method == "powersgd" and not compressed):
-        return ring_allreduce_bytes(4 * numel, world_size)
-    if method == "dense16":
-        return ring_allreduce_bytes(2 * numel, world_size)
-    if method != "powersgd":
-        raise ValueError(
-            f"method {method!r} has no built-in DDP hook; use dense, dense16 or powersgd"
-        )
-    uncompressed = ps = qs = 0
-    for shape in shapes:
-        n = shape[0] if len(shape) else 1
-        m = shape.numel() // n if n else 0
-        r = min(n, m, powersgd_rank)
-        if len(shape) > 1 and (n + m) * r * min_compression_rate < n * m:
-            ps, qs = ps + n * r, qs + m * r
-        else:
-            uncompressed += shape.numel()
-    return sum(ring_allreduce_bytes(4 * count, world_size) for count in (uncompressed, ps, qs))
 
 
 @dataclass

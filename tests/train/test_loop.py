@@ -20,7 +20,9 @@ from gssgd.train.loop import (
     run_training,
     settings_for,
 )
-from gssgd.train.metrics import builtin_hook_bytes, read_metrics, ring_allreduce_bytes
+from gssgd.comm import ring_allreduce_bytes
+from gssgd.train.metrics import read_metrics
+from gssgd.train.sync import builtin_hook_bytes
 
 # Small and fast: 2 workers on digits (d = 11,482 for the CNN).
 DIGITS: dict[str, Any] = dict(dataset="digits", workers=2, batch_size=16, eval_every=5,
@@ -166,7 +168,7 @@ def test_a_fresh_run_does_not_write_over_an_earlier_one(gs_run, tmp_path: Path) 
 
 def test_non_finite_loss_stops_every_worker_cleanly(tmp_path: Path) -> None:
     summary = run_training(
-        TrainConfig(method="dense", steps=30, lr=1e6, out=str(tmp_path), **DIGITS)
+        TrainConfig(method="ddp-allreduce", steps=30, lr=1e6, out=str(tmp_path), **DIGITS)
     )
     assert summary is not None
     assert summary["status"] == STATUS_NONFINITE
@@ -184,13 +186,18 @@ def test_non_finite_loss_stops_every_worker_cleanly(tmp_path: Path) -> None:
         ({"steps": 0}, r"--steps=0 is invalid: it must be an integer >= 1"),
         ({"lr": -1.0}, r"--lr=-1.0 is invalid: it must be a number > 0"),
         ({"momentum": 1.0}, r"--momentum=1.0 is invalid: it must be a number in \[0, 1\)"),
-        ({"method": "adam"}, r"--method='adam' is invalid: it must be one of dense, dense16"),
+        ({"method": "adam"}, r"--method='adam' is invalid: it must be one of dense, topk"),
+        ({"method": "dense16"}, r"--method='dense16' is invalid.*ddp-fp16.*--plugin"),
         ({"method": "topk", "rows": 5}, "--rows does not apply to --method topk; it applies to "
          "sketched, gs"),
         ({"method": "dense", "density": 0.1}, "--density does not apply to --method dense"),
-        ({"method": "gs", "rows": 4}, r"--rows=4 is invalid: it must be odd.*Use 5"),
+        ({"method": "ddp-allreduce", "rows": 3}, "--rows does not apply to --method ddp-allreduce"),
+        ({"method": "gs", "rows": 4}, r"--method gs: rows=4 is invalid: it must be an odd"),
         ({"density": 0.1, "k": 5}, "give only one"),
-        ({"density": 2.0}, r"--density=2.0 is invalid: it must be a number in \(0, 1\]"),
+        ({"density": 2.0}, r"--method gs: density=2.0 is invalid: it must be a number in \(0, 1\]"),
+        ({"method": "dense", "payload_dtype": "int8"}, "--payload-dtype='int8' is invalid"),
+        ({"method": "gs", "local_momentum": 1.5}, r"momentum=1.5 is invalid: .*\[0, 1\)"),
+        ({"plugins": ("no_such_module_xyz",)}, "--plugin 'no_such_module_xyz' cannot be imported"),
         ({"method": "powersgd", "start_iter": 1}, r"--start-iter=1 is invalid: .* >= 2"),
         ({"fail_at": (1,)}, "RANK:STEP"),
         ({"bucket_cap_mb": 0}, r"--bucket-cap-mb=0 is invalid: it must be a number in \(0, 1024\]"),
@@ -212,6 +219,7 @@ def test_density_too_small_for_k_is_caught_before_any_worker_starts(tmp_path: Pa
 
 def test_settings_for_drops_what_a_method_does_not_take() -> None:
     settings = {"rows": 7, "density": 0.1, "exact": False, "lr": 0.1, "powersgd_rank": 4}
+    assert settings_for("ddp-allreduce", settings) == {"lr": 0.1}
     assert settings_for("dense", settings) == {"lr": 0.1}
     assert settings_for("topk", settings) == {"density": 0.1, "lr": 0.1}
     assert settings_for("gs", settings) == {"rows": 7, "density": 0.1, "exact": False, "lr": 0.1}
@@ -224,8 +232,8 @@ def test_settings_for_drops_what_a_method_does_not_take() -> None:
 def test_builtin_hooks_are_counted_with_the_ring_figure() -> None:
     shapes = [torch.Size([50, 100]), torch.Size([50])]  # a Linear(100, 50)
     d = 50 * 100 + 50
-    assert builtin_hook_bytes("dense", shapes, 4, compressed=False) == (2 * 3 * 4 * d) // 4
-    assert builtin_hook_bytes("dense16", shapes, 4, compressed=False) == (2 * 3 * 2 * d) // 4
+    assert builtin_hook_bytes("ddp-allreduce", shapes, 4, compressed=False) == (2 * 3 * 4 * d) // 4
+    assert builtin_hook_bytes("ddp-fp16", shapes, 4, compressed=False) == (2 * 3 * 2 * d) // 4
     # PowerSGD before its start iteration: the dense all-reduce.
     assert builtin_hook_bytes("powersgd", shapes, 4, compressed=False) == (2 * 3 * 4 * d) // 4
     # After: the bias uncompressed, the weight as P (50 x 2) and Q (100 x 2), three all-reduces.

@@ -1,0 +1,296 @@
+"""The settings of a training run (:class:`TrainConfig`) and their checks.
+
+Generic settings (steps, learning rate, workers, ...) are checked here. Method-specific
+ones are checked where they belong: which methods a setting applies to comes from the
+method registry (:func:`gssgd.methods.applies_to`), and the aggregator's options are
+validated by its options dataclass through :class:`gssgd.ddp.HookSettings`, the same check
+``HookState`` runs, so every option has exactly one rule and one message.
+"""
+
+from __future__ import annotations
+
+import importlib
+import math
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from gssgd.aggregators.options import PAYLOAD_DTYPES
+from gssgd.ddp import HookSettings
+from gssgd.methods import METHODS, applies_to, get_method
+from gssgd.train.launch import DEVICES
+from gssgd.train.models import MODELS
+
+__all__ = [
+    "DEFAULT_POWERSGD_RANK",
+    "DEFAULT_START_ITER",
+    "DEFAULT_WORKERS",
+    "METHOD_SETTINGS",
+    "TrainConfig",
+    "check_settings_apply",
+    "flag",
+    "import_plugins",
+    "setting_applies_to",
+    "settings_for",
+]
+
+#: Workers spawned when neither ``--workers`` nor torchrun says how many.
+DEFAULT_WORKERS = 4
+#: Start iteration of the compressing hooks when ``--start-iter`` is not given.
+DEFAULT_START_ITER = 2
+#: PowerSGD's matrix approximation rank when ``--powersgd-rank`` is not given.
+DEFAULT_POWERSGD_RANK = 2
+
+#: TrainConfig fields that are aggregator options under another name.
+_OPTION_NAMES = {"local_momentum": "momentum", "payload_dtype": "dtype"}
+#: TrainConfig fields that apply to some methods only (None or False = not given).
+METHOD_SETTINGS: tuple[str, ...] = (
+    "density",
+    "k",
+    "local_momentum",
+    "payload_dtype",
+    "rows",
+    "cols",
+    "candidates",
+    "exact",
+    "allreduce",
+    "table_dtype",
+    "guard",
+    "powersgd_rank",
+    "start_iter",
+    "per_bucket",
+)
+
+
+def flag(name: str) -> str:
+    """The command-line flag of a TrainConfig field: ``local_momentum`` -> ``--local-momentum``."""
+    return "--" + name.replace("_", "-")
+
+
+def _bad(name: str, value: object, valid: str, fix: str = "") -> ValueError:
+    return ValueError(f"{flag(name)}={value!r} is invalid: {valid}.{' ' + fix if fix else ''}")
+
+
+def setting_applies_to(name: str) -> tuple[str, ...]:
+    """The registered methods a TrainConfig field applies to (every method for generic ones)."""
+    if name not in METHOD_SETTINGS:
+        return tuple(METHODS)
+    return applies_to(_OPTION_NAMES.get(name, name))
+
+
+def check_settings_apply(settings: dict[str, Any], methods: Iterable[str]) -> None:
+    """Refuse a method-specific setting that none of ``methods`` takes.
+
+    The one check behind ``gssgd train`` (one method) and ``gssgd compare`` (several): a
+    setting a method would silently ignore is an error that names the flag and the fix.
+
+    Raises:
+        ValueError: such a setting.
+    """
+    methods = list(methods)
+    for name in METHOD_SETTINGS:
+        if settings.get(name) in (None, False):
+            continue
+        takers = setting_applies_to(name)
+        if not set(methods) & set(takers):
+            which = f"--method {methods[0]}" if len(methods) == 1 else f"--methods {','.join(methods)}"
+            raise ValueError(
+                f"{flag(name)} does not apply to {which}; it applies to "
+                f"{', '.join(takers) or 'no registered method'}. Drop {flag(name)} or pick "
+                "such a method."
+            )
+
+
+def settings_for(method: str, settings: dict[str, Any]) -> dict[str, Any]:
+    """``settings`` (TrainConfig keyword arguments) without those ``method`` does not take.
+
+    ``gssgd compare`` builds one config per method from the same flags this way.
+    """
+    return {
+        name: value
+        for name, value in settings.items()
+        if name not in METHOD_SETTINGS or method in setting_applies_to(name)
+    }
+
+
+def import_plugins(modules: Iterable[str]) -> None:
+    """Import each module (it registers its methods with :func:`gssgd.register_method`).
+
+    Raises:
+        ValueError: a module that cannot be imported (the message names it and the fix).
+    """
+    for name in modules:
+        try:
+            importlib.import_module(name)
+        except ImportError as err:
+            raise ValueError(
+                f"--plugin {name!r} cannot be imported ({err}); give an importable module "
+                "name (on PYTHONPATH) whose import registers the method."
+            ) from err
+
+
+@dataclass
+class TrainConfig:
+    """Every setting of a training run; ``gssgd train --help`` shows the same as flags.
+
+    Values are checked on construction (``ValueError`` naming the flag, the valid range
+    and a fix); ``None`` means "the default", which may depend on the data or the launcher.
+    """
+
+    # -- what to train
+    method: str = "gs"  # how gradients are averaged: a name of gssgd.METHODS
+    dataset: str = "mnist"  # digits, mnist, fashion-mnist, shakespeare, npz:PATH or text:PATH
+    model: str | None = None  # mlp, cnn, resnet or lm; None: the dataset's default (cnn, lm)
+    plugins: tuple[str, ...] = ()  # modules imported on every worker (they register methods)
+    # -- optimisation
+    steps: int = 500  # total steps; a resumed run continues up to this many
+    batch_size: int = 32  # samples (text: windows) per worker per step
+    lr: float = 0.05  # SGD learning rate (constant)
+    momentum: float = 0.9  # SGD momentum, applied to the aggregated update
+    weight_decay: float = 0.0  # SGD weight decay
+    seq_len: int = 64  # characters per window (text data)
+    seed: int = 0  # seeds the model init, the batches and the sketch hashes
+    # -- workers
+    workers: int | None = None  # processes; None: WORLD_SIZE under torchrun, else 4
+    device: str = "auto"  # cpu, cuda, or auto (cuda when available)
+    threads: int = 1  # torch threads per worker
+    timeout: float = 300.0  # seconds a collective waits for a peer before the run fails
+    # -- aggregation; None: the method's own default (checked by its options dataclass)
+    density: float | None = None  # fraction of coordinates sent (default 0.01), or give k
+    k: int | None = None  # coordinates sent per worker, instead of density
+    local_momentum: float | None = None  # aggregator momentum with momentum stopping (0: off)
+    payload_dtype: str | None = None  # dense: float32 (default), float16 or bfloat16 payload
+    rows: int | None = None  # sketch rows, odd (sketched, gs; default 1)
+    cols: int | None = None  # sketch columns (sketched, gs; default 40·k, capped at d/(4 rows))
+    candidates: int | None = None  # m: the sketch proposes m*k candidates (default 32, m*k <= d/8)
+    exact: bool | None = None  # gs: fetch exact values of the candidates (default True)
+    allreduce: str | None = None  # gs: recursive_doubling (default) or backend
+    table_dtype: str | None = None  # gs: sketch tables on the wire: float32 (default), float16, bfloat16
+    guard: str | None = None  # gs: on a collapsed sketch grow it (default), raise, or off
+    powersgd_rank: int | None = None  # powersgd: matrix approximation rank (default 2)
+    start_iter: int | None = None  # steps of plain all-reduce before compression (default 2)
+    per_bucket: bool = False  # aggregate each DDP bucket apart, not the whole model at once
+    bucket_cap_mb: float | None = None  # DDP's bucket size in MB (None: DDP's default, 25)
+    # -- output
+    out: str | None = None  # run directory; None: runs/<method>-<dataset>-<time>
+    eval_every: int = 100  # evaluate every N steps and after the last (0: after the last only)
+    checkpoint_every: int = 0  # checkpoint every N steps (0: after the last only)
+    resume: str | None = None  # a run directory or checkpoint file to continue from
+    overwrite: bool = False  # start afresh in an --out that holds an earlier run
+    progress: bool = True  # show a progress bar on rank 0
+    # -- fault injection (reliability tests)
+    fail_at: tuple[int, int] | None = None  # (rank, step): that rank exits abruptly there
+    stall_at: tuple[int, int] | None = None  # (rank, step): that rank hangs there (a stalled peer)
+
+    def __post_init__(self) -> None:
+        self.plugins = tuple(self.plugins)
+        import_plugins(self.plugins)
+        if self.method not in METHODS:
+            raise _bad("method", self.method, f"it must be one of {', '.join(METHODS)}",
+                       "A method of your own needs --plugin MODULE that registers it.")
+        if not isinstance(self.dataset, str) or not self.dataset:
+            raise _bad("dataset", self.dataset, "it must name a dataset", "For example digits.")
+        if self.model is not None and self.model not in MODELS:
+            raise _bad("model", self.model, f"it must be one of {', '.join(MODELS)}",
+                       "Leave it out for the dataset's default.")
+        for name in ("steps", "batch_size", "seq_len", "threads"):
+            _check_int(name, getattr(self, name), 1)
+        for name in ("seed", "eval_every", "checkpoint_every"):
+            _check_int(name, getattr(self, name), 0)
+        if self.workers is not None:
+            _check_int("workers", self.workers, 1)
+        _check_real("lr", self.lr, "> 0", lambda v: v > 0, "For example 0.05.")
+        _check_real("momentum", self.momentum, "in [0, 1)", lambda v: 0 <= v < 1, "Or 0 for none.")
+        _check_real("weight_decay", self.weight_decay, ">= 0", lambda v: v >= 0)
+        _check_real("timeout", self.timeout, "> 0 seconds", lambda v: v > 0, "Default: 300.")
+        if self.device not in DEVICES:
+            raise _bad("device", self.device, f"it must be one of {', '.join(DEVICES)}")
+        if self.bucket_cap_mb is not None:
+            _check_real("bucket_cap_mb", self.bucket_cap_mb, "in (0, 1024]",
+                        lambda v: 0 < v <= 1024)
+        check_settings_apply({n: getattr(self, n) for n in METHOD_SETTINGS}, [self.method])
+        self._check_method_settings()
+        self.fail_at = _rank_step("fail_at", self.fail_at)
+        self.stall_at = _rank_step("stall_at", self.stall_at)
+
+    def _check_method_settings(self) -> None:
+        """The method's own checks: its options dataclass (through HookSettings) or, for
+        PowerSGD, its rank; both before any worker starts."""
+        for name in ("table_dtype", "payload_dtype"):
+            value = getattr(self, name)
+            if value is not None and value not in PAYLOAD_DTYPES:
+                raise _bad(name, value, f"it must be one of {', '.join(PAYLOAD_DTYPES)}")
+        if self.powersgd_rank is not None:
+            _check_int("powersgd_rank", self.powersgd_rank, 1)
+        if get_method(self.method).aggregator is not None:
+            self.hook_settings()  # start_iter >= 1 and every option, by their own rules
+        elif self.start_iter is not None:
+            # DDP rebuilds its buckets after step 0, and PowerSGD needs one more dense step
+            _check_int("start_iter", self.start_iter, 2)
+
+    # ---------------------------------------------------------------- derived settings
+    def aggregator_options(self) -> dict[str, Any]:
+        """The keyword options of the aggregator (``k`` included), defaults left out."""
+        opts: dict[str, Any] = {}
+        for name in METHOD_SETTINGS:
+            option = _OPTION_NAMES.get(name, name)
+            value = getattr(self, name)
+            if value is None or option not in get_method(self.method).option_names():
+                continue
+            opts[option] = PAYLOAD_DTYPES[value] if option in ("dtype", "table_dtype") else value
+        if "seed" in get_method(self.method).option_names():
+            opts["seed"] = self.seed
+        return opts
+
+    def hook_settings(self) -> HookSettings:
+        """The DDP hook's settings of an aggregator method, validated by its options.
+
+        Raises:
+            ValueError: an option out of range (the message names the option).
+        """
+        try:
+            return HookSettings(
+                self.method,
+                density=self.density,
+                start_iter=self.resolved_start_iter,
+                whole_model=not self.per_bucket,
+                options=self.aggregator_options(),
+            )
+        except ValueError as err:
+            raise ValueError(f"--method {self.method}: {err}") from None
+
+    @property
+    def resolved_start_iter(self) -> int:
+        """``start_iter``, or its default."""
+        return DEFAULT_START_ITER if self.start_iter is None else self.start_iter
+
+
+def _check_int(name: str, value: object, minimum: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise _bad(name, value, f"it must be an integer >= {minimum}")
+
+
+def _check_real(
+    name: str, value: object, valid: str, ok: Callable[[float], bool], fix: str = ""
+) -> None:
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, (int, float))
+        or not math.isfinite(value)
+        or not ok(value)
+    ):
+        raise _bad(name, value, f"it must be a number {valid}", fix)
+
+
+def _rank_step(name: str, value: object) -> tuple[int, int] | None:
+    """Validate a fault-injection ``(rank, step)`` pair (None passes)."""
+    if value is None:
+        return None
+    if (
+        not isinstance(value, (tuple, list))
+        or len(value) != 2
+        or any(isinstance(v, bool) or not isinstance(v, int) or v < 0 for v in value)
+    ):
+        raise _bad(name, value, "it must be RANK:STEP with integers >= 0",
+                   f"For example {flag(name)} 1:10.")
+    return (int(value[0]), int(value[1]))

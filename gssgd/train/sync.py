@@ -1,0 +1,189 @@
+"""How a training run averages its gradients: DDP's built-ins or a gssgd comm hook.
+
+:class:`GradientSync` registers the method's hook on the DDP model, reports what each step's
+averaging cost, and saves and restores the hook's state for checkpoints.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+import numpy as np
+import torch
+from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as powersgd
+from torch.nn.parallel import DistributedDataParallel
+
+from gssgd.comm import ring_allreduce_bytes
+from gssgd.ddp import HookState, comm_hook
+from gssgd.methods import get_method
+from gssgd.train.config import DEFAULT_POWERSGD_RANK, TrainConfig
+
+__all__ = ["GradientSync", "builtin_hook_bytes"]
+
+
+def builtin_hook_bytes(
+    method: str,
+    shapes: Iterable[torch.Size],
+    world_size: int,
+    compressed: bool,
+    powersgd_rank: int = 2,
+    min_compression_rate: float = 2.0,
+) -> int:
+    """Payload bytes one rank sends per step with DDP's built-in communication.
+
+    Args:
+        method: ``"ddp-allreduce"`` (float32 all-reduce), ``"ddp-fp16"``
+            (``fp16_compress_hook``) or ``"powersgd"``.
+        shapes: the shapes of the model's gradients (float32).
+        world_size: the number of ranks P.
+        compressed: for PowerSGD, whether this step is past ``start_powerSGD_iter`` (before
+            it, PowerSGD all-reduces the dense gradient).
+        powersgd_rank: PowerSGD's ``matrix_approximation_rank``.
+        min_compression_rate: PowerSGD's rule for which tensors it compresses.
+
+    Returns:
+        Bytes sent (the same number is received), by the ring figure per all-reduce.
+        PowerSGD is counted as its hook works: 1-D and small tensors are all-reduced
+        uncompressed; every other tensor, viewed as an ``n x m`` matrix, sends its
+        ``P`` factor (``n·r``) and its ``Q`` factor (``m·r``) in two further all-reduces.
+
+    Raises:
+        ValueError: an unknown method.
+    """
+    shapes = [torch.Size(s) for s in shapes]
+    numel = sum(s.numel() for s in shapes)
+    if method == "ddp-allreduce" or (method == "powersgd" and not compressed):
+        return ring_allreduce_bytes(4 * numel, world_size)
+    if method == "ddp-fp16":
+        return ring_allreduce_bytes(2 * numel, world_size)
+    if method != "powersgd":
+        raise ValueError(
+            f"method {method!r} has no built-in DDP hook; use ddp-allreduce, ddp-fp16 or powersgd"
+        )
+    uncompressed = ps = qs = 0
+    for shape in shapes:
+        n = shape[0] if len(shape) else 1
+        m = shape.numel() // n if n else 0
+        r = min(n, m, powersgd_rank)
+        if len(shape) > 1 and (n + m) * r * min_compression_rate < n * m:
+            ps, qs = ps + n * r, qs + m * r
+        else:
+            uncompressed += shape.numel()
+    return sum(ring_allreduce_bytes(4 * count, world_size) for count in (uncompressed, ps, qs))
+
+
+class GradientSync:
+    """How DDP averages the gradients for ``cfg.method``, what that cost, and its state.
+
+    * ``ddp-allreduce``: DDP's own all-reduce (no hook); ``ddp-fp16``: DDP's
+      ``fp16_compress_hook``;
+    * ``powersgd``: PyTorch's PowerSGD hook (rank ``--powersgd-rank``, error feedback,
+      warm start, ``start_powerSGD_iter = --start-iter``);
+    * every aggregator method of the registry (``dense``, ``topk``, ``gtopk``,
+      ``sketched``, ``gs``, and any registered one): :class:`gssgd.ddp.HookState` with
+      :func:`gssgd.ddp.comm_hook`, over the whole model unless ``--per-bucket``.
+
+    Args:
+        ddp: the wrapped model.
+        cfg: the run's settings.
+        world_size: number of workers.
+    """
+
+    def __init__(self, ddp: DistributedDataParallel, cfg: TrainConfig, world_size: int) -> None:
+        self.method, self.world_size = cfg.method, world_size
+        self.shapes = [p.shape for p in ddp.module.parameters() if p.requires_grad]
+        self.start_iter = cfg.resolved_start_iter
+        self.powersgd_rank = cfg.powersgd_rank or DEFAULT_POWERSGD_RANK
+        self.hook_state: Any = None
+        self.powersgd: powersgd.PowerSGDState | None = None
+        if cfg.method == "ddp-fp16":
+            ddp.register_comm_hook(None, default_hooks.fp16_compress_hook)
+        elif cfg.method == "powersgd":
+            self.powersgd = powersgd.PowerSGDState(
+                process_group=None,
+                matrix_approximation_rank=self.powersgd_rank,
+                start_powerSGD_iter=self.start_iter,
+                random_seed=cfg.seed,
+            )
+            ddp.register_comm_hook(self.powersgd, powersgd.powerSGD_hook)
+        elif get_method(cfg.method).aggregator is not None:
+            self.hook_state = HookState.from_settings(
+                cfg.hook_settings(), model=None if cfg.per_bucket else ddp.module
+            )
+            ddp.register_comm_hook(self.hook_state, comm_hook)
+
+    def step_stats(self, step: int) -> dict[str, Any]:
+        """What the last step's gradient averaging cost this rank (None: not measurable)."""
+        if self.hook_state is not None:
+            s = self.hook_state.last_stats
+            if s is not None:
+                return {
+                    "bytes_sent": s.bytes_sent,
+                    "bytes_received": s.bytes_received,
+                    "seconds_compress": s.seconds_compress,
+                    "seconds_communicate": s.seconds_communicate,
+                    "seconds_decompress": s.seconds_decompress,
+                    "delivered_fraction": s.delivered_fraction,
+                    "skipped": bool(s.skipped),
+                    "k": s.k,
+                }
+        compressed = self.method == "powersgd" and step >= self.start_iter
+        sent = builtin_hook_bytes(
+            self.method, self.shapes, self.world_size, compressed, self.powersgd_rank
+        )
+        return {
+            "bytes_sent": sent,
+            "bytes_received": sent,
+            "seconds_compress": None,
+            "seconds_communicate": None,
+            "seconds_decompress": None,
+            "delivered_fraction": None,
+            "skipped": False,
+            "k": None,
+        }
+
+    def state_dict(self) -> dict[str, Any]:
+        """This rank's hook state (residuals, PowerSGD's memories), weights_only-safe."""
+        if self.hook_state is not None:
+            return {"hook": self.hook_state.state_dict()}
+        if self.powersgd is not None:
+            p = self.powersgd
+            _, keys, pos, has_gauss, cached = p.rng.get_state()
+            return {
+                "powersgd": {
+                    "iter": p.iter,
+                    "error": dict(p.error_dict),
+                    "p": dict(p.p_memory_dict),
+                    "q": dict(p.q_memory_dict),
+                    "rng": {
+                        "keys": torch.from_numpy(keys.astype(np.int64)),
+                        "pos": int(pos),
+                        "has_gauss": int(has_gauss),
+                        "cached": float(cached),
+                    },
+                }
+            }
+        return {}
+
+    def load_state_dict(self, sd: dict[str, Any]) -> None:
+        """Restore :meth:`state_dict` output of the same method."""
+        if self.hook_state is not None:
+            self.hook_state.load_state_dict(sd["hook"])
+        elif self.powersgd is not None:
+            p, saved = self.powersgd, sd["powersgd"]
+            p.iter = int(saved["iter"])
+            p.error_dict = dict(saved["error"])
+            p.p_memory_dict = dict(saved["p"])
+            p.q_memory_dict = dict(saved["q"])
+            rng = saved["rng"]
+            p.rng.set_state(
+                (
+                    "MT19937",
+                    rng["keys"].numpy().astype(np.uint32),
+                    rng["pos"],
+                    rng["has_gauss"],
+                    rng["cached"],
+                )
+            )
