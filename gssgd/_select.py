@@ -3,44 +3,221 @@
 ``torch.topk`` returns *a* set of k largest values, but which of several equal values it
 keeps is unspecified and differs between CPU and CUDA. Every rank of a distributed
 aggregator must select the identical set, so ties are broken here by the lower index.
+
+Two ways to the same answer (:data:`METHODS`):
+
+* ``"exact"``: ``torch.topk`` over all ``n`` entries, then the tie rule.
+* ``"sampled"``: DGC's trick (Lin et al., ICLR 2018, "Deep Gradient Compression"), kept
+  exact: estimate the k-th largest value from a small fixed sample, keep the entries at or
+  above a threshold a little below it, and rank only those. If fewer than k survive (the
+  sample misled) or too many, fall back to ``"exact"``. With ``ordered=True`` the result
+  is identical, element for element, to ``"exact"``.
+* ``"auto"`` (the default) picks ``"sampled"`` where it was measured faster (CPU, large
+  ``n``, small ``k / n``, ``ordered=True``) and ``"exact"`` elsewhere.
 """
 
 from __future__ import annotations
 
+import math
+from functools import lru_cache
+
 import torch
 
-__all__ = ["topk_indices"]
+__all__ = [
+    "METHODS",
+    "SAMPLED_MIN_N",
+    "SAMPLED_MAX_DENSITY",
+    "topk_indices",
+    "exact_topk_indices",
+    "sampled_topk_indices",
+]
+
+METHODS: tuple[str, ...] = ("auto", "exact", "sampled")
+
+#: ``"auto"`` samples from this many entries up (measured crossover on a 1-thread CPU:
+#: see ``python -m gssgd.bench.compress_bench --select``).
+SAMPLED_MIN_N = 100_000
+#: ... and up to this ``k / n``; above it the survivors are too many for sampling to pay.
+SAMPLED_MAX_DENSITY = 0.1
+
+_SAMPLE_MIN = 1024  # at least this many sample entries ...
+_SAMPLE_MAX_FRACTION = 32  # ... and at most n / this
+_SAMPLE_SIGMAS = 4.0  # lower the threshold by this many standard deviations of the count
+_SAMPLE_SEED = 0x5E1EC7  # fixed: every process draws the same sample (never the global RNG)
+_MAX_SURVIVOR_FRACTION = 0.5  # more survivors than n * this: ranking them does not pay
 
 
-def topk_indices(values: torch.Tensor, k: int, ordered: bool = True) -> torch.Tensor:
+def _check_k(values: torch.Tensor, k: int) -> int:
+    n = values.numel()
+    if not 1 <= k <= n:
+        raise ValueError(f"k={k} must be in [1, {n}]")
+    return n
+
+
+def topk_indices(
+    values: torch.Tensor, k: int, ordered: bool = True, method: str = "auto"
+) -> torch.Tensor:
     """Indices of the ``k`` largest entries of a 1-D tensor, ties broken by lower index.
-
-    Steps: (1) ``torch.topk`` finds k largest values and the k-th value ``t``; (2) if fewer
-    entries equal ``t`` were picked than exist, re-pick the ties in index order; (3) order
-    the result by decreasing value, then increasing index.
 
     Args:
         values: 1-D tensor (typically ``|x|``); NaN is not allowed.
         k: ``1 <= k <= values.numel()``.
         ordered: sort the result (else the same set in an unspecified order, cheaper).
+        method: ``"auto"`` (default), ``"exact"`` or ``"sampled"``; see the module doc.
+            All return the same set; with ``ordered=True`` the same tensor. With
+            ``ordered=False`` the order may differ between ``"exact"`` and ``"sampled"``,
+            so ``"auto"`` then keeps to ``"exact"`` (callers that break ties by position
+            in an unordered result see no change).
 
     Returns:
         int64 tensor of k indices, by decreasing value, ties by increasing index.
     """
+    if method == "auto":
+        method = "sampled" if _sampling_pays(values, k, ordered) else "exact"
+    if method == "exact":
+        return exact_topk_indices(values, k, ordered)
+    if method == "sampled":
+        return sampled_topk_indices(values, k, ordered)[0]
+    raise ValueError(f"method={method!r} must be one of {METHODS}")
+
+
+def _sampling_pays(values: torch.Tensor, k: int, ordered: bool) -> bool:
+    """``"auto"``'s choice: a function of shape, k, device and ``ordered`` only, so every
+    rank of a job makes the same one."""
     n = values.numel()
-    if not 1 <= k <= n:
-        raise ValueError(f"k={k} must be in [1, {n}]")
+    return (
+        ordered
+        and values.device.type == "cpu"  # the crossover is measured on CPU only
+        and n >= SAMPLED_MIN_N
+        and k <= SAMPLED_MAX_DENSITY * n
+    )
+
+
+def exact_topk_indices(values: torch.Tensor, k: int, ordered: bool = True) -> torch.Tensor:
+    """:func:`topk_indices` by ``torch.topk`` over all entries.
+
+    Steps: (1) ``torch.topk`` finds k largest values and the k-th value ``t``; (2) if fewer
+    entries equal ``t`` were picked than exist, re-pick the ties in index order; (3) order
+    the result by decreasing value, then increasing index.
+    """
+    _check_k(values, k)
     top_vals, top_idx = torch.topk(values, k, sorted=False)
     threshold = top_vals.min()
-    picked_ties = int((top_vals == threshold).sum())
-    all_ties = int((values == threshold).sum())
+    picked_ties = int(torch.count_nonzero(top_vals == threshold))
+    all_ties = int(torch.count_nonzero(values == threshold))
     if all_ties != picked_ties:
         above = torch.nonzero(values > threshold).flatten()
         ties = torch.nonzero(values == threshold).flatten()[: k - above.numel()]
         top_idx = torch.cat([above, ties])
-    if not ordered:
-        return top_idx
-    # Order by (value desc, index asc): a stable sort by value after sorting by index.
-    top_idx = top_idx.sort().values
-    order = torch.sort(values[top_idx], descending=True, stable=True).indices
-    return top_idx[order]
+    return _by_value_then_index(values, top_idx) if ordered else top_idx
+
+
+_SORTABLE_AS_INT32 = (torch.float32, torch.float16, torch.bfloat16)
+_LOW32 = 0xFFFFFFFF
+
+
+def _by_value_then_index(values: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
+    """``idx`` ordered by decreasing ``values[idx]``, equal values by increasing index.
+
+    For float32/16/bfloat16 one ascending sort of a unique int64 key: the high half is the
+    value's float32 bits made to order as signed integers, then inverted (``~``: larger
+    values first), the low half the index. A fraction of the cost of the general route (a
+    stable sort by value after sorting by index; CPU sorts int64 ascending far faster than
+    floats descending), which other dtypes and over 2**32 entries take. Same tensor.
+    """
+    if values.dtype in _SORTABLE_AS_INT32 and values.numel() <= _LOW32 + 1:
+        # + 0.0 makes -0.0 (equal to 0.0, so a tie) +0.0; float32 holds 16-bit floats exactly.
+        bits = (values[idx].float() + 0.0).view(torch.int32)
+        # Negative floats order backwards as integers: flip all but the sign bit.
+        key = torch.where(bits < 0, bits ^ 0x7FFFFFFF, bits).to(torch.int64)
+        key = torch.bitwise_not(key) * (_LOW32 + 1) + idx
+        return torch.sort(key).values & _LOW32
+    idx = idx.sort().values
+    return idx[torch.sort(values[idx], descending=True, stable=True).indices]
+
+
+@lru_cache(maxsize=4)
+def _sample_positions(n: int, stride: int, device: torch.device) -> torch.Tensor:
+    """One position in each block of ``stride`` entries, at a fixed pseudo-random offset.
+
+    Stratified (no repeats, even coverage) and jittered (no alignment with the rows of a
+    flattened matrix, which a plain stride would sample in the same columns every time).
+    Drawn from a private generator with a fixed seed: the global RNG is never touched.
+    """
+    blocks = n // stride
+    gen = torch.Generator().manual_seed(_SAMPLE_SEED)
+    offsets = torch.randint(0, stride, (blocks,), generator=gen)
+    return (torch.arange(blocks) * stride + offsets).to(device)
+
+
+def _sample_plan(n: int, k: int) -> tuple[int, int]:
+    """``(stride, rank)``: sample one entry in ``stride``; the threshold is the ``rank``-th
+    largest sampled value, a few standard deviations below the k-th largest of all.
+
+    Sample size ``s`` trades its own cost (one gather and a small top-k each) against the
+    surplus survivors, about ``4 * sqrt(k * n / s) + 2 * n / s``; both are balanced near
+    ``max(sqrt(2n), 2 * (k * n) ** (1/3))``.
+    """
+    size = max(_SAMPLE_MIN, math.ceil(math.sqrt(2 * n)), math.ceil(2 * (k * n) ** (1 / 3)))
+    size = min(size, max(1, n // _SAMPLE_MAX_FRACTION))
+    stride = max(1, n // size)
+    size = n // stride
+    hits = k * size / n  # expected sampled entries among the top k
+    rank = min(size, math.ceil(hits + _SAMPLE_SIGMAS * math.sqrt(hits)) + 2)
+    return stride, rank
+
+
+def _at_least(values: torch.Tensor, threshold: torch.Tensor) -> torch.Tensor:
+    """``torch.nonzero(values >= threshold)``, flat, ascending, at about a third of its cost.
+
+    The mask is read as 8-byte words: only the few nonzero words are expanded to bytes.
+    """
+    n = values.numel()
+    pad = -n % 8
+    mask = torch.empty(n + pad, dtype=torch.bool, device=values.device)
+    if pad:
+        mask[n:] = False
+    torch.ge(values, threshold, out=mask[:n])
+    words = mask.view(torch.int64)
+    hit = torch.nonzero(words).flatten()
+    where = torch.nonzero(words[hit].view(torch.bool).view(-1, 8))
+    return hit[where[:, 0]] * 8 + where[:, 1]
+
+
+def sampled_topk_indices(
+    values: torch.Tensor, k: int, ordered: bool = True
+) -> tuple[torch.Tensor, str]:
+    """:func:`topk_indices` by a sampled threshold, and which path produced it.
+
+    1. Take a fixed stratified sample of ``s`` entries (``max(sqrt(2n), 2 (kn)^(1/3))``,
+       at least 1024, at most ``n / 32``) and its ``r``-th largest value ``tau``, with
+       ``r`` four standard deviations (plus 2) above the sample's expected share of the top k.
+    2. Keep the entries ``>= tau`` (ascending indices).
+    3. If at least k survive, ``tau`` is at or below the k-th largest value ``t``, so every
+       entry above ``t`` and *every* entry equal to ``t`` survived: the exact selection
+       among the survivors (ties to the lower survivor position, i.e. the lower index) is
+       the exact selection among all. With ``ordered=True`` it is the same tensor as
+       :func:`exact_topk_indices`; unordered, the same set in another order.
+
+    Correctness never depends on the sample; only speed does.
+
+    Returns:
+        ``(indices, path)``; ``path`` is ``"sampled"``, or the reason for falling back to
+        :func:`exact_topk_indices`: ``"small"`` (nothing to gain: k near n or a tiny n),
+        ``"few"`` (fewer than k survivors: the sample misled) or ``"many"`` (more than half
+        of the entries survived, e.g. many ties at the threshold).
+    """
+    n = _check_k(values, k)
+    stride, rank = _sample_plan(n, k)
+    if stride < 2 or k > _MAX_SURVIVOR_FRACTION * n:
+        return exact_topk_indices(values, k, ordered), "small"
+    sample = values.reshape(-1)[_sample_positions(n, stride, values.device)]
+    tau = torch.topk(sample, rank, sorted=False).values.min()
+    survivors = _at_least(values, tau)
+    count = survivors.numel()
+    if count < k:
+        return exact_topk_indices(values, k, ordered), "few"
+    if count > _MAX_SURVIVOR_FRACTION * n:
+        return exact_topk_indices(values, k, ordered), "many"
+    keep = exact_topk_indices(values[survivors], k, ordered)
+    return survivors[keep], "sampled"
