@@ -35,10 +35,10 @@ __all__ = [
 METHODS: tuple[str, ...] = ("auto", "exact", "sampled")
 
 #: ``"auto"`` samples from this many entries up (measured crossover on a 1-thread CPU:
-#: see ``python -m gssgd.bench.compress_bench --select``).
+#: ``python -m gssgd.bench.compress_bench --select-only --d 30000 100000 300000``).
 SAMPLED_MIN_N = 100_000
 #: ... and up to this ``k / n``; above it the survivors are too many for sampling to pay.
-SAMPLED_MAX_DENSITY = 0.1
+SAMPLED_MAX_DENSITY = 0.05
 
 _SAMPLE_MIN = 1024  # at least this many sample entries ...
 _SAMPLE_MAX_FRACTION = 32  # ... and at most n / this
