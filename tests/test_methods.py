@@ -1,0 +1,183 @@
+"""The method registry: one entry per method, read by every layer.
+
+A toy method (random-k with error feedback, ``examples/randomk.py``, outside the package)
+is registered and then used through every way in: ``make_aggregator``, the DDP hook via
+``gssgd train`` (spawned gloo workers that import the plugin), the CLI entry point, the cost
+model. Every registered aggregator's ``traffic`` formula is checked against what its
+``step`` really sends, on real gloo processes (P = 3, 4 and 5).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+import gssgd
+from gssgd.bench.cost_model import CostModel, method_spec, traffic
+from gssgd.cli.main import main
+from gssgd.methods import (
+    BENCH_VARIANTS,
+    METHODS,
+    Method,
+    Variant,
+    applies_to,
+    get_method,
+    get_variant,
+    parse_methods,
+    register_method,
+    unregister_method,
+)
+from gssgd.train.config import TrainConfig, setting_applies_to
+from gssgd.train.loop import run_training
+from gssgd.train.metrics import read_metrics
+from tests.dist_utils import raise_worker_errors, run_workers
+
+PLUGIN = "examples.randomk"
+
+
+@pytest.fixture()
+def randomk():
+    """The toy method, registered for the test and removed after it."""
+    import examples.randomk as module
+
+    register_method(module.METHOD, replace=True)
+    yield module
+    unregister_method("randomk")
+
+
+# ---------------------------------------------------------------------------- the registry
+
+
+def test_every_name_has_one_code_path() -> None:
+    assert list(gssgd.AGGREGATORS) == ["dense", "topk", "gtopk", "sketched", "gs"]
+    builtins = [m.name for m in METHODS.values() if m.is_builtin]
+    assert builtins == ["ddp-allreduce", "ddp-fp16", "powersgd"]
+    for name, cls in gssgd.AGGREGATORS.items():
+        assert METHODS[name].aggregator is cls and cls.name == name
+    bench = [n for n, (m, _) in BENCH_VARIANTS.items() if not m.is_builtin]
+    assert bench == ["dense", "dense16", "topk", "gtopk", "sketched", "gs", "gs-backend",
+                     "gs-estimate", "gs-small", "gs-half"]
+
+
+def test_settings_apply_by_the_options_the_method_takes() -> None:
+    assert applies_to("rows") == ("sketched", "gs")
+    assert applies_to("table_dtype") == ("gs",)
+    assert applies_to("dtype") == ("dense",)
+    assert set(applies_to("density")) == {"topk", "gtopk", "sketched", "gs"}
+    assert setting_applies_to("local_momentum") == ("topk", "gtopk", "sketched", "gs")
+    assert setting_applies_to("payload_dtype") == ("dense",)
+    assert "powersgd" in setting_applies_to("start_iter")
+    assert "ddp-allreduce" not in setting_applies_to("start_iter")
+
+
+def test_method_lists_are_parsed_in_one_place() -> None:
+    assert parse_methods("gs, topk,gs") == ("gs", "topk")
+    with pytest.raises(ValueError, match=r"unknown method\(s\) adam; give a comma-separated"):
+        parse_methods("dense,adam")
+    with pytest.raises(ValueError, match="no method given"):
+        parse_methods(" , ")
+    with pytest.raises(ValueError, match="ddp-fp16"):
+        parse_methods("dense16", valid=METHODS)
+    with pytest.raises(ValueError, match="unknown benchmark method 'powersgd'"):
+        get_variant("powersgd")
+    assert get_variant("gs-half")[0].name == "gs"
+
+
+@pytest.mark.parametrize(
+    ("make", "match"),
+    [
+        (lambda: Method("", "x"), "non-empty string"),
+        (lambda: Method("a,b", "x"), "without commas"),
+        (lambda: Method("x", "x", aggregator=int), "subclass of gssgd.Aggregator"),
+        (lambda: register_method(Method("gs", "again", METHODS["gs"].aggregator)),
+         "registered already"),
+        (lambda: register_method(Method("gs2", "x", METHODS["gs"].aggregator)),
+         "has name='gs'"),
+        (lambda: register_method(Method("y", "x", variants=(Variant("gs-half", "x"),))),
+         "is taken by method 'gs'"),
+    ],
+)
+def test_bad_registrations_say_what_to_change(make, match: str) -> None:
+    with pytest.raises(ValueError, match=match):
+        make()
+    assert "y" not in METHODS and "gs2" not in METHODS
+
+
+# ---------------------------------------------------------------------------- a new method
+
+
+def test_a_registered_method_reaches_every_layer(randomk) -> None:
+    assert get_method("randomk").aggregator is randomk.RandomK
+    assert gssgd.AGGREGATORS["randomk"] is randomk.RandomK
+    assert set(applies_to("density")) >= {"randomk"}
+    assert "randomk" not in setting_applies_to("local_momentum")  # it takes no momentum
+    spec = method_spec("randomk", 10_000, density=0.01)
+    assert spec.k == 100 and traffic(spec, 4).sent[0] == 4 + (2 * 3 * 400) // 4
+    # no calibration of its own yet: the cost model uses topk's compute constant
+    model = CostModel.default()
+    assert model.gamma_of(spec) == model.gamma["topk"]
+    assert parse_methods("gs,randomk") == ("gs", "randomk")
+    with pytest.raises(ValueError, match="seed=-1 is invalid"):
+        gssgd.make_aggregator("randomk", 100, seed=-1)
+    unregister_method("randomk")
+    assert "randomk" not in gssgd.AGGREGATORS and "randomk" not in BENCH_VARIANTS
+
+
+def test_a_registered_method_trains_through_the_hook(tmp_path: Path, randomk) -> None:
+    # --plugin makes every spawned worker import (and so register) the method too
+    cfg = TrainConfig(method="randomk", plugins=(PLUGIN,), dataset="digits", workers=2,
+                      steps=20, batch_size=16, lr=0.2, momentum=0.0, density=0.25,
+                      eval_every=0, progress=False, out=str(tmp_path), timeout=60.0)
+    summary = run_training(cfg)
+    assert summary is not None and summary["status"] == "completed"
+    d = summary["d"]
+    k = max(1, round(0.25 * d))
+    # a compressed step (after the first, which checks rank agreement) sends the flag and
+    # a ring all-reduce of k values (P = 2)
+    last = read_metrics(tmp_path / "metrics.jsonl")[-1]
+    assert last["bytes_sent"] == 4 + (2 * 1 * 4 * k) // 2
+    assert summary["final_test_accuracy"] > 0.3  # it learns (chance: 0.1)
+
+
+def test_a_registered_method_runs_from_the_command_line(tmp_path: Path, randomk) -> None:
+    out = tmp_path / "cli"
+    code = main(["train", "--plugin", PLUGIN, "--method", "randomk", "--dataset", "digits",
+                 "--workers", "2", "--steps", "6", "--batch-size", "16", "--k", "50",
+                 "--eval-every", "0", "--no-progress", "--out", str(out)])
+    assert code == 0
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["method"] == "randomk" and summary["status"] == "completed"
+
+
+# ---------------------------------------------------------------------------- traffic
+
+
+def _measured_traffic(rank: int, world_size: int, names: list[str]) -> dict[str, tuple]:
+    import examples.randomk  # noqa: F401  (registers randomk in this worker)
+
+    out = {}
+    d = 3_000
+    for name in names:
+        spec = method_spec(name, d, density=0.01, rows=3)
+        agg = gssgd.make_aggregator(spec.aggregator, d, **spec.aggregator_options())
+        gen = torch.Generator().manual_seed(rank)
+        for _ in range(2):  # the first step adds the rank-agreement check
+            agg.step(torch.randn(d, generator=gen))
+        s = agg.last_stats
+        out[name] = (s.bytes_sent, s.bytes_received, s.rounds)
+    return out
+
+
+@pytest.mark.parametrize("world_size", [3, 4, 5])
+def test_every_traffic_formula_is_what_the_step_sends(world_size: int, randomk) -> None:
+    names = [n for n, (m, _) in BENCH_VARIANTS.items() if not m.is_builtin]
+    assert "randomk" in names
+    results = run_workers(world_size, _measured_traffic, names)
+    raise_worker_errors(results)
+    for name in names:
+        want = traffic(method_spec(name, 3_000, density=0.01, rows=3), world_size)
+        for rank, got in enumerate(results):
+            assert got[name] == (want.sent[rank], want.received[rank], want.rounds), (name, rank)
