@@ -17,8 +17,11 @@ computed on the fly, in chunks, from the seed with a multiply-add-shift hash
 ``sign = top bit of (c_r * i + e_r) mod 2^64``. The 64-bit multipliers come from a
 SplitMix64 stream of the seed, so every process computes identical hashes on CPU and CUDA.
 Sketching a 100M-element vector therefore needs only a chunk of hash work space beyond the
-vector; ``cache_hashes=True`` trades ``hash_cache_bytes(d, rows)`` bytes of memory for speed
-(one cache per shape and seed, shared by every sketch of that shape).
+vector; ``cache_hashes=True`` trades ``hash_cache_bytes(d, rows)`` bytes of memory for speed.
+The cached tables live in a :class:`HashCache` that its owner creates and passes: every
+sketch given the same cache shares the tables of its shape (an aggregator shares one among
+its sketches; a benchmark running several aggregators of one shape passes one to all).
+Nothing is kept in module state.
 
 Example:
     >>> import torch, gssgd
@@ -31,14 +34,13 @@ Example:
 
 from __future__ import annotations
 
-import weakref
 from collections.abc import Callable
 
 import torch
 
 from gssgd._select import topk_indices
 
-__all__ = ["CountSketch", "hash_cache_bytes", "sketch_hash_params"]
+__all__ = ["CountSketch", "HashCache", "hash_cache_bytes", "sketch_hash_params"]
 
 _MASK64 = (1 << 64) - 1
 _MASK32 = 0xFFFFFFFF
@@ -106,7 +108,7 @@ class CountSketch:
         seed: int = 0,
         device: torch.device | str | None = None,
         dtype: torch.dtype = torch.float32,
-        cache_hashes: bool = False,
+        cache_hashes: bool | HashCache = False,
     ) -> None:
         _check_int("d", d, 1, None, "the length of the vector to sketch")
         _check_int("rows", rows, 1, None, "an odd number such as 5")
@@ -122,9 +124,18 @@ class CountSketch:
         self.d, self.rows, self.cols, self.seed = d, rows, cols, seed
         self.table = torch.zeros(rows, cols, device=device, dtype=dtype)
         self._params = sketch_hash_params(seed, rows)
-        self._index: _HashIndex | None = None  # the shared hash cache, when there is one
-        if cache_hashes:
-            self._index = _shared_index(self._index_key(), self._build_index)
+        self._hashes: HashCache | None = None  # where the cached tables live, if anywhere
+        self._index: _HashIndex | None = None  # this shape's cached tables
+        if cache_hashes is True:
+            cache_hashes = HashCache()
+        if isinstance(cache_hashes, HashCache):
+            self._hashes = cache_hashes
+            self._index = cache_hashes.get(self._index_key(), self._build_index)
+        elif cache_hashes is not False:
+            raise ValueError(
+                f"cache_hashes={cache_hashes!r} is invalid: it must be True, False or a "
+                "gssgd.sketch.HashCache to share. Use True."
+            )
 
     def _index_key(self) -> tuple:
         return (self.d, self.rows, self.cols, self.seed, str(self.table.device))
@@ -271,9 +282,9 @@ class CountSketch:
             return self
         out = self.copy()
         out.table = self.table.to(device, dtype)
-        if self._index is not None:
+        if self._hashes is not None and self._index is not None:
             moved = self._index.tensors()
-            out._index = _shared_index(
+            out._index = self._hashes.get(
                 out._index_key(),
                 lambda: _HashIndex(*(None if t is None else t.to(device) for t in moved)),
             )
@@ -287,7 +298,8 @@ class CountSketch:
             )
         out = CountSketch.__new__(CountSketch)
         out.d, out.rows, out.cols, out.seed = self.d, self.rows, self.cols, self.seed
-        out._params, out.table, out._index = self._params, table, self._index
+        out._params, out.table = self._params, table
+        out._hashes, out._index = self._hashes, self._index
         return out
 
     def copy(self) -> CountSketch:
@@ -462,11 +474,9 @@ class CountSketch:
 
 
 class _HashIndex:
-    """The hash cache of one ``(d, rows, cols, seed, device)``: built once, read-only, and
-    shared by every :class:`CountSketch` of that shape (several aggregators, a resized
-    sketch, ``with_table`` copies); freed when the last of them goes."""
+    """The cached tables of one ``(d, rows, cols, seed, device)``: built once, read-only."""
 
-    __slots__ = ("buckets", "buckets32", "occupancy", "by_bucket", "bucket_starts", "__weakref__")
+    __slots__ = ("buckets", "buckets32", "occupancy", "by_bucket", "bucket_starts")
 
     def __init__(
         self,
@@ -484,15 +494,49 @@ class _HashIndex:
         return self.buckets, self.buckets32, self.occupancy, self.by_bucket, self.bucket_starts
 
 
-_SHARED_INDEXES: weakref.WeakValueDictionary[tuple, _HashIndex] = weakref.WeakValueDictionary()
+class HashCache:
+    """Cached hash tables of Count Sketches, one entry per ``(d, rows, cols, seed, device)``.
 
+    Explicitly owned: whoever creates it decides which sketches share it, and the tables go
+    when the owner lets go of it. :class:`CountSketch` reads it with ``cache_hashes=cache``;
+    a sketch's ``copy()``, ``with_table()`` and ``to()`` keep using the same cache, so a
+    grown or moved sketch builds only what it lacks. Each entry costs
+    :func:`hash_cache_bytes` of memory.
 
-def _shared_index(key: tuple, build: Callable[[], _HashIndex]) -> _HashIndex:
-    """The index registered under ``key``, built (and registered) on first use."""
-    index = _SHARED_INDEXES.get(key)
-    if index is None:
-        index = _SHARED_INDEXES[key] = build()
-    return index
+    Example:
+        >>> cache = HashCache()
+        >>> a = CountSketch(10_000, rows=1, cols=400, cache_hashes=cache)
+        >>> b = CountSketch(10_000, rows=1, cols=400, cache_hashes=cache)  # shares a's tables
+        >>> len(cache)
+        1
+    """
+
+    def __init__(self) -> None:
+        self._indexes: dict[tuple, _HashIndex] = {}
+
+    def get(self, key: tuple, build: Callable[[], _HashIndex]) -> _HashIndex:
+        """The tables of ``key``, built (and kept) on first use."""
+        index = self._indexes.get(key)
+        if index is None:
+            index = self._indexes[key] = build()
+        return index
+
+    def clear(self) -> None:
+        """Drop every cached table (sketches that hold one keep theirs alive)."""
+        self._indexes.clear()
+
+    def __len__(self) -> int:
+        return len(self._indexes)
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of every cached table."""
+        return sum(
+            t.numel() * t.element_size()
+            for index in self._indexes.values()
+            for t in index.tensors()
+            if t is not None
+        )
 
 
 def hash_cache_bytes(d: int, rows: int) -> int:

@@ -13,6 +13,7 @@ import torch.distributed as dist
 
 from gssgd.aggregators.base import Aggregator, StepStats
 from gssgd.aggregators.options import default_candidates, default_sketch_cols, resolve_k
+from gssgd.sketch import HashCache
 
 __all__ = ["AGGREGATORS", "Aggregator", "StepStats", "make_aggregator", "build_options"]
 
@@ -61,6 +62,7 @@ def make_aggregator(
     d: int,
     density: float | None = None,
     group: dist.ProcessGroup | None = None,
+    hashes: HashCache | None = None,
     **options: object,
 ) -> Aggregator:
     """Build the aggregator ``name`` for gradients of length ``d``.
@@ -72,6 +74,8 @@ def make_aggregator(
         d: gradient length.
         density: fraction of coordinates sent, in (0, 1]; default 0.01. ``k`` instead.
         group: process group; None means the default group.
+        hashes: a :class:`~gssgd.sketch.HashCache` to keep the sketch's hash tables in
+            (None: the aggregator's own); share one among aggregators of one sketch shape.
         **options: the method's options (see :mod:`gssgd.aggregators.options`), and ``k``.
 
     Returns:
@@ -86,4 +90,4 @@ def make_aggregator(
         >>> update = agg.step(flat_grad)
     """
     cls, k, opts = build_options(name, d, density, **options)
-    return cls(d, k, opts, group=group)
+    return cls(d, k, opts, group=group, hashes=hashes)

@@ -19,6 +19,7 @@ import torch.distributed as dist
 
 from gssgd.aggregators.options import CommonOptions
 from gssgd.comm import CONTROL_BYTES, Communicator, Traffic, allgather
+from gssgd.sketch import HashCache
 
 __all__ = ["Aggregator", "StepStats", "index_dtype"]
 
@@ -81,6 +82,9 @@ class Aggregator:
         k: coordinates per rank (``d`` for dense).
         options: the method's validated options dataclass.
         group: process group (None: the default group).
+        hashes: the :class:`~gssgd.sketch.HashCache` its sketches keep their hash tables in
+            (None: one of its own); pass one to several aggregators of the same sketch shape
+            to keep one copy of the tables.
     """
 
     name: ClassVar[str] = ""
@@ -90,9 +94,15 @@ class Aggregator:
     sends_all: ClassVar[bool] = False
 
     def __init__(
-        self, d: int, k: int, options: CommonOptions, group: dist.ProcessGroup | None = None
+        self,
+        d: int,
+        k: int,
+        options: CommonOptions,
+        group: dist.ProcessGroup | None = None,
+        hashes: HashCache | None = None,
     ) -> None:
         self.d, self.k, self.options = d, k, options
+        self.hashes = HashCache() if hashes is None else hashes
         self.comm = Communicator(group)
         self.rank, self.world_size = self.comm.rank, self.comm.world_size
         self.residual: torch.Tensor | None = None

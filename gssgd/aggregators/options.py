@@ -11,7 +11,7 @@ from dataclasses import dataclass, fields
 
 import torch
 
-from gssgd.sketch import CountSketch, hash_cache_bytes
+from gssgd.sketch import CountSketch, HashCache, hash_cache_bytes
 
 __all__ = [
     "CommonOptions",
@@ -200,14 +200,15 @@ class SketchedOptions(TopkOptions):
             return hash_cache_bytes(d, self.rows) <= HASH_CACHE_LIMIT
         return self.hash_cache
 
-    def make_sketch(self, d: int, cols: int | None = None) -> CountSketch:
-        """The Count Sketch these options describe, for vectors of length ``d``."""
+    def make_sketch(self, d: int, hashes: HashCache, cols: int | None = None) -> CountSketch:
+        """The Count Sketch these options describe, for vectors of length ``d``, keeping its
+        hash tables in ``hashes`` when :meth:`use_hash_cache` says so."""
         return CountSketch(
             d,
             rows=self.rows,
             cols=self.cols if cols is None else cols,
             seed=self.seed,
-            cache_hashes=self.use_hash_cache(d),
+            cache_hashes=hashes if self.use_hash_cache(d) else False,
         )
 
     def num_candidates(self, k: int, d: int) -> int:

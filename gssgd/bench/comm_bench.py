@@ -238,6 +238,7 @@ def _worker(config_path: Path, out_dir: Path) -> None:
     import torch.distributed as dist
 
     from gssgd.aggregators import make_aggregator
+    from gssgd.sketch import HashCache
 
     cfg = json.loads(config_path.read_text())
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
@@ -250,7 +251,11 @@ def _worker(config_path: Path, out_dir: Path) -> None:
     )
     try:
         specs = [MethodSpec(**s) for s in cfg["specs"]]
-        aggs = [make_aggregator(s.aggregator, s.d, **s.aggregator_options()) for s in specs]
+        hashes = HashCache()  # one copy of each sketch shape's tables for all the methods
+        aggs = [
+            make_aggregator(s.aggregator, s.d, hashes=hashes, **s.aggregator_options())
+            for s in specs
+        ]
         k = max(1, round(cfg["density"] * cfg["d"]))
         grad = synthetic_gradient(cfg["d"], rank, cfg["seed"], k)
         records: dict[str, dict[str, list[float]]] = {
