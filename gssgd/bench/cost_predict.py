@@ -1,0 +1,132 @@
+"""The cost model itself: its parameters (:class:`CostModel`, the ``DEFAULT_*`` calibration)
+and its prediction of a step (:class:`Prediction`).
+
+The model is described in :mod:`gssgd.bench.cost_model`:
+``T = alpha * rounds + beta(rate) * critical_bytes + gamma[method] * d``; its fit to
+measured runs is :mod:`gssgd.bench.cost_fit`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+from gssgd.bench.method_specs import MethodSpec, traffic
+from gssgd.methods import get_method
+
+__all__ = [
+    "DEFAULT_ALPHA",
+    "DEFAULT_BETA0",
+    "DEFAULT_ETA",
+    "DEFAULT_GAMMA",
+    "CostModel",
+    "Prediction",
+]
+
+
+@dataclass(frozen=True)
+class Prediction:
+    """A predicted step time and its three parts (seconds)."""
+
+    latency: float
+    bandwidth: float
+    compute: float
+
+    @property
+    def total(self) -> float:
+        return self.latency + self.bandwidth + self.compute
+
+
+#: Defaults: the calibration of docs/results/model, from ``gssgd bench comm --workers 4 --d 1e6
+#: --density 0.001`` at 100mbit, 1gbit and none on a 2-core x86 VM (4 single-threaded
+#: workers sharing the cores, beside other load), rounded. ``alpha`` there includes the
+#: wake-up delays of busy cores; ``beta0`` and ``gamma`` are per core (see the compute
+#: share). Used when no calibration data is given.
+DEFAULT_ALPHA = 0.0014
+DEFAULT_BETA0 = 8.7e-10
+DEFAULT_ETA = 0.82
+#: Calibrated compute per element, by benchmark name. A method or variant without a figure
+#: here takes one through :meth:`CostModel.gamma_of` (its aggregator's, its ``cost_like``'s).
+DEFAULT_GAMMA: dict[str, float] = {
+    "dense": 5.1e-09,
+    "dense16": 5.7e-09,
+    "topk": 2.3e-08,
+    "gtopk": 2.3e-08,
+    "sketched": 2.9e-08,
+    "gs": 7.7e-08,
+    "gs-backend": 7.1e-08,
+    "gs-estimate": 4.5e-08,
+    "gs-small": 7.3e-08,
+}
+
+
+@dataclass
+class CostModel:
+    """``T = alpha * rounds + beta(rate) * critical_bytes + gamma[method] * d``.
+
+    Attributes:
+        alpha: seconds per latency-bound message (round).
+        beta0: seconds per byte through the software stack (the whole cost on loopback).
+        eta: the fraction of a shaped link's nominal rate that payload achieves.
+        gamma: seconds of compression compute per gradient element, by method name.
+        source: where the values come from ("defaults", or the calibration directories).
+        notes: what calibration could not determine and left at its default.
+    """
+
+    alpha: float = DEFAULT_ALPHA
+    beta0: float = DEFAULT_BETA0
+    eta: float = DEFAULT_ETA
+    gamma: dict[str, float] = field(default_factory=lambda: dict(DEFAULT_GAMMA))
+    source: str = "defaults"
+    notes: list[str] = field(default_factory=list)
+
+    @classmethod
+    def default(cls) -> CostModel:
+        """The documented defaults (see the ``DEFAULT_*`` constants)."""
+        return cls()
+
+    def beta(self, rate_bps: int | None, compute_share: float = 1.0) -> float:
+        """Seconds per byte: ``max(share * beta0, 8 / (eta * rate))``, the slower of the
+        software stack (stretched by shared cores) and the wire; ``share * beta0`` alone
+        for an unlimited link (``rate_bps=None``)."""
+        software = compute_share * self.beta0
+        return software if rate_bps is None else max(software, 8.0 / (self.eta * rate_bps))
+
+    def gamma_of(self, spec: MethodSpec) -> float:
+        """``gamma`` of the method: its own figure, else its aggregator's, else that of the
+        registry's ``cost_like`` method; a method with none of these is taken to cost as
+        much as the costliest method in the table (a conservative guess until calibrated).
+        """
+        like = get_method(spec.aggregator).cost_like
+        for key in (spec.name, spec.aggregator, like):
+            if key is not None and key in self.gamma:
+                return self.gamma[key]
+        return max(self.gamma.values(), default=max(DEFAULT_GAMMA.values()))
+
+    def predict(
+        self,
+        spec: MethodSpec,
+        world_size: int,
+        rate_bps: int | None,
+        compute_share: float = 1.0,
+    ) -> Prediction:
+        """The predicted seconds of one step of ``spec`` on ``world_size`` ranks.
+
+        Args:
+            spec: the method and sizes.
+            world_size: P >= 1.
+            rate_bps: every link's rate in bit/s, or None for an unlimited link.
+            compute_share: workers per core (1: a core per worker, as in a cluster; about 2
+                for 4 single-threaded workers on 2 cores): compute and the software cost
+                per byte take that many times longer.
+        """
+        t = traffic(spec, world_size)
+        return Prediction(
+            latency=self.alpha * t.rounds,
+            bandwidth=self.beta(rate_bps, compute_share) * t.critical_bytes,
+            compute=compute_share * self.gamma_of(spec) * spec.d,
+        )
+
+    def as_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)

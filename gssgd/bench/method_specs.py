@@ -1,0 +1,227 @@
+"""What fixes a benchmark method's message pattern (:class:`MethodSpec`) and its traffic.
+
+A benchmark method is a registered aggregator method of :mod:`gssgd.methods` or one of its
+variants (``gs-backend``, ``dense16``, ...). :func:`method_spec` resolves its sizes exactly
+as :func:`gssgd.make_aggregator` would, then applies the variant's overrides; nothing here
+is keyed on a method's name, so a method registered later is benchmarked and modelled
+like the built-in ones. :func:`traffic` is the aggregator's own ``traffic`` formula.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from gssgd.aggregators import build_options
+from gssgd.aggregators.base import index_dtype
+from gssgd.aggregators.options import DEFAULT_ROWS, resolve_k
+from gssgd.comm import Traffic
+from gssgd.methods import BENCH_VARIANTS, get_method, get_variant
+
+__all__ = ["DEFAULT_METHODS", "VARIANTS", "MethodSpec", "method_spec", "traffic"]
+
+
+class _BenchVariants(Mapping[str, str]):
+    """Benchmark name -> one-line description, of every registered aggregator method and
+    variant: read from :data:`gssgd.methods.BENCH_VARIANTS` on every access, so a method
+    registered after this module's import is listed (and accepted by ``--methods``)."""
+
+    @staticmethod
+    def _current() -> dict[str, str]:
+        return {
+            name: variant.summary
+            for name, (method, variant) in BENCH_VARIANTS.items()
+            if not method.is_builtin
+        }
+
+    def __getitem__(self, name: str) -> str:
+        return self._current()[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._current())
+
+    def __len__(self) -> int:
+        return len(self._current())
+
+    def __repr__(self) -> str:
+        return f"VARIANTS({self._current()!r})"
+
+
+#: Benchmark method names (an aggregator method of :data:`gssgd.METHODS`, or one of its
+#: variants) -> description, in registration order; a live view of the registry.
+VARIANTS: Mapping[str, str] = _BenchVariants()
+
+#: What ``gssgd bench comm`` runs unless told otherwise (the methods registered when this
+#: module was imported; the command line takes its default from :data:`VARIANTS`).
+DEFAULT_METHODS: tuple[str, ...] = tuple(VARIANTS)
+
+_DTYPE_OF_BYTES = {4: torch.float32, 2: torch.float16}
+
+
+@dataclass(frozen=True)
+class MethodSpec:
+    """Everything that fixes one benchmark method's message pattern.
+
+    Attributes:
+        name: the benchmark name (a method or variant of :data:`gssgd.methods.BENCH_VARIANTS`).
+        aggregator: the :data:`gssgd.AGGREGATORS` name it runs.
+        d, k: vector length and coordinates per rank (``k = d`` for dense).
+        value_bytes: bytes of a value on the wire (4; 2 for a 16-bit dense payload).
+        index_bytes: bytes of an index (4 when ``d < 2^31``, else 8).
+        rows, cols, candidates: the sketch shape and m (0 for methods without a sketch).
+        table_bytes: bytes of a sketch-table entry on the wire (4; 2 for 16-bit tables).
+        exact: gs only: whether the exact second round runs.
+        allreduce: gs only: "recursive_doubling" or "backend".
+        seed: the hash seed of the sketching methods.
+    """
+
+    name: str
+    aggregator: str
+    d: int
+    k: int
+    value_bytes: int = 4
+    index_bytes: int = 4
+    rows: int = 0
+    cols: int = 0
+    candidates: int = 0
+    table_bytes: int = 4
+    exact: bool = True
+    allreduce: str = "recursive_doubling"
+    seed: int = 0
+
+    @property
+    def num_candidates(self) -> int:
+        """``C = min(m * k, d)``: the coordinates whose exact values the second round fetches."""
+        return min(self.candidates * self.k, self.d)
+
+    @property
+    def sketch_bytes(self) -> int:
+        """``S = rows * cols * T``: one sketch table on the wire (``T``: ``table_bytes``)."""
+        return self.rows * self.cols * self.table_bytes
+
+    def aggregator_options(self) -> dict[str, Any]:
+        """Keyword arguments of :func:`gssgd.make_aggregator` (after ``name`` and ``d``).
+
+        Read generically from the fields of the aggregator's options dataclass, so a
+        registered method gets its spec's shape back without a case of its own.
+        """
+        cls = get_method(self.aggregator).aggregator
+        assert cls is not None
+        names = {f.name for f in dataclasses.fields(cls.Options)}
+        opts: dict[str, Any] = {} if cls.sends_all else {"k": self.k}
+        if "dtype" in names:
+            opts["dtype"] = _DTYPE_OF_BYTES[self.value_bytes]
+        if "rows" in names and self.rows:
+            opts.update(rows=self.rows, cols=self.cols, candidates=self.candidates, seed=self.seed)
+        if "exact" in names:
+            opts["exact"] = self.exact
+        if "allreduce" in names:
+            opts["allreduce"] = self.allreduce
+        if "guard" in names:
+            # Every timed step must have the same message pattern: the collapse guard's
+            # audits (one dense all-reduce at step 20, then every 200 steps: 0.5% of a dense
+            # step on average) are left out of the benchmark.
+            opts["guard"] = "off"
+        if "table_dtype" in names:
+            opts["table_dtype"] = _DTYPE_OF_BYTES[self.table_bytes]
+        return opts
+
+    def as_dict(self) -> dict[str, Any]:
+        """A JSON-ready copy (what ``results.json`` stores under ``spec``)."""
+        return dataclasses.asdict(self)
+
+
+def method_spec(
+    name: str,
+    d: int,
+    density: float | None = None,
+    *,
+    k: int | None = None,
+    rows: int = DEFAULT_ROWS,
+    cols: int | None = None,
+    candidates: int | None = None,
+    seed: int = 0,
+) -> MethodSpec:
+    """The :class:`MethodSpec` of benchmark method ``name`` for vectors of length ``d``.
+
+    Args:
+        name: a registered aggregator method or one of its variants (``gs-backend``, ...).
+        d: gradient length.
+        density: fraction of coordinates sent (``k = max(1, round(density * d))``).
+        k: the count instead of ``density``.
+        rows: sketch rows (odd); used by methods with a sketch.
+        cols: sketch columns; None for the aggregators' default
+            (:func:`gssgd.aggregators.options.default_sketch_cols`). ``gs-small`` uses a
+            quarter of it (at least 256).
+        candidates: m; the sketch proposes ``m * k`` candidates; None for the aggregators'
+            default (:func:`gssgd.aggregators.options.default_candidates`).
+        seed: hash seed.
+
+    Returns:
+        The spec, with every size resolved exactly as :func:`gssgd.make_aggregator` would
+        resolve it (through :func:`gssgd.aggregators.build_options`), then the variant's
+        overrides applied.
+
+    Raises:
+        ValueError: an unknown name (the message lists the valid ones), or a bad size.
+    """
+    method, variant = get_variant(name)
+    cls = method.aggregator
+    assert cls is not None
+    names = {f.name for f in dataclasses.fields(cls.Options)}
+    shape = {"rows": rows, "cols": cols, "candidates": candidates, "seed": seed}
+    given = {n: v for n, v in shape.items() if n in names}
+    if cls.sends_all:
+        resolve_k(d, density, None)  # validates d and density
+        _, kk, opts = build_options(method.name, d, density, **given)
+    else:
+        kk = resolve_k(d, density, k)
+        _, kk, opts = build_options(method.name, d, None, k=kk, **given)
+    opts = variant.apply(opts)
+    return MethodSpec(
+        name,
+        method.name,
+        d,
+        kk,
+        value_bytes=_itemsize(getattr(opts, "dtype", torch.float32)),
+        index_bytes=index_dtype(d).itemsize,
+        rows=getattr(opts, "rows", 0),
+        cols=getattr(opts, "cols", 0) or 0,
+        candidates=getattr(opts, "candidates", 0) or 0,
+        table_bytes=_itemsize(getattr(opts, "table_dtype", torch.float32)),
+        exact=getattr(opts, "exact", True),
+        allreduce=getattr(opts, "allreduce", "recursive_doubling"),
+        seed=getattr(opts, "seed", 0),
+    )
+
+
+def _itemsize(dtype: torch.dtype) -> int:
+    return torch.empty((), dtype=dtype).element_size()
+
+
+def traffic(spec: MethodSpec, world_size: int) -> Traffic:
+    """Bytes, rounds and critical-path bytes of one step of ``spec`` on ``world_size`` ranks.
+
+    The method's own formula: its aggregator's ``traffic`` classmethod (built from the
+    patterns of :mod:`gssgd.comm`, the one place byte formulas live).
+
+    Args:
+        spec: the method (see :func:`method_spec`).
+        world_size: P >= 1.
+
+    Returns:
+        The :class:`~gssgd.comm.Traffic` of one step after the first.
+
+    Raises:
+        ValueError: ``world_size`` < 1, or an unknown aggregator in ``spec``.
+        NotImplementedError: the method does not describe its traffic.
+    """
+    p = world_size
+    if isinstance(p, bool) or not isinstance(p, int) or p < 1:
+        raise ValueError(f"world_size={p!r} must be an integer >= 1")
+    cls, k, opts = build_options(spec.aggregator, spec.d, None, **spec.aggregator_options())
+    return cls.traffic(spec.d, k, opts, p)
