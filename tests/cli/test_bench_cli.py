@@ -1,0 +1,126 @@
+"""``gssgd bench``'s command line without running a benchmark: help, --methods, exit codes."""
+
+from __future__ import annotations
+
+import argparse
+import re
+
+import pytest
+
+from gssgd.aggregators.dense import DenseAllReduce
+from gssgd.bench.cost_model import VARIANTS, CostModel, method_spec, traffic
+from gssgd.bench.workers import WorkerError
+from gssgd.cli import bench
+from gssgd.cli.errors import CommandError, exit_status, run_command
+from gssgd.cli.main import main
+from gssgd.methods import METHODS, Method, register_method, unregister_method
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="gssgd")
+    bench.add_parser(parser.add_subparsers(dest="command", required=True))
+    return parser
+
+
+class _Toy(DenseAllReduce):
+    name = "toy"
+
+
+@pytest.fixture
+def toy():
+    """A method registered for the test only (after the parser was built, where it matters)."""
+    yield lambda: register_method(Method("toy", "a toy dense all-reduce", _Toy))
+    unregister_method("toy")
+
+
+@pytest.mark.parametrize(
+    ("command", "names"),
+    [("comm", lambda: VARIANTS), ("model", lambda: VARIANTS), ("train", lambda: METHODS)],
+)
+def test_help_lists_the_registered_methods(command, names, capsys):
+    with pytest.raises(SystemExit) as info:
+        main(["bench", command, "--help"])
+    assert info.value.code == 0
+    text = capsys.readouterr().out
+    assert "--methods" in text
+    for name in names():
+        assert re.search(rf"\b{re.escape(name)}\b", text), name
+
+
+def test_bench_comm_accepts_a_method_registered_after_the_parser_was_built(toy):
+    parser = _parser()
+    with pytest.raises(SystemExit):
+        parser.parse_args(["bench", "comm", "--methods", "toy"])
+    toy()
+    args = parser.parse_args(["bench", "comm", "--methods", "gs,toy"])
+    assert args.methods == ("gs", "toy")
+
+
+def test_a_registered_method_is_modelled_without_a_case_of_its_own(toy):
+    toy()
+    spec = method_spec("toy", 10**6, 0.001)
+    assert spec.aggregator == "toy" and spec.k == 10**6
+    assert traffic(spec, 4) == traffic(method_spec("dense", 10**6), 4)
+    model = CostModel.default()
+    assert model.gamma_of(spec) == max(model.gamma.values())  # no figure: the costliest
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["comm", "--methods", ""], "no method given"),
+        (["comm", "--methods", "gs,topk,gs"], "twice"),
+        (["model", "--methods", "dense,ddp-fp16"], "unknown method"),
+    ],
+)
+def test_a_bad_method_list_exits_2_with_the_valid_names(argv, message, capsys):
+    with pytest.raises(SystemExit) as info:
+        _parser().parse_args(["bench", *argv])
+    assert info.value.code == 2
+    err = capsys.readouterr().err
+    assert re.search(message, err)
+    if "unknown" in message:
+        assert "gs-backend" in err
+
+
+def test_bench_model_reports_a_missing_directory_with_status_2(tmp_path, capsys):
+    args = _parser().parse_args(["bench", "model", "--calibrate", str(tmp_path / "nope")])
+    assert args.run(args) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("gssgd bench model: error:") and "gssgd bench comm --out" in err
+
+
+@pytest.mark.parametrize(
+    ("err", "failures", "status"),
+    [
+        (ValueError("bad"), (), 2),
+        (FileNotFoundError("gone"), (), 2),
+        (WorkerError("rank 1 died"), (), 1),
+        (PermissionError("root"), (), 1),
+        (RuntimeError("Connection reset by peer"), (), 1),
+        (RuntimeError("no cluster"), (RuntimeError,), 1),
+        (RuntimeError("a bug"), (), None),
+        (KeyError("a bug"), (), None),
+        (KeyboardInterrupt(), (), 130),
+        (CommandError("told", 3), (), 3),
+    ],
+)
+def test_one_mapping_from_errors_to_exit_statuses(err, failures, status):
+    assert exit_status(err, failures) == status
+
+
+def test_run_command_prints_one_line_and_reraises_bugs(capsys):
+    def fail(err: BaseException):
+        def body():
+            raise err
+
+        return body
+
+    assert run_command("gssgd x", lambda: None) == 0
+    assert run_command("gssgd x", lambda: 3) == 3
+    assert run_command("gssgd x", fail(ValueError("bad value"))) == 2
+    assert capsys.readouterr().err == "gssgd x: error: bad value\n"
+    assert run_command("gssgd x", fail(KeyboardInterrupt()), interrupted="stopped") == 130
+    assert capsys.readouterr().err == "gssgd x: interrupted; stopped\n"
+    with pytest.raises(KeyError):
+        run_command("gssgd x", fail(KeyError("bug")))
