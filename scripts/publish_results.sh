@@ -8,8 +8,8 @@
 # ignores). Only its top-level summaries are copied: results.json, table.txt, model.json,
 # tables.txt and the plots (*.png). Everything else stays in RAW_DIR: workers/ (per-rank
 # records), per-method training folders (metrics.jsonl, summary.json, config.json, logs/),
-# run.log. The plots are shrunk losslessly with optipng when it is installed
-# (`apt-get install optipng`), so the committed docs stay small.
+# run.log. The plots are recompressed losslessly with optipng and zopflipng where they are
+# installed (`apt-get install optipng zopfli`), so the committed docs stay small.
 set -euo pipefail
 if [ $# -ne 2 ]; then
     echo "usage: $0 RAW_DIR DOCS_DIR" >&2
@@ -21,6 +21,16 @@ if [ ! -d "$raw" ]; then
     echo "$0: no folder $raw" >&2
     exit 1
 fi
+# shrink_png FILE: recompress losslessly with optipng, then zopflipng, where installed.
+shrink_png() {
+    if command -v optipng >/dev/null; then optipng -quiet -o2 -strip all "$1"; fi
+    if command -v zopflipng >/dev/null; then
+        zopflipng -y --filters=p --iterations=3 "$1" "$1.zopfli" >/dev/null 2>&1 \
+            && [ "$(stat -c %s "$1.zopfli")" -lt "$(stat -c %s "$1")" ] && mv "$1.zopfli" "$1"
+        rm -f "$1.zopfli"
+    fi
+}
+
 mkdir -p "$dst"
 copied=0
 for f in "$raw"/results.json "$raw"/table.txt "$raw"/model.json "$raw"/tables.txt "$raw"/*.png; do
@@ -28,7 +38,7 @@ for f in "$raw"/results.json "$raw"/table.txt "$raw"/model.json "$raw"/tables.tx
     cp "$f" "$dst/"
     copied=$((copied + 1))
     case $f in
-        *.png) if command -v optipng >/dev/null; then optipng -quiet -o2 -strip all "$dst/$(basename "$f")"; fi ;;
+        *.png) shrink_png "$dst/$(basename "$f")" ;;
     esac
 done
 if [ "$copied" -eq 0 ]; then

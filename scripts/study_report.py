@@ -9,7 +9,7 @@ Reads the raw runs, kept out of git under ``runs/study/`` (``--raw``): every run
 * ``docs/study/results.json``   one record per run (the numbers the tables show);
 * ``docs/study/tables.md``      the markdown tables, one per part;
 * ``docs/study/*.png``          the plots (matplotlib, Agg; recompressed losslessly with
-                                optipng when it is installed);
+                                optipng and zopflipng when installed);
 * ``docs/study.md``             the tables are also spliced into it between
                                 ``<!-- BEGIN name -->`` / ``<!-- END name -->`` markers,
                                 where those markers exist (the prose around them is kept).
@@ -288,9 +288,16 @@ def table(rows: list[dict], text: bool = False, dense_bytes: float | None = None
 # ----------------------------------------------------------------------------- plots
 
 def shrink_png(path: Path) -> None:
-    """Recompress a PNG losslessly with optipng, when it is installed (smaller docs)."""
+    """Recompress a PNG losslessly with optipng and zopflipng, where installed (smaller docs)."""
     if shutil.which("optipng"):
         subprocess.run(["optipng", "-quiet", "-o2", "-strip", "all", str(path)], check=False)
+    if shutil.which("zopflipng"):
+        tmp = path.with_name(path.name + ".zopfli")
+        done = subprocess.run(["zopflipng", "-y", "--filters=p", "--iterations=3", str(path),
+                               str(tmp)], capture_output=True, check=False)
+        if done.returncode == 0 and tmp.exists() and tmp.stat().st_size < path.stat().st_size:
+            tmp.replace(path)
+        tmp.unlink(missing_ok=True)
 
 
 def _smooth(xs: list[float], w: int = 20) -> list[float]:
