@@ -211,8 +211,7 @@ def get_method(name: str) -> Method:
     """
     if name not in METHODS:
         raise ValueError(
-            f"unknown method {name!r}; valid methods: {_choices(METHODS)}. "
-            + _renamed_hint(name)
+            f"unknown method {name!r}; valid methods: {_choices(METHODS)}.{_renamed_hint(name)}"
         )
     return METHODS[name]
 
@@ -235,7 +234,8 @@ def get_variant(name: str) -> tuple[Method, Variant]:
 
 def _renamed_hint(name: str) -> str:
     if name in ("dense16", "fp16"):
-        return "For DDP's fp16 hook use ddp-fp16; for gssgd's 16-bit dense use dense with dtype float16."
+        return (" For DDP's fp16 hook use ddp-fp16; for gssgd's 16-bit dense use dense with "
+                "dtype float16 (--payload-dtype float16).")
     return ""
 
 
@@ -261,7 +261,7 @@ def parse_methods(text: str | Iterable[str], valid: Iterable[str] | None = None)
     if unknown:
         raise ValueError(
             f"unknown method(s) {', '.join(unknown)}; give a comma-separated list from "
-            f"{_choices(allowed)}. " + _renamed_hint(unknown[0])
+            f"{_choices(allowed)}.{_renamed_hint(unknown[0])}"
         )
     return tuple(dict.fromkeys(names))
 

@@ -16,6 +16,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from gssgd.cli.errors import run_command
 from gssgd.cli.train import Formatter, add_training_flags, settings_from_args
 from gssgd.methods import METHODS, parse_methods
 from gssgd.train.config import TrainConfig, check_settings_apply, import_plugins, settings_for
@@ -130,17 +131,15 @@ def run(args: argparse.Namespace) -> int:
     Returns:
         0 when every method completed, 1 when one failed or stopped, 2 on invalid flags.
     """
+    return run_command("gssgd compare", lambda: _compare(args))
+
+
+def _compare(args: argparse.Namespace) -> int:
     out = Path(args.out) if args.out else Path("runs") / f"compare-{datetime.now():%Y%m%d-%H%M%S}"
-    try:
-        import_plugins(args.plugins)
-        methods = list(parse_methods(args.methods))
-        configs = _configs(args, methods, out)
-        text = isinstance(load_dataset(args.dataset), TextData)
-    except Exception as err:
-        if not is_user_error(err):
-            raise
-        print(f"gssgd compare: error: {err}", file=sys.stderr)
-        return 2
+    import_plugins(args.plugins)
+    methods = list(parse_methods(args.methods))
+    configs = _configs(args, methods, out)
+    text = isinstance(load_dataset(args.dataset), TextData)
 
     results: dict[str, dict[str, Any]] = {}
     curves: dict[str, list[dict[str, Any]]] = {}

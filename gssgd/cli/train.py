@@ -8,15 +8,13 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import sys
 from typing import Any
 
 from gssgd.aggregators.options import PAYLOAD_DTYPES
+from gssgd.cli.errors import run_command
 from gssgd.methods import METHODS
-from gssgd.train.checkpoint import CheckpointError
 from gssgd.train.config import TrainConfig, setting_applies_to
-from gssgd.train.data import DatasetUnavailableError
-from gssgd.train.launch import DEVICES, WorkerFailed, is_user_error
+from gssgd.train.launch import DEVICES
 from gssgd.train.loop import STATUS_COMPLETED, run_training
 from gssgd.train.models import MODELS
 
@@ -246,26 +244,13 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
 def run(args: argparse.Namespace) -> int:
     """Train; return the exit status (0 done, 1 failed or stopped, 2 invalid settings,
     130 interrupted)."""
-    try:
-        cfg = TrainConfig(method=args.method, **settings_from_args(args))
-        summary = run_training(cfg)
-    except (ValueError, CheckpointError, DatasetUnavailableError, FileNotFoundError) as err:
-        print(f"gssgd train: error: {err}", file=sys.stderr)
-        return 2
-    except WorkerFailed as err:
-        print(f"gssgd train: {err}", file=sys.stderr)
-        return 1
-    except KeyboardInterrupt:
-        print(
-            "gssgd train: interrupted; continue from the last checkpoint with --resume OUT",
-            file=sys.stderr,
-        )
-        return 130
-    except Exception as err:  # under torchrun: a lost peer, a timeout
-        if not is_user_error(err):
-            raise
-        print(f"gssgd train: error: {err}", file=sys.stderr)
-        return 1
-    if summary is None:  # a torchrun rank other than 0
-        return 0
-    return 0 if summary["status"] == STATUS_COMPLETED else 1
+
+    def body() -> int:
+        summary = run_training(TrainConfig(method=args.method, **settings_from_args(args)))
+        if summary is None:  # a torchrun rank other than 0
+            return 0
+        return 0 if summary["status"] == STATUS_COMPLETED else 1
+
+    return run_command(
+        "gssgd train", body, interrupted="continue from the last checkpoint with --resume OUT"
+    )

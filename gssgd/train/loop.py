@@ -42,7 +42,6 @@ from gssgd.aggregators.guard import SketchCollapseError
 from gssgd.methods import METHODS
 from gssgd.train import checkpoint
 from gssgd.train.config import TrainConfig, import_plugins, settings_for
-from gssgd.train.config import setting_applies_to as applies_to  # noqa: F401  (cli.bench; goes)
 from gssgd.train.data import ImageData, TextData, batch_indices, lm_batch, load_dataset
 from gssgd.train.launch import Worker, WorkerFailed, launch
 from gssgd.train.metrics import METRICS_FILE, SUMMARY_FILE, MetricsLog, RunTotals, write_json

@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 import torch
 
+from gssgd.comm import ring_allreduce_bytes
 from gssgd.train.checkpoint import CHECKPOINT_DIR, CheckpointError, resolve_checkpoint
 from gssgd.train.launch import WorkerFailed
 from gssgd.train.loop import (
@@ -20,7 +21,6 @@ from gssgd.train.loop import (
     run_training,
     settings_for,
 )
-from gssgd.comm import ring_allreduce_bytes
 from gssgd.train.metrics import read_metrics
 from gssgd.train.sync import builtin_hook_bytes
 
