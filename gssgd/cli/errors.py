@@ -47,7 +47,7 @@ class CommandError(Exception):
 def _usage_errors() -> tuple[type[BaseException], ...]:
     # Imported here: the CLI's modules load without the training stack until an error.
     from gssgd.train.checkpoint import CheckpointError
-    from gssgd.train.data import DatasetUnavailableError
+    from gssgd.train.data_types import DatasetUnavailableError
 
     return (ValueError, FileNotFoundError, CheckpointError, DatasetUnavailableError)
 

@@ -33,7 +33,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from gssgd.train.data import ImageData, TextData
+from gssgd.train.data_types import ImageData, TextData
 
 __all__ = ["MODELS", "build_model", "default_model"]
 
