@@ -71,7 +71,7 @@ def seconds(text: str) -> float:
 
 def link(text: str) -> str:
     """A link rate (``100mbit``, ``1gbit``, ...) or ``none``, lower-cased."""
-    from gssgd.bench.netns import parse_link_rate
+    from gssgd.bench.link_rate import parse_link_rate
 
     try:
         parse_link_rate(text)
@@ -82,7 +82,7 @@ def link(text: str) -> str:
 
 def rates(text: str) -> tuple[int, ...]:
     """Comma-separated link rates in bit/s (``none`` is not a rate here)."""
-    from gssgd.bench.netns import parse_link_rate
+    from gssgd.bench.link_rate import parse_link_rate
 
     out = []
     for part in text.split(","):

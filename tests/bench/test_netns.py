@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from gssgd.bench import netns
+from gssgd.bench import netns_host as netns  # the module whose require_root reads have_root
 from gssgd.bench.netns import (
     EmulatedCluster,
     _instance_tag,

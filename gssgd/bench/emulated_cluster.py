@@ -1,0 +1,414 @@
+"""The emulated cluster: P worker namespaces on rate-limited links to one bridge.
+
+:class:`EmulatedCluster` builds the namespaces, cables, bridge and qdiscs, runs the
+workers inside them and tears everything down on every path. The topology, why it is
+built this way and how to use it are described in the docstring of
+:mod:`gssgd.bench.netns`; the link shapes are in :mod:`gssgd.bench.link_rate` and the
+host-side commands, names and leftover cleanup in :mod:`gssgd.bench.netns_host`.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import ipaddress
+import itertools
+import logging
+import os
+import signal
+import subprocess
+import time
+from collections.abc import Mapping, Sequence
+from types import FrameType
+from typing import Any
+
+from gssgd.bench.link_rate import LinkShape, _format_rate, parse_link_rate
+from gssgd.bench.netns_host import (
+    _IFNAMSIZ,
+    _TAG_DIGITS,
+    DEFAULT_PREFIX,
+    _check_prefix,
+    _delete_namespace,
+    _instance_tag,
+    _list_namespaces,
+    _live_tags,
+    _run,
+    cleanup_leftovers,
+    require_root,
+)
+
+__all__ = ["DEFAULT_SUBNET", "EmulatedCluster"]
+
+# The name these messages had before netns.py was split, so that logging settings made
+# for "gssgd.bench.netns" still apply to them.
+log = logging.getLogger("gssgd.bench.netns")
+
+DEFAULT_SUBNET = "10.213.0.0/24"
+"""Private subnet of the emulated cluster; it exists only inside its namespaces."""
+
+_TERM_GRACE_S = 3.0
+
+_serials = itertools.count()
+
+
+# --------------------------------------------------------------------------- the cluster
+
+
+class EmulatedCluster:
+    """P worker namespaces joined by rate-limited veth links to one bridge.
+
+    See the module docstring for the topology and why it is built this way.
+
+    Args:
+        world_size: number of workers P (>= 1, at most the subnet's host count).
+        link: the rate of every worker's link in each direction: a text for
+            :func:`parse_link_rate` (``"1gbit"``), an int in bits per second, or
+            ``None`` / ``"none"`` for unshaped links (still namespaces, no qdisc).
+        subnet: a private IPv4 subnet; rank r gets its (r+1)-th host address, so rank 0
+            is 10.213.0.1 by default. It exists only inside this cluster's namespaces.
+        mtu: MTU of every veth, 1500 (Ethernet) by default; 9000 emulates jumbo frames
+            and costs less CPU at 10gbit and above.
+        burst_bytes: tbf bucket size; ``None`` for the default of :class:`LinkShape`.
+        latency_ms: the longest a packet may queue in tbf before it is dropped.
+        prefix: name prefix of everything created (1 to 5 lowercase letters).
+
+    Raises:
+        ValueError: a bad argument; the message names it, the valid range and the fix.
+        PermissionError: not root (see :func:`require_root`).
+
+    Example:
+        >>> with EmulatedCluster(2, link="20mbit") as cluster:  # doctest: +SKIP
+        ...     cluster.master_addr, cluster.ifname(1)
+        ('10.213.0.1', 'gsn02n9c0n1')
+    """
+
+    def __init__(
+        self,
+        world_size: int,
+        link: str | int | None = "1gbit",
+        *,
+        subnet: str = DEFAULT_SUBNET,
+        mtu: int = 1500,
+        burst_bytes: int | None = None,
+        latency_ms: float = 50.0,
+        prefix: str = DEFAULT_PREFIX,
+    ) -> None:
+        if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
+            raise ValueError(f"world_size={world_size!r} must be an int >= 1")
+        _check_prefix(prefix)
+        try:
+            network = ipaddress.IPv4Network(subnet)
+        except ValueError as exc:
+            raise ValueError(
+                f"subnet={subnet!r} is not an IPv4 network such as {DEFAULT_SUBNET!r}: {exc}"
+            ) from None
+        if not network.is_private:
+            raise ValueError(
+                f"subnet={subnet!r} is not a private range; use one such as "
+                f"{DEFAULT_SUBNET!r}, so that no address can collide with a real host"
+            )
+        hosts = network.num_addresses - 2
+        if world_size > hosts:
+            raise ValueError(
+                f"world_size={world_size} does not fit subnet {subnet} ({hosts} host "
+                f"addresses); use a larger subnet, e.g. 10.213.0.0/16"
+            )
+        rank_digits = len(str(world_size - 1))
+        if len(prefix) + _TAG_DIGITS + 2 + rank_digits > _IFNAMSIZ:
+            raise ValueError(
+                f"world_size={world_size} with prefix={prefix!r} makes interface names "
+                f"longer than {_IFNAMSIZ} characters; use a shorter prefix"
+            )
+        if isinstance(mtu, bool) or not isinstance(mtu, int) or not 576 <= mtu <= 65535:
+            raise ValueError(f"mtu={mtu!r} must be an int in 576..65535; 1500 is Ethernet's")
+        if isinstance(link, bool):
+            raise ValueError(f"link={link!r} must be a rate such as '1gbit', an int, or None")
+        rate = link if isinstance(link, int) else parse_link_rate(link)
+        self.shape = (
+            None
+            if rate is None
+            else LinkShape(rate, mtu=mtu, burst_bytes=burst_bytes, latency_ms=latency_ms)
+        )
+        require_root()
+
+        self.world_size = world_size
+        self.link_bps: int | None = rate
+        self.mtu = mtu
+        self.prefix = prefix
+        self.network = network
+        self._addresses = [
+            str(address) for address in itertools.islice(network.hosts(), world_size)
+        ]
+        self.tag = ""  # chosen by start(), when the names are known to be free
+        self._namespaces: list[str] = []  # created so far, in order
+        self._procs: list[subprocess.Popen[Any]] = []
+        self._old_handlers: dict[int, Any] = {}
+        self._started = False
+        self._closed = False
+
+    # -- names -----------------------------------------------------------------------
+
+    def namespace(self, rank: int) -> str:
+        """The name of rank's network namespace (for ``ip netns exec``)."""
+        return f"{self.tag}-{self._check_rank(rank)}"
+
+    @property
+    def switch_namespace(self) -> str:
+        """The namespace that holds the bridge and the switch ends of the cables."""
+        return f"{self.tag}-sw"
+
+    @property
+    def bridge(self) -> str:
+        """The bridge's name (inside :attr:`switch_namespace`)."""
+        return f"{self.tag}br"
+
+    def ifname(self, rank: int) -> str:
+        """The veth inside rank's namespace: the value of ``GLOO_SOCKET_IFNAME`` there."""
+        return f"{self.tag}n{self._check_rank(rank)}"
+
+    def switch_ifname(self, rank: int) -> str:
+        """The bridge-side end of rank's cable; its egress is rank's download."""
+        return f"{self.tag}h{self._check_rank(rank)}"
+
+    def address(self, rank: int) -> str:
+        """Rank's IPv4 address."""
+        return self._addresses[self._check_rank(rank)]
+
+    @property
+    def master_addr(self) -> str:
+        """Rank 0's address: the value of ``MASTER_ADDR`` for every rank."""
+        return self._addresses[0]
+
+    def _check_rank(self, rank: int) -> int:
+        if not isinstance(rank, int) or not 0 <= rank < self.world_size:
+            raise ValueError(f"rank={rank!r} must be an int in 0..{self.world_size - 1}")
+        if not self.tag:
+            raise RuntimeError("the cluster is not started: use it as `with EmulatedCluster(...)`")
+        return rank
+
+    # -- running workers -------------------------------------------------------------
+
+    def env(self, rank: int) -> dict[str, str]:
+        """The networking variables a worker of this rank needs.
+
+        ``MASTER_ADDR`` is rank 0's address. ``GLOO_SOCKET_IFNAME`` makes gloo bind to the
+        worker's veth (and so go through the shaped link) instead of the address the host
+        name resolves to. ``NCCL_SOCKET_IFNAME`` does the same for NCCL's sockets.
+        """
+        ifname = self.ifname(rank)
+        return {
+            "MASTER_ADDR": self.master_addr,
+            "GLOO_SOCKET_IFNAME": ifname,
+            "NCCL_SOCKET_IFNAME": ifname,
+        }
+
+    def exec_argv(self, rank: int, argv: Sequence[str]) -> list[str]:
+        """``argv`` prefixed so that it runs inside rank's namespace."""
+        return ["ip", "netns", "exec", self.namespace(rank), *argv]
+
+    def popen(
+        self,
+        rank: int,
+        argv: Sequence[str],
+        env: Mapping[str, str] | None = None,
+        **kwargs: Any,
+    ) -> subprocess.Popen[Any]:
+        """Start ``argv`` inside rank's namespace; teardown kills it if still running.
+
+        Args:
+            rank: the worker, 0..world_size-1.
+            argv: the command, e.g. ``[sys.executable, "-m", "mypkg.worker"]``.
+            env: the environment (default: this process's), to which :meth:`env`'s
+                variables are added; they override values of the same name.
+            **kwargs: passed on to :class:`subprocess.Popen` (``stdout=``, ``cwd=``...).
+
+        Returns:
+            The process. ``ip netns exec`` replaces itself with ``argv``, so its pid is
+            the worker's.
+        """
+        if not self._started or self._closed:
+            raise RuntimeError("popen() needs a running cluster: call it inside `with`")
+        full_env = dict(os.environ if env is None else env)
+        full_env.update(self.env(rank))
+        proc = subprocess.Popen(self.exec_argv(rank, argv), env=full_env, **kwargs)
+        self._procs.append(proc)
+        return proc
+
+    # -- lifecycle -------------------------------------------------------------------
+
+    def __enter__(self) -> EmulatedCluster:
+        self.start()
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def start(self) -> None:
+        """Build the namespaces, the bridge, the cables and the qdiscs.
+
+        Removes the leftovers of crashed earlier runs first. Installs the SIGINT/SIGTERM
+        handlers and the ``atexit`` fallback before creating anything, so an interrupt
+        during setup also tears down what exists.
+        """
+        if self._started:
+            raise RuntimeError("this cluster was already started; make a new one")
+        self._started = True
+        cleanup_leftovers(self.prefix)
+        self._install_handlers()
+        atexit.register(self.close)
+        try:
+            self.tag = self._free_tag()
+            _live_tags.add(self.tag)
+            self._build()
+        except BaseException:
+            self.close()
+            raise
+        log.info(
+            "emulated cluster %s: %d workers on %s, %s",
+            self.tag,
+            self.world_size,
+            self.network,
+            self.shape or "unshaped links",
+        )
+
+    def _free_tag(self) -> str:
+        existing = {name[: len(self.prefix) + _TAG_DIGITS + 1] for name in _list_namespaces()}
+        for _ in range(36):
+            tag = _instance_tag(os.getpid(), next(_serials), self.prefix)
+            if tag not in existing and tag not in _live_tags:
+                return tag
+        raise RuntimeError(
+            f"process {os.getpid()} already runs 36 emulated clusters; close some first"
+        )
+
+    def _new_namespace(self, name: str) -> None:
+        _run(["ip", "netns", "add", name])
+        self._namespaces.append(name)
+        _run(["ip", "-n", name, "link", "set", "lo", "up"])
+        # IPv4 only: gloo binds to the first address of GLOO_SOCKET_IFNAME, which would
+        # otherwise be an IPv6 link-local one; this also skips duplicate address detection.
+        _run(
+            ["ip", "netns", "exec", name, "sh", "-c",
+             "for f in /proc/sys/net/ipv6/conf/all/disable_ipv6 "
+             "/proc/sys/net/ipv6/conf/default/disable_ipv6; "
+             "do [ -w $f ] && echo 1 > $f; done; true"]
+        )  # fmt: skip
+
+    def _build(self) -> None:
+        switch = self.switch_namespace
+        self._new_namespace(switch)
+        _run(["ip", "-n", switch, "link", "add", self.bridge, "type", "bridge",
+              "forward_delay", "0", "stp_state", "0"])  # fmt: skip
+        _run(["ip", "-n", switch, "link", "set", self.bridge, "mtu", str(self.mtu), "up"])
+        prefixlen = str(self.network.prefixlen)
+        for rank in range(self.world_size):
+            netns, inner, outer = self.namespace(rank), self.ifname(rank), self.switch_ifname(rank)
+            self._new_namespace(netns)
+            # Both ends are born in their namespaces: nothing appears in the root one.
+            _run(["ip", "-n", switch, "link", "add", outer, "mtu", str(self.mtu), "type", "veth",
+                  "peer", "name", inner, "mtu", str(self.mtu), "netns", netns])  # fmt: skip
+            _run(["ip", "-n", switch, "link", "set", outer, "master", self.bridge, "up"])
+            _run(["ip", "-n", netns, "addr", "add", f"{self.address(rank)}/{prefixlen}",
+                  "dev", inner])  # fmt: skip
+            _run(["ip", "-n", netns, "link", "set", inner, "up"])
+            if self.shape is not None:
+                tbf = self.shape.tc_args()
+                # upload: what the worker sends leaves through its own end
+                _run(["tc", "-n", netns, "qdisc", "replace", "dev", inner, "root", *tbf])
+                # download: what the switch sends to the worker leaves through the other end
+                _run(["tc", "-n", switch, "qdisc", "replace", "dev", outer, "root", *tbf])
+
+    def close(self) -> None:
+        """Tear everything down: idempotent, never raises, safe on half-built state.
+
+        Kills the processes started with :meth:`popen` (SIGTERM, then SIGKILL after
+        3 s), then anything else left in the namespaces, then deletes the namespaces,
+        which destroys the cables and the bridge with them. SIGINT and SIGTERM are
+        held back meanwhile and delivered once the previous handlers are back.
+        """
+        if self._closed or not self._started:
+            self._closed = True
+            return
+        self._closed = True
+        blocked = _block_signals()
+        try:
+            self._stop_procs()
+            for netns in reversed(self._namespaces):
+                try:
+                    _delete_namespace(netns)
+                except Exception as exc:  # teardown must go on whatever fails
+                    log.warning("could not delete namespace %s: %s", netns, exc)
+            self._namespaces.clear()
+            _live_tags.discard(self.tag)
+            with contextlib.suppress(Exception):
+                atexit.unregister(self.close)
+            self._restore_handlers()
+        finally:
+            _unblock_signals(blocked)
+
+    def _stop_procs(self) -> None:
+        alive = [proc for proc in self._procs if proc.poll() is None]
+        for proc in alive:
+            with contextlib.suppress(OSError):
+                proc.terminate()
+        deadline = time.monotonic() + _TERM_GRACE_S
+        for proc in alive:
+            try:
+                proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(OSError):
+                    proc.kill()
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    proc.wait(timeout=_TERM_GRACE_S)
+        self._procs.clear()
+
+    # -- signals ---------------------------------------------------------------------
+
+    def _install_handlers(self) -> None:
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            try:
+                previous = signal.getsignal(signum)
+                if previous is signal.SIG_IGN:
+                    continue  # the caller chose to ignore it (e.g. nohup): keep that
+                signal.signal(signum, self._on_signal)
+            except ValueError:  # not the main thread: atexit and __exit__ remain
+                return
+            self._old_handlers[signum] = previous
+
+    def _restore_handlers(self) -> None:
+        for signum, previous in self._old_handlers.items():
+            with contextlib.suppress(ValueError, TypeError):
+                if signal.getsignal(signum) == self._on_signal:
+                    signal.signal(signum, previous if previous is not None else signal.SIG_DFL)
+        self._old_handlers.clear()
+
+    def _on_signal(self, signum: int, frame: FrameType | None) -> None:
+        previous = self._old_handlers.get(signum, signal.SIG_DFL)
+        log.warning("signal %d: tearing down emulated cluster %s", signum, self.tag)
+        self.close()
+        if callable(previous):
+            previous(signum, frame)  # e.g. default_int_handler raises KeyboardInterrupt
+        elif signum == signal.SIGINT:
+            raise KeyboardInterrupt
+        else:
+            raise SystemExit(128 + signum)
+
+    def __repr__(self) -> str:
+        state = "closed" if self._closed else "running" if self._started else "not started"
+        return (
+            f"EmulatedCluster(world_size={self.world_size}, link="
+            f"{_format_rate(self.link_bps) if self.link_bps else 'none'}, "
+            f"subnet={self.network}, tag={self.tag or '-'}, {state})"
+        )
+
+
+def _block_signals() -> set[signal.Signals] | None:
+    try:
+        return signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
+    except (AttributeError, OSError, ValueError):
+        return None
+
+
+def _unblock_signals(previous_mask: set[signal.Signals] | None) -> None:
+    if previous_mask is not None:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous_mask)
