@@ -89,7 +89,7 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
         "--cols",
         type=bench_args.count,
         default=None,
-        help="sketch columns (default: the aggregators' default, 40k capped at d/(4 rows); "
+        help="sketch columns (default: the aggregators' default, 40·k capped at d/(4 rows); "
         "gs-small uses a quarter)",
     )
     add(

@@ -61,7 +61,7 @@ def test_byte_formulas_equal_the_aggregators_last_stats_for_2_3_and_4_ranks():
                 assert measured == (t.sent[rank], t.received[rank], t.rounds), (p, name, rank)
 
 
-def test_byte_formulas_match_the_design_figures():
+def test_byte_formulas_match_the_documented_figures():
     d, k, p = 1_000_000, 1000, 8
     gs = method_spec("gs", d, k=k, cols=5000, candidates=4)
     rows_cols = gs.rows * 5000
