@@ -1,15 +1,119 @@
-"""Single-process references of every aggregator's math, written independently of gssgd's
-distributed code (plain numpy and Python dicts), for the distributed tests to compare with.
+"""Single-process references of every aggregator's math, written independently of gssgd
+(plain numpy and Python integers), for the distributed tests to compare with.
+
+The Count Sketch here does not use :class:`gssgd.CountSketch`: its hashes are computed from
+the scheme gssgd documents (``gssgd/sketch.py``), reimplemented below, so a hashing bug in
+gssgd shows up as a mismatch instead of cancelling out.
 """
 
 from __future__ import annotations
 
+from functools import cache
+
 import numpy as np
 import torch
 
-from gssgd.sketch import CountSketch
+MASK64 = (1 << 64) - 1
 
 
+# ---------------------------------------------------------------------------- hashing
+def splitmix64(seed: int):
+    """The SplitMix64 stream gssgd draws its hash constants from (an infinite generator).
+
+    The state starts at ``seed * 0xD1B54A32D192ED03 + 0x632BE59BD9B4E019 (mod 2^64)``; each
+    output is the SplitMix64 finaliser (Steele, Lea, Flood 2014) of the state advanced by
+    the golden-ratio increment.
+    """
+    state = (seed * 0xD1B54A32D192ED03 + 0x632BE59BD9B4E019) & MASK64
+    while True:
+        state = (state + 0x9E3779B97F4A7C15) & MASK64
+        z = state
+        z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & MASK64
+        z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & MASK64
+        yield z ^ (z >> 31)
+
+
+def hash_constants(seed: int, rows: int) -> list[tuple[int, int, int, int]]:
+    """Per row, the unsigned 64-bit ``(a, b, c, e)``: four stream outputs, a and c made odd."""
+    stream = splitmix64(seed)
+    out = []
+    for _ in range(rows):
+        a, b, c, e = (next(stream) for _ in range(4))
+        out.append((a | 1, b, c | 1, e))
+    return out
+
+
+def bucket_and_sign(i: int, seed: int, rows: int, cols: int) -> list[tuple[int, int]]:
+    """``(h_r(i), s_r(i))`` of one coordinate for every row, in plain Python integers:
+    ``h = (((a*i + b) mod 2^64) >> 32) * cols >> 32``, ``s = -1`` iff the top bit of
+    ``(c*i + e) mod 2^64`` is set."""
+    out = []
+    for a, b, c, e in hash_constants(seed, rows):
+        top32 = ((a * i + b) & MASK64) >> 32
+        negative = ((c * i + e) & MASK64) >> 63
+        out.append(((top32 * cols) >> 32, -1 if negative else 1))
+    return out
+
+
+@cache
+def buckets_and_signs(d: int, seed: int, rows: int, cols: int) -> tuple[np.ndarray, np.ndarray]:
+    """The same for coordinates ``0..d-1`` with numpy uint64 (which wraps mod 2^64):
+    int64 buckets and float64 signs, each of shape (rows, d). Read-only (cached)."""
+    assert cols < 1 << 32
+    i = np.arange(d, dtype=np.uint64)
+    buckets = np.empty((rows, d), dtype=np.int64)
+    signs = np.empty((rows, d), dtype=np.float64)
+    with np.errstate(over="ignore"):
+        for r, (a, b, c, e) in enumerate(hash_constants(seed, rows)):
+            top32 = (i * np.uint64(a) + np.uint64(b)) >> np.uint64(32)
+            buckets[r] = ((top32 * np.uint64(cols)) >> np.uint64(32)).astype(np.int64)
+            negative = (i * np.uint64(c) + np.uint64(e)) >> np.uint64(63)
+            signs[r] = np.where(negative == 1, -1.0, 1.0)
+    buckets.flags.writeable = signs.flags.writeable = False
+    return buckets, signs
+
+
+class RefSketch:
+    """A float64 Count Sketch of length-d vectors with the hashes above."""
+
+    def __init__(self, d: int, rows: int, cols: int, seed: int) -> None:
+        self.d, self.rows, self.cols = d, rows, cols
+        self.buckets, self.signs = buckets_and_signs(d, seed, rows, cols)
+        self.table = np.zeros((rows, cols))
+
+    def accumulate(self, x: np.ndarray) -> None:
+        for r in range(self.rows):
+            self.table[r] += np.bincount(
+                self.buckets[r], weights=self.signs[r] * x, minlength=self.cols
+            )
+
+    def query(self) -> np.ndarray:
+        """Median over rows of ``s_r(i) * table[r, h_r(i)]`` for every coordinate."""
+        per_row = np.stack(
+            [self.signs[r] * self.table[r, self.buckets[r]] for r in range(self.rows)]
+        )
+        return np.median(per_row, axis=0)  # rows is odd: the middle value itself
+
+    def heavy_hitters(self, n: int) -> tuple[np.ndarray, np.ndarray]:
+        """The n coordinates of largest |estimate| (ties: lower index), by ranking all d."""
+        est = self.query()
+        idx = ref_topk(np.abs(est), n)
+        return idx, est[idx]
+
+
+# ---------------------------------------------------------------------------- defaults
+def default_sketch(d: int, k: int) -> dict:
+    """The sketch shape gssgd ships as its default, from its documentation (docs/sizing.md,
+    ``SketchedOptions``): one row, ``40 k`` columns capped at ``max(256, d / 4)``, and
+    ``m = 32`` candidates per selected coordinate capped so that ``m k <= d / 8``."""
+    return {
+        "rows": 1,
+        "cols": max(1, min(40 * k, max(256, d // 4))),
+        "candidates": max(1, min(32, d // (8 * k))),
+    }
+
+
+# ---------------------------------------------------------------------------- selection
 def ref_topk(values: np.ndarray, k: int) -> np.ndarray:
     """Indices of the k largest values, ties by lower index (by a lexicographic sort)."""
     order = np.lexsort((np.arange(values.size), -values))
@@ -17,8 +121,8 @@ def ref_topk(values: np.ndarray, k: int) -> np.ndarray:
 
 
 def _merge(a: dict, b: dict, k: int) -> dict:
-    """gTop-k merge of {index: (value, contributors)} lists."""
-    out: dict[int, tuple[float, frozenset]] = {}
+    """gTop-k merge of {index: (value, contributors)} lists (values keep their dtype)."""
+    out: dict[int, tuple] = {}
     for lst in (a, b):
         for i, (v, who) in lst.items():
             if i in out:
@@ -31,20 +135,28 @@ def _merge(a: dict, b: dict, k: int) -> dict:
     return {int(i): out[int(i)] for i in keep}
 
 
-def reference_run(method: str, grads: list[list[torch.Tensor]], k: int, opts: dict):
+# ---------------------------------------------------------------------------- the methods
+def reference_run(
+    method: str, grads: list[list[torch.Tensor]], k: int, opts: dict, dtype=np.float64
+):
     """Replay ``method`` on grads[t][p] in one process.
 
+    ``dtype``: the arithmetic of the error feedback, momentum and gTop-k merges. float32
+    repeats gssgd's roundings where its order of operations is fixed by the algorithm (gTop-k:
+    pairwise sums in the recursive-doubling order), so those results can be compared
+    bitwise; float64 is the exact math, for comparisons with a tolerance.
+
     Returns:
-        (updates per step as float64 arrays, final residual per rank as float64 arrays).
+        (updates per step as arrays, final residual per rank as arrays), in ``dtype``.
     """
     steps, world = len(grads), len(grads[0])
     d = grads[0][0].numel()
-    rho = opts.get("momentum", 0.0)
-    e = [np.zeros(d) for _ in range(world)]
-    u = [np.zeros(d) for _ in range(world)]
+    rho = dtype(opts.get("momentum", 0.0))
+    e = [np.zeros(d, dtype) for _ in range(world)]
+    u = [np.zeros(d, dtype) for _ in range(world)]
     updates = []
     for t in range(steps):
-        g = [grads[t][p].double().numpy() for p in range(world)]
+        g = [grads[t][p].numpy().astype(dtype) for p in range(world)]
         if method == "dense":
             updates.append(sum(g) / world)
             continue
@@ -52,7 +164,7 @@ def reference_run(method: str, grads: list[list[torch.Tensor]], k: int, opts: di
         for p in range(world):
             u[p] = rho * u[p] + g[p] if rho > 0 else g[p]
             a.append(e[p] + u[p])
-        update = np.zeros(d)
+        update = np.zeros(d, dtype)
         delivered: list[np.ndarray] = [np.array([], dtype=np.int64)] * world
         if method == "topk":
             for p in range(world):
@@ -82,23 +194,16 @@ def reference_run(method: str, grads: list[list[torch.Tensor]], k: int, opts: di
                 for p in range(world)
             ]
         elif method in ("sketched", "gs"):
-            sketches = []
-            for p in range(world):
-                sk = CountSketch(d, rows=opts["rows"], cols=opts["cols"], seed=opts.get("seed", 0))
-                sk.accumulate(torch.from_numpy(a[p]).float())
-                sketches.append(sk)
-            summed = sketches[0]
-            for sk in sketches[1:]:
-                summed = summed + sk
-            est = summed.query().double().numpy()
+            summed = RefSketch(d, opts["rows"], opts["cols"], opts.get("seed", 0))
+            for p in range(world):  # linearity: the sketch of the sum is the sum of sketches
+                summed.accumulate(a[p].astype(np.float64))
             if opts.get("exact", True):
-                cand = ref_topk(np.abs(est), min(opts["candidates"] * k, d))
+                cand, _ = summed.heavy_hitters(min(opts["candidates"] * k, d))
                 exact = sum(a[p][cand] for p in range(world))
                 keep = ref_topk(np.abs(exact), k)
                 chosen, values = cand[keep], exact[keep]
             else:
-                chosen = ref_topk(np.abs(est), k)
-                values = est[chosen]
+                chosen, values = summed.heavy_hitters(k)
             update[chosen] = values
             delivered = [chosen] * world
         else:
