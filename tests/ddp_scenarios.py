@@ -19,10 +19,12 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 import gssgd
 from gssgd.ddp import HookState, comm_hook
 
-#: DDP bucket cap (MB): the MLP's 4010 parameters fall into 3 buckets (1234, 1960 and 816
-#: elements, in reverse model order) after DDP's rebuild, and 1 bucket before it.
+#: DDP bucket cap (MB): small enough that the MLP's 4010 parameters (16 KB) need several
+#: buckets after DDP's rebuild (with torch 2.13: 3 buckets of 1234, 1960 and 816 elements, in
+#: reverse model order; 1 bucket before the rebuild). The tests read the layouts DDP hands
+#: the hook (``bucket.parameters()``) instead of assuming one torch version's bucketing.
 CAP_MB = 0.004
-#: Another cap: 2 buckets (3194 and 816 elements).
+#: Another cap, for another layout (torch 2.13: 2 buckets of 3194 and 816 elements).
 OTHER_CAP_MB = 0.006
 START = 2  # start_iter of every scenario
 ITERS = 6  # iterations per scenario: START dense ones, then compressed ones
@@ -240,6 +242,7 @@ def resume(rank: int, world_size: int) -> dict:
     before = state.state_dict()
     copy = pickle.loads(pickle.dumps(state))
     out["pickle_before"] = before
+    out["pickle_layouts"] = dict(layouts)  # the rebuilt layout the states were saved for
     out["pickle_after"] = copy.state_dict()
     out["pickle_group_dropped"] = copy.group is None and not copy._aggregators
     params = [p.detach().clone() for p in model.parameters()]
@@ -277,18 +280,37 @@ def _error_of(fn) -> str:
     return "no error"
 
 
+def rebuilt_layout(rank: int, cap: float) -> dict[int, list[int]]:
+    """The parameter positions of each bucket (in bucket order) after DDP's rebuild, as
+    DDP hands them to a hook: three iterations of a plain all-reduce."""
+    model, ddp = _fresh(cap)
+    layouts: dict[int, list[int]] = {}
+    ddp.register_comm_hook(HookState("dense", start_iter=100), recording(layouts, model))
+    _train(ddp, model, rank, range(3))
+    return dict(layouts)
+
+
 def errors(rank: int, world_size: int) -> dict:
-    """Errors that only show once DDP hands over its buckets."""
-    out = {}
+    """Errors that only show once DDP hands over its buckets.
+
+    The bucket sizes come from the layouts DDP builds here (``out["layouts"]`` and
+    ``out["other_layouts"]``), so the scenarios hold whatever torch's bucketing is.
+    """
+    out: dict = {"layouts": rebuilt_layout(rank, CAP_MB)}
+    out["other_layouts"] = rebuilt_layout(rank, OTHER_CAP_MB)
+    numels = [p.numel() for p in make_model().parameters()]
+    # k one more than the smallest bucket: smaller than the model, larger than that bucket
+    k = min(sum(numels[i] for i in pos) for pos in out["layouts"].values()) + 1
+    out["k"] = k
 
     def k_too_large() -> None:
         model, ddp = _fresh()
-        ddp.register_comm_hook(HookState("gs", start_iter=1, k=900, **SKETCH), comm_hook)
-        _train(ddp, model, rank, range(3))  # the 816-element bucket is smaller than k
+        ddp.register_comm_hook(HookState("gs", start_iter=1, k=k, **SKETCH), comm_hook)
+        _train(ddp, model, rank, range(3))  # the smallest bucket is smaller than k
 
     out["k_too_large"] = _error_of(k_too_large)
 
-    # A per-bucket state saved with 3 buckets, loaded where DDP makes 2 buckets.
+    # A per-bucket state saved with CAP_MB's buckets, loaded where DDP makes OTHER_CAP_MB's.
     model, ddp = _fresh()
     state = HookState("topk", start_iter=1, density=0.02)
     ddp.register_comm_hook(state, comm_hook)
