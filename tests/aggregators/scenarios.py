@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 
 import torch
+import torch.distributed as dist
 
 import gssgd
 
@@ -25,7 +26,16 @@ CONFIGS: dict[str, tuple[str, dict, int]] = {
     "gs_backend": ("gs", {"density": 0.01, "allreduce": "backend", **SKETCH}, D),
     "gs_estimate": ("gs", {"density": 0.01, "exact": False, **SKETCH}, D),
     "gs_half": ("gs", {"density": 0.01, "table_dtype": torch.float16, **SKETCH}, D),
+    # The shipped default sketch (no rows/cols/candidates given: one row, 40k columns capped
+    # at d/4, m = 32 capped at d/(8k)). At density 0.01 both caps bind (cols 750, m 12);
+    # at density 0.001 neither does (cols 1200, m 32).
+    "sketched_default": ("sketched", {"density": 0.01}, D),
+    "gs_default": ("gs", {"density": 0.01}, D),
+    "gs_default_sparse": ("gs", {"density": 0.001}, 10 * D),
+    "gs_default_estimate": ("gs", {"density": 0.01, "exact": False}, D),
 }
+#: configs that use the default sketch shape
+DEFAULT_SHAPE = ("sketched_default", "gs_default", "gs_default_sparse", "gs_default_estimate")
 #: configs whose sums round differently from the float32 reference (tested on their own)
 ROUNDED = {"dense16", "gs_half"}
 #: configs whose statistics alone are kept (for byte-count tests)
@@ -47,31 +57,51 @@ def make_grad(rank: int, step: int, d: int) -> torch.Tensor:
     return g
 
 
-def build(name: str, table: dict) -> gssgd.Aggregator:
+#: World sizes run as subgroups of ranks 0..P-1 inside the P = 8 run (one spawn instead of
+#: three: starting processes costs seconds each), with a few configs: gTop-k's merges and
+#: gs's table all-reduce fold one, two or three ranks there (P = 3 folds only one).
+PREFIX_SIZES = (5, 6, 7)
+PREFIX_CONFIGS = ("gtopk", "gtopk_momentum", "gs_default")
+
+
+def build(name: str, table: dict, group: dist.ProcessGroup | None = None) -> gssgd.Aggregator:
     method, opts, d = table[name]
     opts = dict(opts)
     density = opts.pop("density", None)
-    return gssgd.make_aggregator(method, d, density=density, **opts)
+    return gssgd.make_aggregator(method, d, density=density, group=group, **opts)
+
+
+def run_config(rank: int, name: str, group: dist.ProcessGroup | None = None) -> dict:
+    """STEPS steps of config ``name``: updates, final residual, gradient sum, statistics,
+    and the sketch shape the aggregator used (None for methods without a sketch)."""
+    agg = build(name, CONFIGS, group)
+    d = CONFIGS[name][2]
+    updates, stats, grad_sum = [], [], torch.zeros(d, dtype=torch.float64)
+    for t in range(STEPS):
+        g = make_grad(rank, t, d)
+        grad_sum += g.double()
+        updates.append(agg.step(g))
+        stats.append(dataclasses.asdict(agg.last_stats))
+    sd = agg.state_dict()
+    shape = None
+    if hasattr(agg, "sketch"):  # after the run: gs's guard may have grown cols and m*k
+        shape = {
+            "rows": agg.options.rows,
+            "cols": getattr(agg, "cols", agg.options.cols),
+            "candidates": agg.options.candidates,
+            "num_candidates": agg.num_candidates,
+        }
+    return {
+        "updates": torch.stack(updates),
+        "residual": sd.get("residual"),
+        "grad_sum": grad_sum,
+        "stats": stats,
+        "shape": shape,
+    }
 
 
 def run_all(rank: int, world_size: int) -> dict:
-    out: dict = {}
-    for name in CONFIGS:
-        agg = build(name, CONFIGS)
-        d = CONFIGS[name][2]
-        updates, stats, grad_sum = [], [], torch.zeros(d, dtype=torch.float64)
-        for t in range(STEPS):
-            g = make_grad(rank, t, d)
-            grad_sum += g.double()
-            updates.append(agg.step(g))
-            stats.append(dataclasses.asdict(agg.last_stats))
-        sd = agg.state_dict()
-        out[name] = {
-            "updates": torch.stack(updates),
-            "residual": sd.get("residual"),
-            "grad_sum": grad_sum,
-            "stats": stats,
-        }
+    out: dict = {name: run_config(rank, name) for name in CONFIGS}
     for name in STATS_ONLY:
         agg = build(name, STATS_ONLY)
         d = STATS_ONLY[name][2]
@@ -80,6 +110,22 @@ def run_all(rank: int, world_size: int) -> dict:
             agg.step(make_grad(rank, t, d))
             stats.append(dataclasses.asdict(agg.last_stats))
         out[name] = {"stats": stats}
+    return out
+
+
+def run_all_and_prefixes(rank: int, world_size: int) -> dict:
+    """``run_all``, then PREFIX_CONFIGS on the subgroups of ranks ``0..P-1`` for every P of
+    PREFIX_SIZES (under ``out["prefix"][P]`` on the ranks of that subgroup)."""
+    out = run_all(rank, world_size)
+    # new_group is a collective of the whole world: every group is made before any rank
+    # runs on one, and every rank waits for the others at the end.
+    groups = {size: dist.new_group(list(range(size))) for size in PREFIX_SIZES}
+    out["prefix"] = {
+        size: {name: run_config(rank, name, group) for name in PREFIX_CONFIGS}
+        for size, group in groups.items()
+        if rank < size
+    }
+    dist.barrier()
     return out
 
 

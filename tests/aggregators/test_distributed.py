@@ -10,9 +10,12 @@ import pytest
 import torch
 
 from gssgd.bench.cost_model import MethodSpec, traffic
-from tests.aggregators.reference import reference_run
+from tests.aggregators.reference import default_sketch, reference_run
 from tests.aggregators.scenarios import (
     CONFIGS,
+    DEFAULT_SHAPE,
+    PREFIX_CONFIGS,
+    PREFIX_SIZES,
     ROUNDED,
     SKETCH,
     STEPS,
@@ -20,38 +23,61 @@ from tests.aggregators.scenarios import (
     for_every_method,
     make_grad,
     run_all,
+    run_all_and_prefixes,
 )
 from tests.dist_utils import raise_worker_errors, run_workers
 
 WORLD_SIZES = [1, 2, 3, 4, 8]
-CONSERVING = ["topk", "gtopk", "sketched", "gs", "gs_backend", "gs_half"]
+CONSERVING = ["topk", "gtopk", "sketched", "gs", "gs_backend", "gs_half", "sketched_default",
+              "gs_default", "gs_default_sparse"]  # fmt: skip
+
+
+def cases(names) -> list:
+    """(world_size, name) for every world size of WORLD_SIZES, plus the prefix-subgroup
+    world sizes 5, 6, 7 for the names they run; ids ``P-name`` as before."""
+    pairs = [(p, n) for p in WORLD_SIZES for n in names]
+    pairs += [(p, n) for p in PREFIX_SIZES for n in names if n in PREFIX_CONFIGS]
+    return [pytest.param(p, n, id=f"{p}-{n}") for p, n in pairs]
 
 
 @cache
 def results(world_size: int) -> list[dict]:
-    out = run_workers(world_size, run_all)
+    """Per rank, ``{config name: result}``. P = 5, 6, 7 are subgroups of the P = 8 run."""
+    if world_size in PREFIX_SIZES:
+        return [rank["prefix"][world_size] for rank in results(8)[:world_size]]
+    out = run_workers(world_size, run_all_and_prefixes if world_size == 8 else run_all)
     raise_worker_errors(out)
     return out
 
 
-@cache
-def reference(world_size: int, name: str):
+def k_of(name: str) -> int:
+    _, opts, d = CONFIGS[name]
+    return max(1, round(opts.get("density", 0.01) * d))
+
+
+def reference_opts(name: str) -> dict:
+    """The config's options; without a sketch shape, the documented default one."""
     method, opts, d = CONFIGS[name]
+    if method in ("sketched", "gs") and "rows" not in opts:
+        return {**default_sketch(d, k_of(name)), **opts}
+    return opts
+
+
+@cache
+def reference(world_size: int, name: str, dtype=np.float64):
+    method, _, d = CONFIGS[name]
     grads = [[make_grad(p, t, d) for p in range(world_size)] for t in range(STEPS)]
-    k = max(1, round(opts.get("density", 0.01) * d))
-    return reference_run(method, grads, k, opts)
+    return reference_run(method, grads, k_of(name), reference_opts(name), dtype=dtype)
 
 
-@pytest.mark.parametrize("name", list(CONFIGS))
-@pytest.mark.parametrize("world_size", WORLD_SIZES)
+@pytest.mark.parametrize(("world_size", "name"), cases(CONFIGS))
 def test_update_is_bitwise_identical_on_every_rank(world_size: int, name: str) -> None:
     ranks = results(world_size)
     for r in range(1, world_size):
         assert torch.equal(ranks[r][name]["updates"], ranks[0][name]["updates"]), f"rank {r}"
 
 
-@pytest.mark.parametrize("name", [n for n in CONFIGS if n != "gs_half"])
-@pytest.mark.parametrize("world_size", WORLD_SIZES)
+@pytest.mark.parametrize(("world_size", "name"), cases([n for n in CONFIGS if n != "gs_half"]))
 def test_update_matches_single_process_reference(world_size: int, name: str) -> None:
     got = results(world_size)[0][name]["updates"].double().numpy()
     want, _ = reference(world_size, name)
@@ -62,8 +88,9 @@ def test_update_matches_single_process_reference(world_size: int, name: str) -> 
         np.testing.assert_allclose(got[t], want[t], rtol=tol, atol=tol, err_msg=f"step {t}")
 
 
-@pytest.mark.parametrize("name", [n for n in CONFIGS if n not in ROUNDED and n != "dense"])
-@pytest.mark.parametrize("world_size", WORLD_SIZES)
+@pytest.mark.parametrize(
+    ("world_size", "name"), cases([n for n in CONFIGS if n not in ROUNDED and n != "dense"])
+)
 def test_residual_matches_reference(world_size: int, name: str) -> None:
     _, want = reference(world_size, name)
     for r, res in enumerate(results(world_size)):
@@ -76,8 +103,7 @@ def test_residual_matches_reference(world_size: int, name: str) -> None:
         )
 
 
-@pytest.mark.parametrize("name", CONSERVING)
-@pytest.mark.parametrize("world_size", WORLD_SIZES)
+@pytest.mark.parametrize(("world_size", "name"), cases(CONSERVING))
 def test_no_gradient_mass_is_lost(world_size: int, name: str) -> None:
     """sum_t,p g = P * sum_t update + sum_p e_p, over 50 steps."""
     ranks = results(world_size)
@@ -103,6 +129,43 @@ def test_half_tables_halve_the_sketch_bytes_and_pick_what_float32_picks(world_si
         got = half["updates"][t].double().numpy()
         assert set(np.flatnonzero(got)) == set(np.flatnonzero(want[t])), f"step {t}"
         np.testing.assert_allclose(got, want[t], rtol=1e-5, atol=1e-5, err_msg=f"step {t}")
+
+
+@pytest.mark.parametrize(("world_size", "name"), cases(["gtopk", "gtopk_momentum"]))
+def test_gtopk_is_bitwise_the_float32_reference(world_size: int, name: str) -> None:
+    """gTop-k's sums are pairwise float32 additions in the recursive-doubling order, so a
+    float32 replay of the algorithm gives the same bits: updates and every rank's residual.
+    At P = 3, 5, 6, 7 one, one, two and three ranks fold in and must get the final list and
+    their own surviving contributions back."""
+    want, residuals = reference(world_size, name, np.float32)
+    ranks = results(world_size)
+    got = ranks[0][name]["updates"].numpy()
+    for t in range(STEPS):
+        assert np.array_equal(got[t], want[t]), f"step {t}"
+    for r, res in enumerate(ranks):
+        assert np.array_equal(res[name]["residual"].numpy(), residuals[r]), f"rank {r}"
+
+
+@pytest.mark.parametrize(("world_size", "name"), cases(DEFAULT_SHAPE))
+def test_default_configs_run_the_shipped_default_sketch(world_size: int, name: str) -> None:
+    """One row, 40k columns (capped at d/4), m = 32 candidates (capped at d/(8k)), and the
+    guard never grew it (so the reference's fixed shape is the one that ran)."""
+    _, _, d = CONFIGS[name]
+    k = k_of(name)
+    want = default_sketch(d, k)
+    for res in results(world_size):
+        shape = res[name]["shape"]
+        assert shape["rows"] == 1
+        assert (shape["cols"], shape["candidates"]) == (want["cols"], want["candidates"])
+        assert shape["num_candidates"] == min(want["candidates"] * k, d)
+
+
+def test_default_sketch_shapes_cover_both_caps() -> None:
+    """The default configs test the capped and the uncapped default alike."""
+    capped, free = default_sketch(D, k_of("gs_default")), default_sketch(10 * D, 30)
+    assert (capped["cols"], capped["candidates"]) == (D // 4, D // (8 * 30))
+    assert (free["cols"], free["candidates"]) == (40 * 30, 32)
+    assert k_of("gs_default_sparse") == 30
 
 
 def test_estimate_mode_loses_mass_by_design() -> None:
