@@ -8,6 +8,7 @@ communication and error feedback in order. This base only supplies the bookkeepi
 from __future__ import annotations
 
 import hashlib
+import math
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -18,8 +19,9 @@ import torch
 import torch.distributed as dist
 
 from gssgd.aggregators.options import CommonOptions
+from gssgd.aggregators.schedule import DensityWarmup
 from gssgd.comm import CONTROL_BYTES, Communicator, Traffic, allgather
-from gssgd.sketch import HashCache
+from gssgd.sketch import CountSketch, HashCache
 
 __all__ = ["Aggregator", "StepStats", "index_dtype"]
 
@@ -108,6 +110,11 @@ class Aggregator:
         self.residual: torch.Tensor | None = None
         self.momentum_buffer: torch.Tensor | None = None
         self.steps = 0
+        #: the k of the current step: ``k``, or less far into a density warm-up
+        self.step_k = k
+        self._warmup = DensityWarmup(
+            d, k, getattr(options, "warmup_steps", 0), getattr(options, "warmup_density", 1.0)
+        )
         self.consecutive_skips = 0
         self._agreed = False
         self._timings = {"compress": 0.0, "decompress": 0.0}
@@ -170,6 +177,7 @@ class Aggregator:
         if not grad.dtype.is_floating_point:
             raise ValueError(f"gradient dtype {grad.dtype} is not floating point")
         self.comm.take_stats()
+        self.step_k = self._warmup.k_at(self.steps)
         self._timings = {"compress": 0.0, "decompress": 0.0}
         self._step_start = time.perf_counter()
         if not self._agreed:
@@ -203,7 +211,16 @@ class Aggregator:
         return torch.zeros_like(grad)
 
     def _error_compensated(self, grad: torch.Tensor) -> torch.Tensor:
-        """``u = rho*u + g`` (with momentum), ``a = e + u``: the vector to compress."""
+        """``u = rho*u + g`` (with momentum), ``a = e + u``: the vector to compress.
+
+        With ``local_clip`` the gradient is first scaled to an l2 norm of at most
+        ``local_clip / sqrt(P)`` (DGC's local gradient clipping)."""
+        clip = getattr(self.options, "local_clip", None)
+        if clip is not None:
+            limit = clip / math.sqrt(self.world_size)
+            norm = float(torch.linalg.vector_norm(grad))
+            if norm > limit:
+                grad = grad * (limit / norm)
         if self.residual is None:
             self.residual = torch.zeros_like(grad)
         elif self.residual.device != grad.device or self.residual.dtype != grad.dtype:
@@ -216,6 +233,24 @@ class Aggregator:
             self.momentum_buffer.mul_(rho).add_(grad)
             return self.residual + self.momentum_buffer
         return self.residual + grad
+
+    def _sketch_of_step(self, grad: torch.Tensor) -> tuple[CountSketch, int]:
+        """Sketching methods: this step's empty sketch (on ``grad``'s device and dtype) and
+        candidate count: the steady ``self.sketch`` and ``self.num_candidates``, or, during a
+        density warm-up, larger ones (:meth:`SketchedOptions.warmup_shape`), one sketch per
+        distinct k, dropped when the warm-up ends."""
+        warm: dict[int, CountSketch] = self.__dict__.setdefault("_warm_sketches", {})
+        if self.step_k == self.k:
+            warm.clear()
+            self.sketch = self.sketch.to(grad.device, grad.dtype).zero_()
+            return self.sketch, self.num_candidates
+        cols, candidates = self.options.warmup_shape(
+            self.d, self.k, self.step_k, self.sketch.cols, self.num_candidates
+        )
+        if cols not in warm:
+            warm[cols] = self.options.make_sketch(self.d, self.hashes, cols)
+        warm[cols] = warm[cols].to(grad.device, grad.dtype).zero_()
+        return warm[cols], candidates
 
     def _keep_residual(self, accumulated: torch.Tensor, delivered: torch.Tensor) -> None:
         """``e = a`` with ``a[delivered] = 0`` (and momentum stopping ``u[delivered] = 0``)."""
@@ -250,7 +285,7 @@ class Aggregator:
             seconds_compress=self._timings["compress"],
             seconds_communicate=c.seconds,
             seconds_decompress=self._timings["decompress"],
-            k=self.k,
+            k=self.step_k,
             d=self.d,
             skipped=skipped,
             delivered_fraction=delivered_fraction,

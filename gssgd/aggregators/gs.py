@@ -141,27 +141,28 @@ class GlobalSketchSGD(Aggregator):
         skipped = self._begin(grad)
         if skipped is not None:
             return skipped
+        k = self.step_k  # k, or more during a density warm-up
         with self._timed("compress"):
             accumulated = self._error_compensated(grad)
-            self.sketch = self.sketch.to(grad.device, grad.dtype).zero_()
-            self.sketch.accumulate(accumulated)
+            sketch, num_candidates = self._sketch_of_step(grad)
+            sketch.accumulate(accumulated)
 
-        summed = self.sketch.with_table(self._sum_tables(self.sketch.table))
+        summed = sketch.with_table(self._sum_tables(sketch.table))
 
-        audit = self.options.guard != "off" and self.guard.due()
+        audit = self.options.guard != "off" and self.guard.due() and k == self.k
         if audit:  # the exact global vector, before the residual update zeroes ``accumulated``
             exact_global = self.comm.allreduce_backend(accumulated.clone())
 
         if self.options.exact:
             with self._timed("decompress"):
-                candidates = summed.heavy_hitters(self.num_candidates, ordered=False)[0]
+                candidates = summed.heavy_hitters(num_candidates, ordered=False)[0]
             exact = self._allreduce(accumulated[candidates])
             with self._timed("decompress"):
-                keep = topk_indices(exact.abs(), self.k)
+                keep = topk_indices(exact.abs(), k)
                 chosen, values = candidates[keep], exact[keep]
         else:
             with self._timed("decompress"):
-                chosen, values = summed.heavy_hitters(self.k)
+                chosen, values = summed.heavy_hitters(k)
 
         with self._timed("decompress"):
             update = torch.zeros_like(grad)
@@ -171,11 +172,12 @@ class GlobalSketchSGD(Aggregator):
             total = summed.l2_estimate() ** 2
             delivered = mass / total if total > 0 else 1.0
         if audit:
-            best = exact_global[topk_indices(exact_global.abs(), self.k)]
+            best = exact_global[topk_indices(exact_global.abs(), k)]
             best_mass = float(best.double().pow(2).sum())
             if self.guard.collapsed(mass / best_mass if best_mass > 0 else 1.0):
                 self._on_collapse(self.guard.last_recall or 0.0)
-        self.guard.advance()
+        if k == self.k:  # audits count steady steps only (a warm-up step sends more)
+            self.guard.advance()
         return self._finish(update, delivered_fraction=delivered)
 
     def agreement_fields(self) -> dict[str, Any]:

@@ -61,11 +61,12 @@ class GlobalTopk(Aggregator):
         skipped = self._begin(grad)
         if skipped is not None:
             return skipped
+        k = self.step_k  # k, or more during a density warm-up
         with self._timed("compress"):
             accumulated = self._error_compensated(grad)
-            own_idx = topk_indices(accumulated.abs(), self.k).to(index_dtype(self.d))
+            own_idx = topk_indices(accumulated.abs(), k).to(index_dtype(self.d))
             merged = [own_idx, accumulated[own_idx.to(torch.int64)]]
-            own_alive = torch.ones(self.k, dtype=torch.bool, device=grad.device)
+            own_alive = torch.ones(k, dtype=torch.bool, device=grad.device)
 
         plan = recursive_doubling_plan(self.rank, self.world_size)
         self.comm.count_rounds(plan.rounds)
@@ -79,11 +80,11 @@ class GlobalTopk(Aggregator):
             if plan.folded_from is not None:
                 folded = self.comm.recv(merged, plan.folded_from)
                 folded_idx = folded[0]
-                merged = merge_topk(merged, folded, self.k)
+                merged = merge_topk(merged, folded, k)
                 own_alive &= torch.isin(own_idx, merged[0])
                 folded_alive = torch.isin(folded_idx, merged[0])
             for peer in plan.partners:
-                merged = merge_topk(merged, self.comm.exchange(merged, peer), self.k)
+                merged = merge_topk(merged, self.comm.exchange(merged, peer), k)
                 own_alive &= torch.isin(own_idx, merged[0])
                 if folded is not None:
                     folded_alive &= torch.isin(folded_idx, merged[0])

@@ -163,13 +163,49 @@ def _check_momentum(value: float) -> None:
 
 @dataclass(frozen=True)
 class TopkOptions(CommonOptions):
-    """Local / global Top-k. ``momentum``: local momentum with momentum stopping (0 = off)."""
+    """Options of every sparse method with error feedback (topk, gtopk, sketched, gs).
+
+    The training-recipe tools of Deep Gradient Compression (Lin et al., ICLR 2018):
+
+    Attributes:
+        momentum: local momentum with momentum stopping ("momentum correction" and
+            "momentum factor masking": velocity kept per rank, zeroed where delivered);
+            0 = off. Use it instead of the optimizer's momentum, never both.
+        warmup_steps: density warm-up: the first ``warmup_steps`` aggregation steps send
+            exponentially fewer coordinates, from ``warmup_density`` down to the target
+            (:class:`~gssgd.aggregators.schedule.DensityWarmup`); 0 = off.
+        warmup_density: the density of the first warm-up step, in (0, 1] (DGC: 0.25).
+        local_clip: local gradient clipping: each rank scales its gradient to an l2 norm of
+            at most ``local_clip / sqrt(P)`` before it enters the residual, so the sum over
+            P ranks stays within about ``local_clip``; None = off.
+    """
 
     momentum: float = 0.0
+    warmup_steps: int = 0
+    warmup_density: float = 0.25
+    local_clip: float | None = None
 
     def __post_init__(self) -> None:
         super().__post_init__()
         _check_momentum(self.momentum)
+        if not _is_int(self.warmup_steps) or self.warmup_steps < 0:
+            raise _bad("warmup_steps", self.warmup_steps, "it must be an integer >= 0",
+                       "For example warmup_steps=100, or 0 for no density warm-up.")
+        if (
+            isinstance(self.warmup_density, bool)
+            or not isinstance(self.warmup_density, (int, float))
+            or not 0 < self.warmup_density <= 1
+        ):
+            raise _bad("warmup_density", self.warmup_density, "it must be a number in (0, 1]",
+                       "For example warmup_density=0.25 (DGC's starting density).")
+        if self.local_clip is not None and (
+            isinstance(self.local_clip, bool)
+            or not isinstance(self.local_clip, (int, float))
+            or not math.isfinite(self.local_clip)
+            or self.local_clip <= 0
+        ):
+            raise _bad("local_clip", self.local_clip, "it must be a number > 0 or None",
+                       "For example local_clip=1.0, or None for no clipping.")
 
 
 @dataclass(frozen=True)
@@ -214,6 +250,21 @@ class SketchedOptions(TopkOptions):
     def num_candidates(self, k: int, d: int) -> int:
         """``m * k`` candidates, capped at ``d``."""
         return min(self.candidates * k, d)
+
+    def warmup_shape(
+        self, d: int, k: int, step_k: int, cols: int, candidates: int
+    ) -> tuple[int, int]:
+        """Columns and candidates for a density warm-up step that sends ``step_k > k``.
+
+        Both grow with ``step_k / k`` from the steady ``cols`` and ``candidates``, within the
+        sizing rule's caps (``d / (4 * rows)`` columns, at least 256; ``d / 8`` candidates,
+        at least ``step_k``), so a warm-up step recovers its larger k as well as a steady
+        step recovers k.
+        """
+        scale = step_k // k
+        cols_t = max(cols, min(cols * scale, max(256, d // (4 * self.rows))))
+        cands_t = min(d, max(step_k, min(candidates * scale, d // 8)))
+        return cols_t, cands_t
 
     def __post_init__(self) -> None:
         super().__post_init__()

@@ -61,33 +61,34 @@ class SketchedSGD(Aggregator):
         if skipped is not None:
             return skipped
         is_server = self.rank == 0
+        k = self.step_k  # k, or more during a density warm-up
         with self._timed("compress"):
             accumulated = self._error_compensated(grad)
-            self.sketch = self.sketch.to(grad.device, grad.dtype).zero_()
-            self.sketch.accumulate(accumulated)
+            sketch, num_candidates = self._sketch_of_step(grad)
+            sketch.accumulate(accumulated)
 
-        tables = self.comm.gather_to_root([self.sketch.table])
-        candidates = torch.empty(self.num_candidates, dtype=index_dtype(self.d), device=grad.device)
+        tables = self.comm.gather_to_root([sketch.table])
+        candidates = torch.empty(num_candidates, dtype=index_dtype(self.d), device=grad.device)
         if is_server:
             with self._timed("decompress"):
-                summed = self.sketch.copy()
+                summed = sketch.copy()
                 for (table,) in tables[1:]:
                     summed.table += table
-                candidates = summed.heavy_hitters(self.num_candidates)[0].to(candidates.dtype)
+                candidates = summed.heavy_hitters(num_candidates)[0].to(candidates.dtype)
         (candidates,) = self.comm.broadcast_from_root([candidates])
 
         cand64 = candidates.to(torch.int64)
         values = self.comm.gather_to_root([accumulated[cand64]])
         final = [
-            torch.empty(self.k, dtype=candidates.dtype, device=grad.device),
-            torch.empty(self.k, dtype=grad.dtype, device=grad.device),
+            torch.empty(k, dtype=candidates.dtype, device=grad.device),
+            torch.empty(k, dtype=grad.dtype, device=grad.device),
         ]
         if is_server:
             with self._timed("decompress"):
                 exact = values[0][0].clone()
                 for (v,) in values[1:]:
                     exact += v
-                keep = topk_indices(exact.abs(), self.k)
+                keep = topk_indices(exact.abs(), k)
                 final = [candidates[keep], exact[keep]]
         final_idx, final_vals = self.comm.broadcast_from_root(final)
 

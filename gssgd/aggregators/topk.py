@@ -47,7 +47,7 @@ class LocalTopk(Aggregator):
             return skipped
         with self._timed("compress"):
             accumulated = self._error_compensated(grad)
-            idx = topk_indices(accumulated.abs(), self.k)
+            idx = topk_indices(accumulated.abs(), self.step_k)
             vals = accumulated[idx]
         all_idx = self.comm.allgather_backend(idx.to(index_dtype(self.d)))
         all_vals = self.comm.allgather_backend(vals)

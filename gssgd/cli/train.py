@@ -154,6 +154,15 @@ def _aggregation_flags(parser: argparse.ArgumentParser) -> None:
     agg.add_argument("--local-momentum", type=float, default=None,
                      help="aggregator-side momentum with momentum stopping "
                      f"({_applies('local_momentum')}; default 0 = off)")
+    agg.add_argument("--warmup-steps", type=int, default=None,
+                     help="density warm-up (DGC): the first N aggregation steps send "
+                     "exponentially fewer coordinates, from --warmup-density down to --density "
+                     f"({_applies('warmup_steps')}; default 0 = off)")
+    agg.add_argument("--warmup-density", type=float, default=None,
+                     help="the density of the first warm-up step (default 0.25)")
+    agg.add_argument("--local-clip", type=float, default=None, metavar="NORM",
+                     help="local gradient clipping (DGC): each worker's gradient is scaled to "
+                     f"a norm of at most NORM/sqrt(P) ({_applies('local_clip')}; default off)")
     agg.add_argument("--payload-dtype", choices=tuple(PAYLOAD_DTYPES), default=None,
                      help=f"{_applies('payload_dtype')}: dtype of the all-reduced gradient "
                      "(default float32; 16 bits are scaled by 1/P first)")

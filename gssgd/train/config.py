@@ -48,6 +48,9 @@ METHOD_SETTINGS: tuple[str, ...] = (
     "density",
     "k",
     "local_momentum",
+    "warmup_steps",
+    "warmup_density",
+    "local_clip",
     "payload_dtype",
     "rows",
     "cols",
@@ -159,6 +162,9 @@ class TrainConfig:
     density: float | None = None  # fraction of coordinates sent (default 0.01), or give k
     k: int | None = None  # coordinates sent per worker, instead of density
     local_momentum: float | None = None  # aggregator momentum with momentum stopping (0: off)
+    warmup_steps: int | None = None  # density warm-up: steps from warmup_density down to density
+    warmup_density: float | None = None  # the warm-up's starting density (default 0.25)
+    local_clip: float | None = None  # clip each worker's gradient to this norm / sqrt(P)
     payload_dtype: str | None = None  # dense: float32 (default), float16 or bfloat16 payload
     rows: int | None = None  # sketch rows, odd (sketched, gs; default 1)
     cols: int | None = None  # sketch columns (sketched, gs; default 40·k, capped at d/(4 rows))

@@ -1,0 +1,111 @@
+"""DGC's recipe tools in every sparse aggregator: density warm-up and local gradient clipping.
+
+The schedule is checked value by value; on real gloo processes (P = 3, a non-power of two)
+every sparse method sends the schedule's k at each step, every rank gets the same update,
+and no gradient mass is lost during the warm-up or under clipping (the mass invariant:
+sum over ranks and steps of the gradient that entered = P * sum of updates + sum of
+residuals).
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+import gssgd
+from gssgd.aggregators.schedule import DensityWarmup
+from tests.dist_utils import raise_worker_errors, run_workers
+
+SPARSE = ["topk", "gtopk", "sketched", "gs"]
+
+
+def test_warmup_goes_down_exponentially_in_powers_of_two_of_k() -> None:
+    w = DensityWarmup(d=100_000, k=100, steps=4, start_density=0.25)
+    assert [w.k_at(t) for t in range(7)] == [25000, 6400, 1600, 400, 100, 100, 100]
+    assert w.distinct_k() == [25000, 6400, 1600, 400, 100]
+    for t in range(4):  # each count is k times a power of two, or the starting count
+        k_t = w.k_at(t)
+        assert k_t == w.start_k or math.log2(k_t / 100).is_integer()
+    long = DensityWarmup(d=80_602, k=81, steps=100, start_density=0.25)
+    ks = [long.k_at(t) for t in range(101)]
+    assert ks == sorted(ks, reverse=True) and ks[0] == 20150 and ks[-1] == 81
+    assert len(set(ks)) <= math.log2(20150 / 81) + 2  # few shapes, so few sketches
+    assert DensityWarmup(1000, 500, 10, 0.25).k_at(0) == 500  # never below the target
+    assert DensityWarmup(1000, 10, 0, 0.25).k_at(0) == 10  # steps=0: off
+
+
+@pytest.mark.parametrize(
+    ("options", "match"),
+    [
+        ({"warmup_steps": -1}, r"warmup_steps=-1 is invalid: it must be an integer >= 0"),
+        ({"warmup_density": 0.0}, r"warmup_density=0.0 is invalid: .* \(0, 1\]"),
+        ({"local_clip": -2.0}, r"local_clip=-2.0 is invalid: it must be a number > 0"),
+        ({"local_clip": float("nan")}, "local_clip=nan is invalid"),
+    ],
+)
+def test_bad_recipe_options_say_the_range_and_the_fix(options: dict, match: str) -> None:
+    with pytest.raises(ValueError, match=match):
+        gssgd.make_aggregator("gs", 1000, **options)
+
+
+def _run(rank: int, world_size: int, method: str, options: dict, steps: int) -> dict:
+    d = 2000
+    agg = gssgd.make_aggregator(method, d, density=0.01, **options)
+    gen = torch.Generator().manual_seed(100 + rank)
+    entered = torch.zeros(d, dtype=torch.float64)
+    updates = torch.zeros(d, dtype=torch.float64)
+    ks, sent = [], []
+    for _ in range(steps):
+        g = torch.randn(d, generator=gen) * 3
+        clip = options.get("local_clip")
+        if clip is not None:  # what clipping lets in: g scaled to norm <= clip / sqrt(P)
+            limit = clip / math.sqrt(world_size)
+            g_in = g * min(1.0, limit / float(g.norm()))
+        else:
+            g_in = g
+        entered += g_in.double()
+        update = agg.step(g)
+        updates += update.double()
+        ks.append(agg.last_stats.k)
+        sent.append(agg.last_stats.bytes_sent)
+    return {"entered": entered, "updates": updates, "residual": agg.residual.double(),
+            "ks": ks, "sent": sent, "last_update": update}
+
+
+@pytest.mark.parametrize("method", SPARSE)
+def test_warmup_sends_the_schedule_and_loses_no_mass(method: str) -> None:
+    options = {"warmup_steps": 4, "warmup_density": 0.25, "rows": 3} if method in (
+        "sketched", "gs") else {"warmup_steps": 4, "warmup_density": 0.25}
+    if method == "gs":
+        options["guard"] = "off"
+    world = 3
+    results = run_workers(world, _run, method, options, 6)
+    raise_worker_errors(results)
+    want = [DensityWarmup(2000, 20, 4, 0.25).k_at(t) for t in range(6)]
+    assert want == [500, 320, 160, 80, 20, 20]
+    for r in results:
+        assert r["ks"] == want
+        assert torch.equal(r["last_update"], results[0]["last_update"])  # same on every rank
+        assert r["sent"][1] > r["sent"][4]  # a warm-up step sends more than a steady one
+    entered = sum(r["entered"] for r in results)
+    kept = world * results[0]["updates"] + sum(r["residual"] for r in results)
+    assert torch.allclose(entered, kept, atol=1e-4)
+
+
+@pytest.mark.parametrize("method", ["topk", "gs"])
+def test_local_clipping_bounds_what_enters_and_loses_no_mass(method: str) -> None:
+    options = {"local_clip": 5.0}
+    if method == "gs":
+        options["guard"] = "off"
+    world = 3
+    results = run_workers(world, _run, method, options, 4)
+    raise_worker_errors(results)
+    entered = sum(r["entered"] for r in results)
+    kept = world * results[0]["updates"] + sum(r["residual"] for r in results)
+    assert torch.allclose(entered, kept, atol=1e-4)  # the clipped gradients, all delivered or kept
+    # what each rank kept or sent is its clipped gradients: 4 steps of norm <= 5/sqrt(3)
+    # (unclipped, each step's gradient has a norm near 3 * sqrt(2000) = 134)
+    for r in results:
+        assert float(r["entered"].norm()) <= 4 * 5.0 / math.sqrt(3) + 1e-6
