@@ -174,6 +174,7 @@ def test_same_seed_gives_the_same_hashes_in_another_process() -> None:
     assert run(8) != expected
 
 
+@pytest.mark.slow  # sketches 20M elements: about 45 s on a loaded 2-core machine
 def test_hash_memory_does_not_grow_with_d() -> None:
     """Sketching 20M elements needs a bounded work space beyond the vector (in a subprocess)."""
     code = (

@@ -32,12 +32,21 @@ CONSERVING = ["topk", "gtopk", "sketched", "gs", "gs_backend", "gs_half", "sketc
               "gs_default", "gs_default_sparse"]  # fmt: skip
 
 
+def _marks(world_size: int) -> list:
+    """P = 8 (and 5, 6, 7, its subgroups) needs the longest spawn of the suite: slow."""
+    return [pytest.mark.slow] if world_size >= 5 else []
+
+
+def sizes(*world_sizes: int) -> list:
+    return [pytest.param(p, marks=_marks(p), id=str(p)) for p in world_sizes]
+
+
 def cases(names) -> list:
     """(world_size, name) for every world size of WORLD_SIZES, plus the prefix-subgroup
     world sizes 5, 6, 7 for the names they run; ids ``P-name`` as before."""
     pairs = [(p, n) for p in WORLD_SIZES for n in names]
     pairs += [(p, n) for p in PREFIX_SIZES for n in names if n in PREFIX_CONFIGS]
-    return [pytest.param(p, n, id=f"{p}-{n}") for p, n in pairs]
+    return [pytest.param(p, n, marks=_marks(p), id=f"{p}-{n}") for p, n in pairs]
 
 
 @cache
@@ -179,7 +188,7 @@ def test_estimate_mode_loses_mass_by_design() -> None:
 FLAG = 4  # the non-finite flag: one int32 all-gathered every step
 
 
-@pytest.mark.parametrize("world_size", [2, 4, 8])
+@pytest.mark.parametrize("world_size", sizes(2, 4, 8))
 def test_gs_bytes_grow_with_log2_p(world_size: int) -> None:
     k = 30
     table = SKETCH["rows"] * SKETCH["cols"] * 4
@@ -201,7 +210,7 @@ def test_gs_bytes_do_not_grow_with_d(world_size: int) -> None:
         assert small["bytes_received"] == large["bytes_received"]
 
 
-@pytest.mark.parametrize("world_size", WORLD_SIZES)
+@pytest.mark.parametrize("world_size", sizes(*WORLD_SIZES))
 def test_topk_receives_2k_from_each_other_rank(world_size: int) -> None:
     k = 30
     for res in results(world_size):
@@ -210,7 +219,7 @@ def test_topk_receives_2k_from_each_other_rank(world_size: int) -> None:
         assert stats["bytes_sent"] == (2 * k * 4 + FLAG if world_size > 1 else 0)
 
 
-@pytest.mark.parametrize("world_size", [2, 3, 4, 8])
+@pytest.mark.parametrize("world_size", sizes(2, 3, 4, 8))
 def test_sketched_server_receives_p_minus_1_sketches(world_size: int) -> None:
     k, table = 30, SKETCH["rows"] * SKETCH["cols"] * 4
     exact = SKETCH["candidates"] * k * 4

@@ -317,6 +317,7 @@ def test_loopback_run_with_two_workers_on_digits_writes_well_formed_results(tmp_
     assert results["gs"]["step_to_target"] == 1
 
 
+@pytest.mark.slow  # a real training run over 20 Mbit/s links: about 30 s
 @needs_root
 def test_namespace_run_with_two_workers_on_rate_limited_links_runs_and_tears_down(tmp_path):
     cfg = TrainBenchConfig(
