@@ -12,7 +12,7 @@ from typing import Any
 
 from gssgd.aggregators.options import PAYLOAD_DTYPES
 from gssgd.cli.errors import run_command
-from gssgd.methods import METHODS
+from gssgd.methods import DENSE_RECIPE, METHODS, SPARSE_RECIPE
 from gssgd.train.config import TrainConfig, setting_applies_to
 from gssgd.train.launch import DEVICES
 from gssgd.train.loop import STATUS_COMPLETED, run_training
@@ -120,9 +120,14 @@ def _optimisation_flags(parser: argparse.ArgumentParser) -> None:
                      help="total steps (a resumed run continues up to this many)")
     opt.add_argument("--batch-size", type=int, default=c.batch_size,
                      help="samples (text: windows) per worker per step")
-    opt.add_argument("--lr", type=float, default=c.lr, help="SGD learning rate (constant)")
-    opt.add_argument("--momentum", type=float, default=c.momentum,
-                     help="SGD momentum, applied after aggregation")
+    opt.add_argument("--lr", type=float, default=None,
+                     help="SGD learning rate (constant); default: the method's recipe, "
+                     f"{DENSE_RECIPE[0]} for dense methods, {SPARSE_RECIPE[0]} for sparse ones")
+    opt.add_argument("--momentum", type=float, default=None,
+                     help="SGD momentum, applied after aggregation; default: "
+                     f"{DENSE_RECIPE[1]} for dense methods, {SPARSE_RECIPE[1]} for sparse ones "
+                     "(optimizer momentum on a sparse, error-fed update is unstable: use "
+                     "--local-momentum instead)")
     opt.add_argument("--weight-decay", type=float, default=c.weight_decay, help="SGD weight decay")
     opt.add_argument("--seq-len", type=int, default=c.seq_len, help="characters per window (text)")
     opt.add_argument("--seed", type=int, default=c.seed,

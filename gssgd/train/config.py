@@ -148,8 +148,8 @@ class TrainConfig:
     # -- optimisation
     steps: int = 500  # total steps; a resumed run continues up to this many
     batch_size: int = 32  # samples (text: windows) per worker per step
-    lr: float = 0.05  # SGD learning rate (constant)
-    momentum: float = 0.9  # SGD momentum, applied to the aggregated update
+    lr: float | None = None  # SGD learning rate (constant); None: the method's recipe
+    momentum: float | None = None  # SGD momentum after aggregation; None: the method's recipe
     weight_decay: float = 0.0  # SGD weight decay
     seq_len: int = 64  # characters per window (text data)
     seed: int = 0  # seeds the model init, the batches and the sketch hashes
@@ -199,6 +199,9 @@ class TrainConfig:
         if self.model is not None and self.model not in MODELS:
             raise _bad("model", self.model, f"it must be one of {', '.join(MODELS)}",
                        "Leave it out for the dataset's default.")
+        recipe_lr, recipe_momentum = get_method(self.method).recipe()
+        self.lr = recipe_lr if self.lr is None else self.lr
+        self.momentum = recipe_momentum if self.momentum is None else self.momentum
         for name in ("steps", "batch_size", "seq_len", "threads"):
             _check_int(name, getattr(self, name), 1)
         for name in ("seed", "eval_every", "checkpoint_every"):
@@ -263,12 +266,20 @@ class TrainConfig:
                 options=self.aggregator_options(),
             )
         except ValueError as err:
-            raise ValueError(f"--method {self.method}: {err}") from None
+            raise ValueError(f"{_as_flags(str(err))} (--method {self.method})") from None
 
     @property
     def resolved_start_iter(self) -> int:
         """``start_iter``, or its default."""
         return DEFAULT_START_ITER if self.start_iter is None else self.start_iter
+
+
+def _as_flags(message: str) -> str:
+    """An options dataclass's message (``rows=4 is invalid: ...``) with the option named by
+    its flag (``--rows=4 is invalid: ...``), so the command line's user reads their flag."""
+    name, sep, rest = message.partition("=")
+    field = {option: f for f, option in _OPTION_NAMES.items()}.get(name, name)
+    return flag(field) + sep + rest if sep and field in METHOD_SETTINGS else message
 
 
 def _check_int(name: str, value: object, minimum: int) -> None:

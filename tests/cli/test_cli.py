@@ -77,7 +77,7 @@ def test_bad_flags_are_rejected_by_the_parser(
         (["train", "--steps", "0"], "--steps=0 is invalid: it must be an integer >= 1"),
         (["train", "--method", "adam"], "--method='adam' is invalid: it must be one of dense"),
         (["train", "--method", "topk", "--rows", "5"], "--rows does not apply to --method topk"),
-        (["train", "--method", "gs", "--rows", "4"], "rows=4 is invalid: it must be an odd"),
+        (["train", "--method", "gs", "--rows", "4"], "--rows=4 is invalid: it must be an odd"),
         (["train", "--dataset", "nope"], "unknown dataset 'nope'"),
         (["compare", "--methods", "dense,adam"], "unknown method(s) adam"),
         (["compare", "--methods", "dense,topk", "--rows", "5"],
