@@ -28,9 +28,11 @@ from gssgd.train.metrics import METRICS_FILE, read_metrics, write_json
 __all__ = ["DEFAULTS", "add_parser", "run"]
 
 #: compare's defaults where they differ from train's: the README's main job, sized to
-#: finish in about five minutes on a 2-core machine (MNIST, CNN, 4 workers, 5 methods).
+#: finish in about five minutes on a 2-core machine (MNIST, CNN, 4 workers, 5 methods), at
+#: a density that compresses (0.1 %: a sparse method sends about 1/1000 of the gradient).
 DEFAULTS: dict[str, Any] = {
     "methods": "dense,topk,gtopk,sketched,gs",
+    "density": 0.001,
     "dataset": "mnist",
     "steps": 400,
     "batch_size": 32,
@@ -157,8 +159,10 @@ def _compare(args: argparse.Namespace) -> int:
         curves[method] = read_metrics(Path(cfg.out) / METRICS_FILE)
         results[method] = {key: summary.get(key) for key in RESULT_FIELDS}
         results[method]["k"] = curves[method][-1].get("k") if curves[method] else None
+        results[method]["lr"], results[method]["momentum"] = cfg.lr, cfg.momentum
         results[method]["run_dir"] = cfg.out
     seconds = time.perf_counter() - start
+    add_bytes_to_target(results, curves, text)
 
     # Imported here, not above: spawned workers re-import the CLI, and need no matplotlib.
     from gssgd.train.plots import plot_comparison
@@ -179,39 +183,64 @@ def _compare(args: argparse.Namespace) -> int:
     return 0 if ok else 1
 
 
+#: How close to dense's final figure a method must come for "bytes to target": within 0.5
+#: point of accuracy, or within 3 % of the test loss (text).
+ACCURACY_MARGIN, LOSS_MARGIN = 0.005, 1.03
+
+
+def add_bytes_to_target(
+    results: dict[str, dict[str, Any]], curves: dict[str, list[dict[str, Any]]], text: bool
+) -> None:
+    """Add ``bytes_to_target`` (bytes a worker had sent at the first evaluation within
+    0.5 point of the dense run's final accuracy, or 3 % of its loss; None: never) and
+    ``target``, in place. The dense reference is ``dense`` (else ``ddp-allreduce``)."""
+    ref = "dense" if "dense" in curves else "ddp-allreduce" if "ddp-allreduce" in curves else None
+    if ref is None:
+        return
+    key = "final_test_loss" if text else "final_test_accuracy"
+    final = results[ref].get(key)
+    if final is None:
+        return
+    target = final * LOSS_MARGIN if text else final - ACCURACY_MARGIN
+    for method, records in curves.items():
+        reached = None
+        for r in records:
+            value = r.get("test_loss" if text else "test_accuracy")
+            if value is not None and (value <= target if text else value >= target):
+                reached = r["bytes_sent_total"]
+                break
+        results[method]["target"] = target
+        results[method]["bytes_to_target"] = reached
+
+
 def table(results: dict[str, dict[str, Any]], text: bool = False) -> str:
     """The comparison as a fixed-width table (one row per method)."""
     headline = "test loss" if text else "test acc"
     key = "final_test_loss" if text else "final_test_accuracy"
-    dense = (results.get("dense") or results.get("ddp-allreduce") or {}).get("bytes_sent_per_step")
-    rows = [
-        (
-            "method",
-            headline,
-            "bytes/worker/step",
-            "max (busiest)",
-            "vs dense",
-            "s/step",
-            "status",
-        )
-    ]
+    ref = results.get("dense") or results.get("ddp-allreduce") or {}
+    dense, dense_to_target = ref.get("bytes_sent_per_step"), ref.get("bytes_to_target")
+    reach = "to dense+3%" if text else "to dense-0.5pt"
+    rows = [("method", headline, "bytes/worker/step", "max (busiest)", "x fewer",
+             f"bytes {reach}", "x fewer", "lr, momentum", "s/step", "status")]
     for method, r in results.items():
         sent, busiest = r.get("bytes_sent_per_step"), r.get("bytes_sent_max_per_step")
-        rows.append(
-            (
-                method,
-                _fmt(r.get(key), ".4f"),
-                _fmt(sent, ",.0f"),
-                _fmt(busiest, ",.0f"),
-                f"{sent / dense:.3f}x" if sent is not None and dense else "-",
-                _fmt(r.get("seconds_per_step"), ".4f"),
-                str(r.get("status")),
-            )
-        )
+        to_target = r.get("bytes_to_target")
+        rows.append((
+            method,
+            _fmt(r.get(key), ".4f"),
+            _fmt(sent, ",.0f"),
+            _fmt(busiest, ",.0f"),
+            f"{dense / sent:,.1f}x" if sent and dense else "-",
+            _fmt(to_target, ",.0f") if "target" in r else "-",
+            f"{dense_to_target / to_target:,.1f}x" if to_target and dense_to_target else "-",
+            f"{r['lr']:g}, {r['momentum']:g}" if r.get("lr") is not None else "-",
+            _fmt(r.get("seconds_per_step"), ".4f"),
+            str(r.get("status")),
+        ))
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     lines = [
         "  ".join(
-            cell.rjust(w) if i not in (0, 6) else cell.ljust(w)
+            cell.rjust(w) if i not in (0, 9) else cell.ljust(w)
             for i, (cell, w) in enumerate(zip(row, widths, strict=True))
         )
         for row in rows
