@@ -1,7 +1,7 @@
 """DistributedDataParallel communication hooks built on the gssgd aggregators.
 
 (Longer than the project's ~500-line guide only by its docstrings, about 220 lines that
-teach the hook's contract with DDP; the code, one hook and its state, is about 410 lines.)
+teach the hook's contract with DDP; the code, one hook and its state, is about 450 lines.)
 
 Any aggregator of :data:`gssgd.AGGREGATORS` ("dense", "topk", "gtopk", "sketched", "gs",
 and any method registered with :func:`gssgd.register_method`) becomes a DDP communication
