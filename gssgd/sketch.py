@@ -178,7 +178,8 @@ class CountSketch:
             cached = self._cache32 if for_gather and self._cache32 is not None else self._cache
             yield slice(0, n), cached
             return
-        step = n if self._cache is not None else HASH_CHUNK
+        # cached: one chunk (at least 1, as range() needs; no indices yield none)
+        step = max(n, 1) if self._cache is not None else HASH_CHUNK
         for start in range(0, n, step):
             stop = min(n, start + step)
             if indices is None:
@@ -300,7 +301,7 @@ class CountSketch:
 
         Ties are broken by the lower index, so every process holding the same table selects
         the same set. The result equals ranking all ``d`` estimates, but is found without
-        estimating every coordinate:
+        estimating every coordinate (unless the table holds NaN or Inf, below):
 
         1. Estimate a strided sample of the coordinates and take a threshold ``tau`` a
            little below where the k-th largest ``|estimate|`` should lie.
@@ -309,6 +310,14 @@ class CountSketch:
            gather per row; no medians).
         3. Estimate only the survivors. If at least k of them reach ``tau``, their top k is
            exactly the top k of all d; otherwise fall back to estimating everything.
+
+        A table with NaN or ±Inf buckets (a float16 table that overflowed on the wire, where
+        ``+inf + -inf`` is NaN) is ranked by estimating all ``d`` coordinates, and a
+        non-finite ``|estimate|`` counts as the largest: such coordinates come first, ties
+        among them (and among all equal values) to the lower index, so every rank holding the
+        same table selects the same set, whatever its NaNs' bits. Overflow means huge values,
+        so these are the heaviest coordinates; their returned estimates are the non-finite
+        values themselves (gs-SGD's exact round replaces them with exact sums).
 
         Args:
             k: how many coordinates, ``1 <= k <= d``.
@@ -322,6 +331,10 @@ class CountSketch:
             ValueError: ``k`` is out of range.
         """
         _check_int("k", k, 1, self.d, "the number of heavy coordinates to recover")
+        if not bool(torch.isfinite(self.table).all()):
+            est = self.query()
+            idx = topk_indices(_nonfinite_first(est.abs()), k, ordered)
+            return idx, est[idx]
         # Sample every stride-th coordinate, sparsely enough to be cheap yet holding a few
         # dozen of the k heaviest; with k above d/16 screening cannot pay, estimate all.
         stride = min(16, self.d // (8 * k))
@@ -442,6 +455,12 @@ def _check_int(name: str, value: object, low: int, high: int | None, hint: str) 
         return
     rng = f"[{low}, {high}]" if high is not None else f">= {low}"
     raise ValueError(f"{name}={value!r} is invalid: it must be an integer {rng} ({hint}).")
+
+
+def _nonfinite_first(magnitude: torch.Tensor) -> torch.Tensor:
+    """``magnitude`` (``|estimates|``) with NaN as +inf: a total order that ranks every
+    non-finite estimate first and equally (ties then go to the lower index)."""
+    return torch.where(torch.isnan(magnitude), torch.inf, magnitude)
 
 
 def median_of_rows(values: list[torch.Tensor]) -> torch.Tensor:
