@@ -1,19 +1,34 @@
-"""Failure paths users reached in their own setups (docs/reliability.md, rows 33 and 34).
+"""Failure paths users reached in their own setups (docs/reliability.md, rows 33 to 37).
 
 * A summed sketch table holding NaN or Inf (a float16 table overflowing on the wire:
   ``+inf + -inf`` is NaN) crashed ``heavy_hitters`` of a one-row cached sketch with
   ``range() arg 3 must not be zero``; it now ranks non-finite estimates first, the same way
   whatever the NaNs' bits.
 * ``query()`` of no coordinates with cached hashes crashed the same way.
+* Ranks that disagree on their settings all raise; every rank leaves the process group
+  cleanly (no ``terminate called without an active exception`` from C++ at exit) and the
+  run exits with the documented status.
 """
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
+import torch.distributed as dist
 
 from gssgd import CountSketch
+from gssgd.train.launch import Worker
+
+ROOT = Path(__file__).resolve().parents[1]
+
 
 # ----------------------------------------------------------------- non-finite sketch tables
 
@@ -103,3 +118,115 @@ def test_query_of_no_coordinates_is_empty(rows: int, cache: bool) -> None:
     assert out.shape == (0,) and out.dtype == torch.float64
     with pytest.raises(ValueError, match=r"k=0 is invalid: it must be an integer \[1, 5000\]"):
         sk.heavy_hitters(0)
+
+
+# ----------------------------------------------------------------- ranks that disagree
+
+# A method registered by a --plugin whose aggregator reports a different seed on each rank:
+# the rank-agreement check makes every rank raise the same ValueError at the first step.
+_PLUGIN = '''
+import torch.distributed as dist
+
+from gssgd import Method, register_method
+from gssgd.aggregators.topk import LocalTopk
+
+
+class Skewed(LocalTopk):
+    name = "skewed"
+
+    def agreement_fields(self):
+        return {**super().agreement_fields(), "seed": dist.get_rank()}
+
+
+register_method(Method("skewed", "top-k whose ranks disagree (test)", Skewed), replace=True)
+'''
+
+_TRAIN = ["train", "--plugin", "skewed_plugin", "--method", "skewed", "--dataset", "digits",
+          "--model", "mlp", "--steps", "3", "--batch-size", "16", "--eval-every", "0",
+          "--no-progress", "--timeout", "60"]
+
+
+def _env(tmp_path: Path) -> dict[str, str]:
+    (tmp_path / "skewed_plugin.py").write_text(textwrap.dedent(_PLUGIN))
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(tmp_path), str(ROOT), env.get("PYTHONPATH", "")])
+    env["OMP_NUM_THREADS"] = "1"
+    return env
+
+
+def _assert_clean_disagreement(done: subprocess.CompletedProcess, at_least: int) -> None:
+    err = done.stderr
+    assert "terminate called" not in err, err  # no C++ abort on any rank
+    assert f'File "{ROOT / "gssgd"}' not in err, err  # a one-line error, no traceback of ours
+    assert err.count("ranks disagree on the aggregator configuration: seed") >= at_least, err
+
+
+def test_disagreeing_spawned_ranks_exit_cleanly(tmp_path: Path) -> None:
+    """Every rank reports the disagreement, leaves the group, and exits 1; the parent
+    reports the failed run and exits 1 (``gssgd train``: 1 = the run failed)."""
+    done = subprocess.run(
+        [sys.executable, "-m", "gssgd.cli.main", *_TRAIN, "--workers", "2",
+         "--out", str(tmp_path / "run")],
+        env=_env(tmp_path), cwd=tmp_path, capture_output=True, text=True, timeout=240,
+    )
+    assert done.returncode == 1, done.stderr
+    _assert_clean_disagreement(done, at_least=2)  # every rank said it and left on its own
+    assert "gssgd train failed: worker rank" in done.stderr
+    assert "exit code 1" in done.stderr
+    assert "Terminating process" not in done.stderr  # no rank had to be killed
+
+
+def test_disagreeing_torchrun_ranks_exit_cleanly(tmp_path: Path) -> None:
+    """Under torchrun each rank is its own ``gssgd train`` and exits 2 (a ValueError: invalid
+    input); torchrun reports the group's failure with its own status 1. (torchrun stops the
+    other ranks once the first has exited, so only that one's message is certain.)"""
+    torchrun = Path(sys.executable).with_name("torchrun")
+    if not torchrun.exists():
+        pytest.skip("torchrun is not installed beside this python")
+    done = subprocess.run(
+        [str(torchrun), "--standalone", "--nproc-per-node", "2", "-m", "gssgd.cli.main",
+         *_TRAIN, "--out", str(tmp_path / "run")],
+        env=_env(tmp_path), cwd=tmp_path, capture_output=True, text=True, timeout=240,
+    )
+    assert done.returncode == 1, done.stderr
+    _assert_clean_disagreement(done, at_least=1)
+    assert "exitcode  : 2" in done.stderr  # the root cause: a rank's own status
+
+
+def _fail_with_work_in_flight(worker: Worker) -> None:
+    """What a failing training run leaves behind, in miniature: the process group held in a
+    reference cycle (as DDP and the aggregators hold it), and on rank 0 an all-reduce still
+    in flight with a Python callback when every rank raises. Rank 1 raises a second later,
+    without joining the all-reduce."""
+    holder: dict = {"group": dist.group.WORLD}
+    holder["self"] = holder
+    if worker.rank == 0:
+        work = dist.all_reduce(torch.ones(1000), async_op=True)
+        holder["pending"] = work.get_future().then(lambda fut: fut.value()[0].sum())
+    else:
+        time.sleep(1.0)
+    raise ValueError(f"settings disagree (test) on rank {worker.rank}")
+
+
+def test_workers_failing_with_work_in_flight_leave_the_group_before_exiting() -> None:
+    """Before, the group outlived destroy_process_group in the cycle until interpreter
+    finalization, where the failing all-reduce aborted rank 0 in C++ (``terminate called
+    ...``, signal 6) or the parent killed it. Now every rank collects it, leaves the group
+    and exits 1 on its own; the parent raises WorkerFailed with status 1."""
+    code = (
+        "from gssgd.train.launch import launch, WorkerFailed\n"
+        "from tests.test_failure_paths import _fail_with_work_in_flight\n"
+        "try:\n"
+        "    launch(_fail_with_work_in_flight, 2, timeout_s=60, device='cpu')\n"
+        "except WorkerFailed as err:\n"
+        "    print('parent:', err.rank, err.exit_code)\n"
+    )
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=180)
+    assert done.returncode == 0, done.stderr
+    assert "terminate called" not in done.stderr, done.stderr
+    assert "Terminating process" not in done.stderr, done.stderr  # nobody had to be stopped
+    for rank in (0, 1):
+        assert f"gssgd: rank {rank}: settings disagree (test) on rank {rank}" in done.stderr
+    assert done.stdout.split()[-1] == "1", done.stdout  # WorkerFailed(rank, exit code 1)

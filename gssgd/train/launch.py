@@ -16,6 +16,16 @@ Two ways in, one function (:func:`launch`):
 Every process group gets the run's ``timeout``: a peer that died or hangs makes the
 others fail after that many seconds instead of waiting forever.
 
+How a worker leaves (:func:`_leave`), whether ``fn`` returned or raised: the failed run's
+objects (model, DDP's reducer, the aggregators' communicators: they hold the process
+group) are released and collected while Python is whole, then the group is destroyed (its
+gloo threads joined), and only then does the process end. A spawned worker then ends with
+``os._exit`` (its status: 0, or 1 after an error), skipping interpreter finalization: a
+gloo thread finishing late work there would need the GIL, which a finalizing interpreter
+no longer hands out, and C++ aborts the process (``terminate called without an active
+exception``). When one spawned worker fails, the parent gives the others
+:data:`LEAVE_GRACE_S` seconds to leave the same way before it stops them.
+
 Example::
 
     def work(worker: Worker, message: str) -> str:
@@ -26,16 +36,20 @@ Example::
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import os
 import pickle
 import sys
 import tempfile
+import time
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
+from multiprocessing.connection import wait as wait_for_sentinels
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import torch
 import torch.distributed as dist
@@ -43,6 +57,7 @@ import torch.multiprocessing as mp
 
 __all__ = [
     "DEVICES",
+    "LEAVE_GRACE_S",
     "Worker",
     "WorkerFailed",
     "is_user_error",
@@ -57,6 +72,11 @@ DEVICES: tuple[str, ...] = ("auto", "cpu", "cuda")
 
 _TORCHRUN_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK")
 _RESULT_FILE = "rank0-result.pkl"
+
+#: After a spawned worker fails, seconds the others get to leave on their own (they fail
+#: too, at once when their peer's connections close) before the parent stops them (at most
+#: the run's timeout). A stalled worker is stopped after this.
+LEAVE_GRACE_S = 15.0
 
 
 @dataclass(frozen=True)
@@ -176,24 +196,67 @@ def launch(
         try:
             result = fn(worker, *args)
             _leave_together()
+        except BaseException as err:
+            _release(err)  # the caller reports it; the failed run's objects go first
+            raise
         finally:
-            dist.destroy_process_group()
+            _leave(rank)
         return result if rank == 0 else None
     with tempfile.TemporaryDirectory(prefix="gssgd-rendezvous-") as tmp:
-        try:
-            mp.spawn(
-                _spawned,
-                args=(world_size, tmp, kind, timeout_s, fn, args),
-                nprocs=world_size,
-                join=True,
-            )
-        except mp.ProcessExitedException as err:
-            raise WorkerFailed(err.error_index, err.exit_code) from None
-        except mp.ProcessRaisedException as err:  # pragma: no cover - _spawned catches all
-            raise WorkerFailed(err.error_index, 1, f":\n{err}") from None
+        context = mp.start_processes(
+            _spawned,
+            args=(world_size, tmp, kind, timeout_s, fn, args),
+            nprocs=world_size,
+            join=False,
+            start_method="spawn",
+        )
+        failed = _join(context.processes, min(LEAVE_GRACE_S, timeout_s))
+        if failed is not None:
+            raise WorkerFailed(*failed)
         result_file = Path(tmp) / _RESULT_FILE
         with open(result_file, "rb") as f:
             return pickle.load(f)
+
+
+def _join(processes: list[Any], grace_s: float) -> tuple[int, int] | None:
+    """Wait for the spawned workers; ``(rank, exit code)`` of the first that failed, or None.
+
+    Once one fails the others get ``grace_s`` seconds to leave on their own (each reports
+    its own error and leaves the process group cleanly); any still running then are
+    stopped (SIGTERM, then SIGKILL). Any exception here (Ctrl-C) stops them all too.
+    """
+    alive = {p.sentinel: rank for rank, p in enumerate(processes)}
+    failed: tuple[int, int] | None = None
+    deadline: float | None = None
+    try:
+        while alive:
+            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            ready = wait_for_sentinels(list(alive), timeout=left)
+            if not ready:  # the grace is over
+                break
+            for sentinel in ready:
+                rank = alive.pop(sentinel)
+                processes[rank].join()
+                code = processes[rank].exitcode
+                if code != 0 and failed is None:
+                    failed = (rank, code)
+                    deadline = time.monotonic() + grace_s
+    finally:
+        _stop([processes[rank] for rank in alive.values()])
+    return failed
+
+
+def _stop(processes: list[Any]) -> None:
+    """SIGTERM the processes, then SIGKILL those still alive 5 s later; reap them all."""
+    for p in processes:
+        if p.is_alive():
+            p.terminate()
+    end = time.monotonic() + 5.0
+    for p in processes:
+        p.join(max(0.0, end - time.monotonic()))
+        if p.is_alive():
+            p.kill()
+            p.join()
 
 
 def _restart_store(rank: int, world_size: int, timeout_s: float) -> Any:
@@ -245,6 +308,51 @@ def _leave_together() -> None:
         dist.barrier()
 
 
+def _release(err: BaseException) -> None:
+    """Drop the locals of the frames ``err`` (and the errors it chains) passed through: they
+    hold the failed run (model, DDP, communicators, and through them the process group).
+    The traceback still prints; frames still executing are left alone."""
+    seen: set[int] = set()
+    while err is not None and id(err) not in seen:
+        seen.add(id(err))
+        traceback.clear_frames(err.__traceback__)
+        err = err.__cause__ or err.__context__
+
+
+def _leave(rank: int) -> bool:
+    """Leave the process group cleanly: collect what still holds it (the run's DDP
+    reducer and communicators, often in reference cycles), then destroy it, so its gloo
+    threads are joined now and not at interpreter exit. Returns False if destroying failed
+    (said on stderr)."""
+    gc.collect()
+    ok = True
+    if dist.is_initialized():
+        try:
+            dist.destroy_process_group()
+        except Exception as err:  # noqa: BLE001 - the run's own outcome matters more
+            print(f"gssgd: rank {rank}: leaving the process group failed: {err}",
+                  file=sys.stderr, flush=True)
+            ok = False
+    gc.collect()
+    return ok
+
+
+def _exit_worker(rank: int, code: int) -> NoReturn:
+    """End a spawned worker: leave the group (:func:`_leave`), flush, ``os._exit(code)``.
+
+    ``os._exit`` comes last, after the group is gone: it skips interpreter finalization,
+    where any gloo thread still finishing work would need the GIL and abort the process
+    (``terminate called without an active exception``). Files the run writes are flushed
+    or closed by then (metrics lines are flushed one by one, checkpoints written atomically).
+    """
+    if not _leave(rank):
+        code = code or 1
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):  # a closed stream holds nothing back
+            stream.flush()
+    os._exit(code)
+
+
 def _spawned(
     rank: int,
     world_size: int,
@@ -257,22 +365,27 @@ def _spawned(
     """Body of a spawned worker: join the local group, run ``fn``, hand rank 0's result back.
 
     An exception is printed here, once and briefly for a user error, with its traceback for
-    anything else, and the worker exits with code 1 (the parent then stops the others).
+    anything else. Then, whatever happened, the worker leaves the process group and ends
+    (:func:`_exit_worker`) with status 0, or 1 after an error; it never returns.
     """
     os.environ["GLOO_SOCKET_IFNAME"] = "lo"  # loopback only: never listen on other interfaces
     os.environ["MASTER_ADDR"] = "127.0.0.1"
     for name, value in (("RANK", rank), ("WORLD_SIZE", world_size), ("LOCAL_RANK", rank)):
         os.environ[name] = str(value)  # what torchrun would have set, for code that reads it
-    store = dist.FileStore(os.path.join(rendezvous_dir, "store"), world_size)
+    code = 0
     try:
+        store = dist.FileStore(os.path.join(rendezvous_dir, "store"), world_size)
         worker = _init(rank, world_size, rank, kind, timeout_s, store)
         result = fn(worker, *args)
         if rank == 0:
             with open(os.path.join(rendezvous_dir, _RESULT_FILE), "wb") as f:
                 pickle.dump(result, f)
+        del result
         _leave_together()
     except KeyboardInterrupt:  # the parent stops the others with SIGINT/SIGTERM
-        sys.exit(1)
+        code = 1
+    except SystemExit as err:  # fn chose its own status
+        code = err.code if isinstance(err.code, int) else 1
     except Exception as err:  # noqa: BLE001 - report, then exit non-zero
         if is_user_error(err):
             print(f"gssgd: rank {rank}: {err}", file=sys.stderr, flush=True)
@@ -282,10 +395,10 @@ def _spawned(
                 file=sys.stderr,
                 flush=True,
             )
-        sys.exit(1)
-    finally:
-        if dist.is_initialized():
-            dist.destroy_process_group()
+        _release(err)
+        code = 1
+    # Outside the except blocks: the error and its traceback are gone from this frame.
+    _exit_worker(rank, code)
 
 
 def is_user_error(err: BaseException) -> bool:
