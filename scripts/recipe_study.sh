@@ -4,6 +4,7 @@
 #
 #   scripts/recipe_study.sh sweep      # part R1: learning rates of plain SGD + error feedback
 #   scripts/recipe_study.sh levers     # part R2: density warm-up, local momentum
+#   scripts/recipe_study.sh sweep2     # part R2b: lr 0.8, and warm-up at lr 0.4, every method
 #   scripts/recipe_study.sh seeds      # part R3: the chosen recipe, seeds 0-2, both densities
 #   .venv/bin/python scripts/recipe_report.py   # docs/study/recipe.json and recipe.md
 #
@@ -50,16 +51,25 @@ case $part in
       run "$m-lm0.9-lr0.05-d0.001-s0" --method "$m" --momentum 0 --local-momentum 0.9 --lr 0.05 \
           --density 0.001 --seed 0
     done ;;
-  seeds)  # LR_<method>=... picks each method's learning rate (default 0.2)
+  sweep2)
+    for m in gs topk gtopk sketched; do
+      run "$m-m0-lr0.8-d0.001-s0" --method "$m" --momentum 0 --lr 0.8 --density 0.001 --seed 0
+      run "$m-m0-lr0.4-wu100-d0.001-s0" --method "$m" --momentum 0 --lr 0.4 --density 0.001 \
+          --warmup-steps 100 --seed 0
+    done ;;
+  seeds)  # LR_<method>=... and WU_<method>=... pick each method's lr (default 0.4, the
+          # sweep's best for every method) and density warm-up steps (default 0: off)
     for seed in 0 1 2; do  # dense sends everything: one run per seed serves both densities
       run "dense-m0.9-lr0.05-s$seed" --method dense --momentum 0.9 --lr 0.05 --seed "$seed"
     done
     for density in 0.001 0.0001; do
       for seed in 0 1 2; do
         for m in topk gtopk sketched gs; do
-          var="LR_${m}"; lr=${!var:-0.2}
-          run "$m-m0-lr$lr-d$density-s$seed" --method "$m" --momentum 0 --lr "$lr" \
-              --density "$density" --seed "$seed"
+          var="LR_${m}"; lr=${!var:-0.4}
+          var="WU_${m}"; wu=${!var:-0}
+          tag=$([ "$wu" -gt 0 ] && echo "-wu$wu")
+          run "$m-m0-lr$lr$tag-d$density-s$seed" --method "$m" --momentum 0 --lr "$lr" \
+              --warmup-steps "$wu" --density "$density" --seed "$seed"
         done
       done
     done ;;

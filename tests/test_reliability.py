@@ -40,7 +40,7 @@ def gssgd_train(*args: str, timeout: float = 120) -> subprocess.CompletedProcess
         (["--dataset", "nope"], "unknown dataset 'nope'; valid names are digits"),
         (["--density", "0"], r"--density=0.0 is invalid: it must be a number in (0, 1]"),
         (["--k", "0"], "--k=0 is invalid"),
-        (["--rows", "4"], "--rows=4 is invalid: it must be odd"),
+        (["--rows", "4"], "--rows=4 is invalid: it must be an odd"),
         (["--model", "lm"], "model 'lm' needs text data"),
         (["--fail-at", "x"], "'x' is not RANK:STEP"),
         (["--dataset", "npz:/nonexistent/data.npz"], "no file at /nonexistent/data.npz"),
