@@ -339,14 +339,18 @@ class Communicator:
         start = time.perf_counter()
         if self.world_size > 1:
             dist.all_reduce(tensor, op=op, group=self.group)
+        self._count_ring(tensor)
+        self.stats.seconds += time.perf_counter() - start
+        return tensor
+
+    def _count_ring(self, tensor: torch.Tensor) -> None:
+        """Count a backend all-reduce of ``tensor`` with the ring figures."""
         p = self.world_size
         moved = ring_allreduce_bytes(_nbytes([tensor]), p)
         self.stats.bytes_sent += moved
         self.stats.bytes_received += moved
         self.stats.messages += 2 * (p - 1)
         self.stats.rounds += 2 * (p - 1)
-        self.stats.seconds += time.perf_counter() - start
-        return tensor
 
     def allreduce_backend_async(self, tensor: torch.Tensor) -> torch.futures.Future[torch.Tensor]:
         """The backend's all-reduce (sum) of ``tensor`` in place, started without waiting.
@@ -357,12 +361,7 @@ class Communicator:
         Returns:
             A future whose value is ``tensor`` holding the sum.
         """
-        p = self.world_size
-        moved = ring_allreduce_bytes(_nbytes([tensor]), p)
-        self.stats.bytes_sent += moved
-        self.stats.bytes_received += moved
-        self.stats.messages += 2 * (p - 1)
-        self.stats.rounds += 2 * (p - 1)
+        self._count_ring(tensor)
         work = dist.all_reduce(tensor, group=self.group, async_op=True)
         return work.get_future().then(lambda fut: fut.value()[0])
 

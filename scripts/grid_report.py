@@ -29,11 +29,10 @@ from __future__ import annotations
 import argparse
 import json
 import re
-import shutil
-import subprocess
 from pathlib import Path
 
 import matplotlib
+from study_report import shrink_png  # the same directory: scripts/
 
 from gssgd.bench.report import fmt_bytes, splice_markdown
 
@@ -146,19 +145,6 @@ def plot(cells: list[dict], path: Path) -> None:
     fig.savefig(path, dpi=110)
     plt.close(fig)
     shrink_png(path)
-
-
-def shrink_png(path: Path) -> None:
-    """Recompress a PNG losslessly with optipng and zopflipng, where installed (smaller docs)."""
-    if shutil.which("optipng"):
-        subprocess.run(["optipng", "-quiet", "-o2", "-strip", "all", str(path)], check=False)
-    if shutil.which("zopflipng"):
-        tmp = path.with_name(path.name + ".zopfli")
-        done = subprocess.run(["zopflipng", "-y", "--filters=p", "--iterations=3", str(path),
-                               str(tmp)], capture_output=True, check=False)
-        if done.returncode == 0 and tmp.exists() and tmp.stat().st_size < path.stat().st_size:
-            tmp.replace(path)
-        tmp.unlink(missing_ok=True)
 
 
 def main() -> None:
