@@ -115,6 +115,7 @@ class Aggregator:
         self._warmup = DensityWarmup(
             d, k, getattr(options, "warmup_steps", 0), getattr(options, "warmup_density", 1.0)
         )
+        self._warm_sketches: dict[int, CountSketch] = {}  # sketching methods' warm-up shapes
         self.consecutive_skips = 0
         self._agreed = False
         self._timings = {"compress": 0.0, "decompress": 0.0}
@@ -239,7 +240,7 @@ class Aggregator:
         candidate count: the steady ``self.sketch`` and ``self.num_candidates``, or, during a
         density warm-up, larger ones (:meth:`SketchedOptions.warmup_shape`), one sketch per
         distinct k, dropped when the warm-up ends."""
-        warm: dict[int, CountSketch] = self.__dict__.setdefault("_warm_sketches", {})
+        warm = self._warm_sketches
         if self.step_k == self.k:
             warm.clear()
             self.sketch = self.sketch.to(grad.device, grad.dtype).zero_()

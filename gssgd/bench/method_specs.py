@@ -187,20 +187,16 @@ def method_spec(
         method.name,
         d,
         kk,
-        value_bytes=_itemsize(getattr(opts, "dtype", torch.float32)),
+        value_bytes=getattr(opts, "dtype", torch.float32).itemsize,
         index_bytes=index_dtype(d).itemsize,
         rows=getattr(opts, "rows", 0),
         cols=getattr(opts, "cols", 0) or 0,
         candidates=getattr(opts, "candidates", 0) or 0,
-        table_bytes=_itemsize(getattr(opts, "table_dtype", torch.float32)),
+        table_bytes=getattr(opts, "table_dtype", torch.float32).itemsize,
         exact=getattr(opts, "exact", True),
         allreduce=getattr(opts, "allreduce", "recursive_doubling"),
         seed=getattr(opts, "seed", 0),
     )
-
-
-def _itemsize(dtype: torch.dtype) -> int:
-    return torch.empty((), dtype=dtype).element_size()
 
 
 def traffic(spec: MethodSpec, world_size: int) -> Traffic:

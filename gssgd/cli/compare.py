@@ -119,7 +119,6 @@ def _configs(args: argparse.Namespace, methods: list[str], out: Path) -> dict[st
     """
     settings = settings_from_args(args)
     settings.pop("out")  # compare's --out is the parent of the runs
-    import_plugins(settings.get("plugins", ()))  # before the method names are checked
     check_settings_apply(settings, methods)
     return {
         m: TrainConfig(method=m, **settings_for(m, settings), out=str(out / m), overwrite=True)

@@ -241,13 +241,14 @@ class TrainConfig:
     def aggregator_options(self) -> dict[str, Any]:
         """The keyword options of the aggregator (``k`` included), defaults left out."""
         opts: dict[str, Any] = {}
+        takes = get_method(self.method).option_names()
         for name in METHOD_SETTINGS:
             option = _OPTION_NAMES.get(name, name)
             value = getattr(self, name)
-            if value is None or option not in get_method(self.method).option_names():
+            if value is None or option not in takes:
                 continue
             opts[option] = PAYLOAD_DTYPES[value] if option in ("dtype", "table_dtype") else value
-        if "seed" in get_method(self.method).option_names():
+        if "seed" in takes:
             opts["seed"] = self.seed
         return opts
 

@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 
 from gssgd.bench import netns, train_bench
+from gssgd.bench.netns_host import _pid_alive
 from gssgd.bench.train_bench import (
     ELAPSED_FIELD,
     TrainBenchConfig,
@@ -227,21 +228,6 @@ def test_a_failed_method_is_reported_and_the_others_go_on(tmp_path, monkeypatch)
     assert "failed" in (tmp_path / "table.txt").read_text()
 
 
-def _alive(pid: int) -> bool:
-    """Whether ``pid`` runs; a zombie (dead, not yet reaped) counts as gone."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return True  # no /proc: os.kill said it exists
-    return stat.rsplit(")", 1)[1].split()[0] != "Z"
-
-
 def test_a_failing_process_is_stopped_with_the_workers_it_spawned(tmp_path):
     """The parent fails while its child would sleep for ten minutes: the run ends with the
     parent's error, not at its (generous) timeout, and the child is stopped with it."""
@@ -263,11 +249,11 @@ def test_a_failing_process_is_stopped_with_the_workers_it_spawned(tmp_path):
         # Killed, it is gone as soon as its new parent reaps it; a minute is far more than
         # that takes, and far less than the ten minutes it would sleep.
         deadline = time.monotonic() + 60
-        while _alive(child) and time.monotonic() < deadline:
+        while _pid_alive(child) and time.monotonic() < deadline:
             time.sleep(0.05)
-        assert not _alive(child)
+        assert not _pid_alive(child)
     finally:
-        if _alive(child):
+        if _pid_alive(child):
             os.kill(child, signal.SIGKILL)
 
 
