@@ -10,7 +10,15 @@ name        what                                                    fits
             with GroupNorm, global average pooling                  (~78k parameters)
 ``lm``      character embedding (64), 2-layer LSTM (128), linear    :class:`TextData`
             head to the vocabulary
+``wresnet`` a wide ResNet trunk (32, 64, 128 channels) and a        images of any size
+            fully connected head of 2 x 1024                        (~3.5M parameters)
+``gpt``     a character GPT: 4 pre-LN blocks of causal self-        :class:`TextData`
+            attention, d_model 256, learned positions (<= 256)      (~3.3M parameters)
 ==========  ======================================================  =========================
+
+``wresnet`` and ``gpt`` (:mod:`gssgd.train.models_wide`) are the workloads where
+communication matters: at 100 Mbit/s a dense all-reduce of their gradient takes longer than
+computing it on the development machine.
 
 No model has BatchNorm: its running statistics are buffers outside the gradient,
 which would make data-parallel runs of different methods awkward to compare. The
@@ -37,10 +45,11 @@ from gssgd.train.data_types import ImageData, TextData
 
 __all__ = ["MODELS", "build_model", "default_model"]
 
-MODELS: tuple[str, ...] = ("mlp", "cnn", "resnet", "lm")
+MODELS: tuple[str, ...] = ("mlp", "cnn", "resnet", "lm", "wresnet", "gpt")
 """The model names :func:`build_model` accepts."""
 
-_IMAGE_MODELS = ("mlp", "cnn", "resnet")
+_IMAGE_MODELS = ("mlp", "cnn", "resnet", "wresnet")
+_TEXT_MODELS = ("lm", "gpt")
 
 
 class MLP(nn.Module):
@@ -190,8 +199,8 @@ def build_model(name: str, data: ImageData | TextData) -> nn.Module:
 
     Returns:
         An ``nn.Module`` in training mode on the CPU. Image models map
-        ``(B, *data.input_shape)`` float32 to ``(B, num_classes)`` logits; ``lm`` maps
-        ``(B, T)`` int64 ids to ``(B, T, vocab_size)`` logits.
+        ``(B, *data.input_shape)`` float32 to ``(B, num_classes)`` logits; ``lm`` and
+        ``gpt`` map ``(B, T)`` int64 ids to ``(B, T, vocab_size)`` logits.
 
     Raises:
         ValueError: an unknown name, or a model that does not fit the data (the
@@ -201,15 +210,18 @@ def build_model(name: str, data: ImageData | TextData) -> nn.Module:
     if name not in MODELS:
         raise ValueError(f"unknown model {name!r}; valid models are {', '.join(MODELS)}")
     suggestion = default_model(data)  # also checks the type of data
+    from gssgd.train.models_wide import CharGPT  # imported here: it builds on this module
+
     if isinstance(data, TextData):
-        if name != "lm":
+        if name not in _TEXT_MODELS:
             raise ValueError(
-                f"model {name!r} needs image data but dataset {data.name!r} is text; use --model lm"
+                f"model {name!r} needs image data but dataset {data.name!r} is text; use "
+                f"--model lm (or --model gpt)"
             )
-        return CharLSTM(data.vocab_size)
-    if name == "lm":
+        return CharGPT(data.vocab_size) if name == "gpt" else CharLSTM(data.vocab_size)
+    if name in _TEXT_MODELS:
         raise ValueError(
-            f"model 'lm' needs text data but dataset {data.name!r} holds images or features; "
+            f"model {name!r} needs text data but dataset {data.name!r} holds images or features; "
             f"use one of {', '.join(_IMAGE_MODELS)} (e.g. --model {suggestion})"
         )
     return _build_image_model(name, data)
@@ -227,6 +239,10 @@ def _build_image_model(name: str, data: ImageData) -> nn.Module:
     channels, height, width = shape
     if name == "resnet":
         return SmallResNet(channels, data.num_classes)
+    if name == "wresnet":
+        from gssgd.train.models_wide import WideResNet  # imported here: it builds on this module
+
+        return WideResNet(channels, data.num_classes)
     if height < 4 or width < 4:
         raise ValueError(
             f"model 'cnn' needs images of at least 4x4 (it pools twice by 2) but dataset "
