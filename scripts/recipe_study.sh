@@ -6,6 +6,7 @@
 #   scripts/recipe_study.sh levers     # part R2: density warm-up, local momentum
 #   scripts/recipe_study.sh sweep2     # part R2b: lr 0.8, and warm-up at lr 0.4, every method
 #   scripts/recipe_study.sh seeds      # part R3: the chosen recipe, seeds 0-2, both densities
+#   scripts/recipe_study.sh seeds2     # part R4: lr 0.2 +/- warm-up, seeds 0-2, both densities
 #   .venv/bin/python scripts/recipe_report.py   # docs/study/recipe.json and recipe.md
 #
 # Raw runs go to $RECIPE_DIR (default runs/recipe, git-ignored): runs/<name>/ per run,
@@ -73,5 +74,18 @@ case $part in
         done
       done
     done ;;
-  *) echo "usage: $0 sweep|levers|seeds" >&2; exit 2 ;;
+  seeds2)  # part R4: lr 0.2 with and without 100 warm-up steps at 0.001; lr 0.1 and 0.2 with
+           # warm-up at 0.0001 (lr 0.4 collapsed there); seeds 0-2, every sparse method
+    for seed in 0 1 2; do
+      for m in topk gtopk sketched gs; do
+        run "$m-m0-lr0.2-d0.001-s$seed" --method "$m" --momentum 0 --lr 0.2 --density 0.001 --seed "$seed"
+        run "$m-m0-lr0.2-wu100-d0.001-s$seed" --method "$m" --momentum 0 --lr 0.2 --density 0.001 \
+            --warmup-steps 100 --seed "$seed"
+        for lr in 0.1 0.2; do
+          run "$m-m0-lr$lr-wu100-d0.0001-s$seed" --method "$m" --momentum 0 --lr "$lr" \
+              --density 0.0001 --warmup-steps 100 --seed "$seed"
+        done
+      done
+    done ;;
+  *) echo "usage: $0 sweep|levers|sweep2|seeds|seeds2" >&2; exit 2 ;;
 esac
