@@ -23,6 +23,8 @@ from functools import lru_cache
 
 import torch
 
+from gssgd import kernels
+
 __all__ = [
     "METHODS",
     "SAMPLED_MIN_N",
@@ -171,7 +173,11 @@ def _at_least(values: torch.Tensor, threshold: torch.Tensor) -> torch.Tensor:
     """``torch.nonzero(values >= threshold)``, flat, ascending, at about a third of its cost.
 
     The mask is read as 8-byte words: only the few nonzero words are expanded to bytes.
+    Where :func:`gssgd.kernels.use_kernels` says so (CUDA with Triton), one Triton
+    count/compact kernel does it instead (:func:`gssgd.kernels.at_least`, same result).
     """
+    if kernels.use_kernels(values):
+        return kernels.at_least(values, threshold)
     n = values.numel()
     pad = -n % 8
     mask = torch.empty(n + pad, dtype=torch.bool, device=values.device)

@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import torch
 
+from gssgd import kernels
 from gssgd._select import topk_indices
 from gssgd.hashing import (
     HashCache,
@@ -202,6 +203,9 @@ class CountSketch:
             ValueError: ``vec`` has the wrong shape or device.
         """
         self._check_vector(vec)
+        if kernels.use_kernels(self.table):  # hashes computed in the kernel, no cache read
+            kernels.sketch_accumulate(self.table, vec, self._params)
+            return
         vec = vec.to(self.table.dtype)
         doubled = torch.zeros(self.rows, 2 * self.cols, dtype=self.table.dtype, device=self.device)
         for part, buckets in self._chunks(None):
@@ -289,6 +293,8 @@ class CountSketch:
         """
         if indices is not None:
             indices = self._check_indices(indices)
+        if kernels.use_kernels(self.table):
+            return kernels.query(self.table, self._params, self.d, indices)
         n = self.d if indices is None else indices.numel()
         out = torch.empty(n, dtype=self.table.dtype, device=self.device)
         doubled = self._doubled()
@@ -342,27 +348,34 @@ class CountSketch:
             est = self.query()
             idx = topk_indices(est.abs(), k, ordered)
             return idx, est[idx]
-        if self._by_bucket is not None:
+        fused = kernels.use_kernels(self.table)  # screening and queries in Triton kernels
+        if self._by_bucket is not None and not fused:
             return self._heavy_hitters_one_row(k, ordered)
-        if self._cache is not None:  # a strided view of the cache: no gather, no hashing
-            cached = self._cache if self._cache32 is None else self._cache32
-            sample_buckets = cached[:, ::stride]
+        if fused:
+            sample_abs = self.query(torch.arange(0, self.d, stride, device=self.device)).abs()
         else:
-            sample_buckets = self._signed_buckets(
-                torch.arange(0, self.d, stride, device=self.device)
-            )
-        sample_abs = self._estimates(sample_buckets, self._doubled()).abs()
+            if self._cache is not None:  # a strided view of the cache: no gather, no hashing
+                cached = self._cache if self._cache32 is None else self._cache32
+                sample_buckets = cached[:, ::stride]
+            else:
+                sample_buckets = self._signed_buckets(
+                    torch.arange(0, self.d, stride, device=self.device)
+                )
+            sample_abs = self._estimates(sample_buckets, self._doubled()).abs()
         want = min(sample_abs.numel(), 2 * -(-k // stride) + 16)
         tau = torch.topk(sample_abs, want, sorted=False).values.min()
-        heavy = torch.cat([self.table.abs() >= tau] * 2, dim=1).to(torch.uint8)
         majority = (self.rows + 1) // 2
-        survivors = []
-        for part, buckets in self._chunks(None, for_gather=True):
-            votes = heavy[0].index_select(0, buckets[0])
-            for r in range(1, self.rows):
-                votes += heavy[r].index_select(0, buckets[r])
-            survivors.append(torch.nonzero(votes >= majority).flatten() + part.start)
-        cand = torch.cat(survivors)
+        if fused:
+            cand = kernels.candidates(self.table, self._params, self.d, tau, majority)
+        else:
+            heavy = torch.cat([self.table.abs() >= tau] * 2, dim=1).to(torch.uint8)
+            survivors = []
+            for part, buckets in self._chunks(None, for_gather=True):
+                votes = heavy[0].index_select(0, buckets[0])
+                for r in range(1, self.rows):
+                    votes += heavy[r].index_select(0, buckets[r])
+                survivors.append(torch.nonzero(votes >= majority).flatten() + part.start)
+            cand = torch.cat(survivors)
         est = self.query(cand) if cand.numel() else cand.to(self.table.dtype)
         est_abs = est.abs()
         if int((est_abs >= tau).sum()) < k:
