@@ -1,0 +1,251 @@
+"""Which method makes a given training job fastest: every candidate's predicted step on the
+cluster cost model (:mod:`gssgd.bench.cost_cluster`), the fastest one, and how to ask for
+it (a ``gssgd train`` command line and a ``HookState(...)`` call).
+
+The candidates are the benchmark methods of :data:`gssgd.bench.method_specs.VARIANTS`
+(every registered method and variant: dense, dense16, topk, gtopk, sketched, gs and its
+variants), less :data:`gssgd.bench.cost_check.ADVISE_EXCLUDES`. A variant's options are
+read from its spec: the aggregator options that differ from its method's defaults.
+
+Example:
+    >>> a = advise(params=25_600_000, workers=64, link=Link(10**10, 20e-6),
+    ...            device=get_device("h200"), density=0.001)
+    >>> a.recommended.name, a.train_command(), a.hook_call()
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from gssgd.bench.cost_check import ADVISE_EXCLUDES
+from gssgd.bench.cost_cluster import Link, StepTime, predict_step
+from gssgd.bench.devices import Device
+from gssgd.bench.method_specs import VARIANTS, MethodSpec, method_spec
+from gssgd.methods import get_variant
+
+__all__ = [
+    "MEASURED_ERROR",
+    "Advice",
+    "Candidate",
+    "advise",
+    "candidate_methods",
+    "parse_params",
+    "parse_workers",
+]
+
+_SUFFIXES = {"": 1, "k": 10**3, "m": 10**6, "g": 10**9, "b": 10**9, "t": 10**12}
+_PARAMS_RE = re.compile(r"^(?P<num>\d+(?:\.\d*)?(?:e\d+)?|\.\d+)\s*(?P<suffix>[kmgbt]?)$")
+#: Parameter counts ``advise`` takes: 1000 (k = 1 at density 0.001) .. 10^13.
+MIN_PARAMS, MAX_PARAMS = 10**3, 10**13
+#: Worker counts ``advise`` takes.
+MIN_WORKERS, MAX_WORKERS = 2, 65_536
+
+
+def parse_params(text: str) -> int:
+    """A parameter count such as ``25.6M``, ``124m``, ``1.3B``, ``7e9`` or ``25600000``.
+
+    Suffixes: k = 10^3, M = 10^6, G or B = 10^9, T = 10^12 (case does not matter).
+
+    Raises:
+        ValueError: not of that form, or outside 1000..10^13 (the message says so).
+    """
+    cleaned = text.strip().lower().replace("_", "") if isinstance(text, str) else ""
+    match = _PARAMS_RE.match(cleaned)
+    if match is None:
+        raise ValueError(
+            f"parameter count {text!r} is not understood: give a number with an optional "
+            "suffix k, M, B (or G), T, e.g. --params 25.6M or --params 1.3B"
+        )
+    value = round(float(match["num"]) * _SUFFIXES[match["suffix"]])
+    if not MIN_PARAMS <= value <= MAX_PARAMS:
+        raise ValueError(
+            f"parameter count {text!r} = {value} is outside 1000..1e13; give the model's "
+            "parameter count, e.g. --params 25.6M"
+        )
+    return value
+
+
+def parse_workers(text: str | int) -> int:
+    """A worker count in 2..65536.
+
+    Raises:
+        ValueError: not a whole number in that range.
+    """
+    try:
+        value = int(str(text).strip())
+    except ValueError:
+        raise ValueError(
+            f"workers {text!r} is not a whole number; give the data-parallel worker count "
+            "(GPUs), e.g. --workers 64"
+        ) from None
+    if not MIN_WORKERS <= value <= MAX_WORKERS:
+        raise ValueError(
+            f"workers {text!r} is outside {MIN_WORKERS}..{MAX_WORKERS}; give the number of "
+            "data-parallel workers, e.g. --workers 64 (with one worker nothing is communicated)"
+        )
+    return value
+
+
+#: The cost model's measured error, from ``scripts/cost_map.py`` (leave one run out over the
+#: 15 ``gssgd bench comm`` runs of docs/results made with the current default sketch; the
+#: full record is docs/results/cost_cluster/check.json): median and largest |relative error|
+#: of the step time, points, and how often the method ranked first was the measured
+#: fastest or within 10 % of it.
+MEASURED_ERROR: dict[str, Any] = {
+    "points": 144,
+    "median_abs_rel_error": 0.085,
+    "max_abs_rel_error": 0.449,
+    "runs": 15,
+    "recommended_within_10pct": 10,
+    "where": "this machine's emulated 100 Mbit/s and 1 Gbit/s links and loopback, P = 4 and 8",
+}
+
+
+def candidate_methods() -> tuple[str, ...]:
+    """The benchmark methods ``advise`` compares (registration order)."""
+    return tuple(n for n in VARIANTS if n not in ADVISE_EXCLUDES)
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One method's predicted step."""
+
+    name: str
+    spec: MethodSpec
+    step: StepTime
+
+    @property
+    def method(self) -> str:
+        """The ``--method`` / ``HookState`` name (the variant's method)."""
+        return self.spec.aggregator
+
+    def options(self) -> dict[str, Any]:
+        """The aggregator options this candidate sets away from its method's defaults."""
+        base = method_spec(self.spec.aggregator, self.spec.d, k=self.spec.k).aggregator_options()
+        mine = self.spec.aggregator_options()
+        return {k: v for k, v in mine.items() if base.get(k) != v}
+
+
+@dataclass(frozen=True)
+class Advice:
+    """Every candidate's predicted step, fastest first, and the inputs."""
+
+    candidates: tuple[Candidate, ...]
+    params: int
+    workers: int
+    link: Link
+    device: Device
+    density: float
+
+    @property
+    def recommended(self) -> Candidate:
+        return self.candidates[0]
+
+    def train_command(self, candidate: Candidate | None = None) -> str:
+        """A ``gssgd train`` command line that runs ``candidate`` (default: the recommended)."""
+        c = candidate or self.recommended
+        parts = ["gssgd train", f"--method {c.method}", f"--workers {self.workers}"]
+        if c.spec.k != c.spec.d:
+            parts.append(f"--density {self.density:g}")
+        for name, value in c.options().items():
+            flag = "--payload-dtype" if name == "dtype" else "--" + name.replace("_", "-")
+            if isinstance(value, bool):
+                parts.append(flag if value else "--no-" + flag[2:])
+            else:
+                parts.append(f"{flag} {_plain(value)}")
+        return " ".join(parts)
+
+    def hook_call(self, candidate: Candidate | None = None) -> str:
+        """The ``HookState(...)`` call for DDP (default: the recommended candidate)."""
+        c = candidate or self.recommended
+        args = [repr(c.method)]
+        if c.spec.k != c.spec.d:  # sparse: selects over the whole model, as the model assumes
+            args += [f"density={self.density:g}", "whole_model=True"]
+        for name, value in c.options().items():
+            args.append(
+                f"{name}={value!r}" if not isinstance(value, torch.dtype) else f"{name}={value}"
+            )
+        return f"HookState({', '.join(args)})"
+
+    def as_dict(self) -> dict[str, Any]:
+        """A JSON-ready record (what ``gssgd advise --json`` prints)."""
+        return {
+            "inputs": {
+                "params": self.params,
+                "workers": self.workers,
+                "link_bps": self.link.rate_bps,
+                "latency_s": self.link.latency_s,
+                "device": self.device.name,
+                "density": self.density,
+            },
+            "methods": {
+                c.name: {"method": c.method, "options": _jsonable(c.options()), **c.step.as_dict()}
+                for c in self.candidates
+            },
+            "recommended": {
+                "name": self.recommended.name,
+                "method": self.recommended.method,
+                "options": _jsonable(self.recommended.options()),
+                "seconds_per_step": self.recommended.step.total,
+                "speedup_over_dense": self.speedup_over("dense"),
+                "train_command": self.train_command(),
+                "hook_call": self.hook_call(),
+            },
+            "model_error": dict(MEASURED_ERROR),
+        }
+
+    def speedup_over(self, name: str) -> float | None:
+        """The named candidate's step time over the recommended one's (None if absent)."""
+        for c in self.candidates:
+            if c.name == name:
+                return c.step.total / self.recommended.step.total
+        return None
+
+
+def _plain(value: Any) -> str:
+    return str(value).removeprefix("torch.") if isinstance(value, torch.dtype) else str(value)
+
+
+def _jsonable(options: dict[str, Any]) -> dict[str, Any]:
+    return {k: _plain(v) if isinstance(v, torch.dtype) else v for k, v in options.items()}
+
+
+def advise(
+    *,
+    params: int,
+    workers: int,
+    link: Link,
+    device: Device,
+    density: float = 0.001,
+    fwdbwd_s: float | None = None,
+    methods: Sequence[str] | None = None,
+) -> Advice:
+    """Predict every candidate's step and rank them, fastest first.
+
+    Args:
+        params: the model's parameter count (the gradient length d).
+        workers: P >= 2.
+        link: every worker's link.
+        device: the workers' device.
+        density: fraction of coordinates the sparse methods send.
+        fwdbwd_s: measured forward + backward seconds of one worker's batch (None: the
+            device's per-parameter estimate).
+        methods: the candidates (default :func:`candidate_methods`).
+
+    Raises:
+        ValueError: a bad size, density or method name (from :func:`method_spec`).
+    """
+    names = tuple(methods) if methods is not None else candidate_methods()
+    out = []
+    for name in names:
+        get_variant(name)  # a clear error for an unknown name
+        spec = method_spec(name, params, density)
+        step = predict_step(spec, workers, link, device, fwdbwd_s=fwdbwd_s)
+        out.append(Candidate(name, spec, step))
+    out.sort(key=lambda c: c.step.total)
+    return Advice(tuple(out), params, workers, link, device, density)

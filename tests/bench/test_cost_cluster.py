@@ -1,0 +1,203 @@
+"""The cluster cost model: link parsing, patterns read from the traffic formulas, the step
+split with overlap, the device constants, and the held-out fit on measured cells."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from pathlib import Path
+
+import pytest
+
+from gssgd.bench.cost_check import (
+    CellModel,
+    fit_cells,
+    held_out_errors,
+    recommendation_check,
+)
+from gssgd.bench.cost_cluster import (
+    BACKWARD_FRACTION,
+    CLUSTER_EFFICIENCY,
+    Link,
+    overlap_of,
+    parse_latency,
+    parse_link,
+    pattern_of,
+    predict_step,
+)
+from gssgd.bench.cost_fit import Measurement, load_measurements
+from gssgd.bench.cost_predict import CostModel
+from gssgd.bench.devices import DEVICES, get_device
+from gssgd.bench.method_specs import method_spec, traffic
+
+GRID = Path(__file__).resolve().parents[2] / "docs" / "results" / "grid"
+
+
+@pytest.mark.parametrize(
+    ("name", "pattern"),
+    [
+        ("dense", "ring"),
+        ("dense16", "ring"),
+        ("topk", "allgather"),
+        ("gtopk", "recursive_doubling"),
+        ("sketched", "star"),
+        ("gs", "recursive_doubling"),
+        ("gs-backend", "ring"),
+        ("gs-half", "recursive_doubling"),
+    ],
+)
+def test_pattern_is_read_from_the_methods_traffic_formula(name: str, pattern: str) -> None:
+    assert pattern_of(method_spec(name, 10**6, 0.001)) == pattern
+
+
+@pytest.mark.parametrize(
+    ("text", "bps"),
+    [("1gbit", 10**9), ("10gbit", 10**10), ("400gbit", 4 * 10**11), ("25GBIT", 25 * 10**9)],
+)
+def test_parse_link_takes_rates_up_to_400gbit(text: str, bps: int) -> None:
+    assert parse_link(text) == bps
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("500gbit", r"'500gbit' = 500000000000 bit/s is outside 1mbit..400gbit; .* --link 10gbit"),
+        ("500kbit", r"outside 1mbit..400gbit"),
+        ("none", r"needs a rate; give one in 1mbit..400gbit, e.g. --link 10gbit"),
+        ("10gbps", r"'10gbps' is not understood: .* write bits"),
+    ],
+)
+def test_parse_link_errors_name_the_value_the_range_and_the_fix(text: str, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        parse_link(text)
+
+
+@pytest.mark.parametrize(
+    ("text", "seconds"), [("20us", 20e-6), ("1.5ms", 1.5e-3), ("500ns", 5e-7), ("0.2 s", 0.2)]
+)
+def test_parse_latency(text: str, seconds: float) -> None:
+    assert parse_latency(text) == pytest.approx(seconds)
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("20", r"latency '20' is not understood: give a number and a unit .* --latency 20us"),
+        ("fast", r"not understood"),
+        ("2s", r"latency '2s' is outside 100ns..1s; .* --latency 20us"),
+        ("10ns", r"outside 100ns..1s"),
+    ],
+)
+def test_parse_latency_errors(text: str, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        parse_latency(text)
+
+
+def test_communication_is_the_methods_own_rounds_and_bytes() -> None:
+    spec = method_spec("gtopk", 25_000_000, 0.001)
+    link = Link(10**10, 20e-6)
+    step = predict_step(spec, 64, link, DEVICES["h200"], fwdbwd_s=0.03)
+    t = traffic(spec, 64)
+    assert step.latency == pytest.approx(20e-6 * t.rounds)
+    eff = CLUSTER_EFFICIENCY["recursive_doubling"]
+    assert step.bandwidth == pytest.approx(t.critical_bytes * 8 / (eff * 10**10))
+    assert step.hidden == 0.0 and step.overlap == "none"
+    assert step.total == pytest.approx(0.03 + step.compression + step.communication)
+
+
+def test_dense_hides_its_all_reduce_up_to_the_backward_time() -> None:
+    spec = method_spec("dense", 25_000_000)
+    slow = predict_step(spec, 8, Link(10**9, 20e-6), DEVICES["h200"], fwdbwd_s=0.03)
+    assert slow.overlap == "backward"
+    assert slow.hidden == pytest.approx(BACKWARD_FRACTION * 0.03)  # capped by backward
+    fast = predict_step(spec, 8, Link(4 * 10**11, 1e-6), DEVICES["h200"], fwdbwd_s=0.03)
+    assert fast.hidden == pytest.approx(fast.communication)  # all of it hides
+    assert fast.total == pytest.approx(fast.compute)
+
+
+def test_streaming_gs_hides_only_its_table_all_reduce() -> None:
+    spec = method_spec("gs", 25_000_000, 0.001)
+    link = Link(10**9, 20e-6)
+    plain = predict_step(spec, 16, link, DEVICES["h200"], fwdbwd_s=10.0)
+    stream = predict_step(spec, 16, link, DEVICES["h200"], fwdbwd_s=10.0, overlap="table")
+    table = predict_step(
+        dataclasses.replace(spec, exact=False), 16, link, DEVICES["h200"], fwdbwd_s=10.0
+    )
+    assert overlap_of(spec, stream=True) == "table" and overlap_of(spec, stream=False) == "none"
+    assert stream.hidden == pytest.approx(table.communication)
+    assert 0 < stream.hidden < stream.communication
+    assert stream.total == pytest.approx(plain.total - table.communication)
+    with pytest.raises(ValueError, match=r"overlap='sometimes' must be 'backward', 'table'"):
+        predict_step(spec, 16, link, DEVICES["h200"], fwdbwd_s=1.0, overlap="sometimes")
+
+
+def test_h200_compression_costs_follow_what_each_method_does() -> None:
+    h200 = get_device("H200")
+    d = 25_557_032
+    dense = h200.compression_seconds(method_spec("dense", d))
+    topk = h200.compression_seconds(method_spec("topk", d, 0.001))
+    gs1 = h200.compression_seconds(method_spec("gs", d, 0.001, rows=1))
+    gs3 = h200.compression_seconds(method_spec("gs", d, 0.001, rows=3))
+    assert topk == pytest.approx(0.622e-3 + 5 * 0.0243e-3, rel=0.01)  # topk + 5 passes
+    assert dense < topk < gs1 < gs3
+    assert gs3 - gs1 == pytest.approx(2 * 1.915e-3 / 5, rel=0.01)  # two more sketch rows
+    assert h200.fwdbwd_s_per_param * d == pytest.approx(32.79e-3, rel=0.001)
+
+
+def test_unknown_device_lists_the_known_ones() -> None:
+    with pytest.raises(ValueError, match=r"unknown device 'tpu'; known devices: cpu, h200"):
+        get_device("tpu")
+
+
+def _synthetic(model: CellModel, specs, runs) -> list[Measurement]:
+    out = []
+    for i, (p, rate) in enumerate(runs):
+        for spec in specs:
+            m = Measurement(
+                spec, p, rate, 1.0, 0.0, source=f"run{i}", alpha_probe=1e-3, compute_share=1.5
+            )
+            compute = 1.5 * model.base.gamma_of(spec) * spec.d
+            total = model.predict(m)
+            out.append(dataclasses.replace(m, seconds_per_step=total, seconds_compute=compute))
+    return out
+
+
+def test_fit_recovers_the_efficiency_of_each_pattern_and_predicts_held_out_runs() -> None:
+    truth = CellModel(
+        CostModel(
+            alpha=1e-3,
+            beta0=7e-10,
+            gamma={"dense": 3e-9, "gs": 1.4e-8, "gs-backend": 1.5e-8, "sketched": 1.4e-8},
+        ),
+        efficiency={"ring": 0.9, "recursive_doubling": 0.45, "star": 0.95},
+    )
+    specs = [
+        method_spec(n, d, 0.001)
+        for n in ("dense", "gs", "gs-backend", "sketched")
+        for d in (10**7, 2 * 10**7)
+    ]
+    runs = [(4, 10**8), (8, 10**8), (4, 10**9), (8, 10**9), (6, 10**8)]
+    data = _synthetic(truth, specs, runs)
+    fitted = fit_cells(data)
+    assert fitted.burst_credit == 0.0
+    for pattern, eff in truth.efficiency.items():
+        assert fitted.eta(pattern) == pytest.approx(eff, rel=1e-6), pattern
+    rows = held_out_errors(data)
+    assert len(rows) == len(data)
+    assert max(abs(r.rel_error) for r in rows) < 1e-6
+    recs = recommendation_check(rows)
+    assert len(recs) == len(runs) and all(r.within(0.0) for r in recs)
+
+
+def test_held_out_check_on_measured_cells_predicts_within_the_documented_error() -> None:
+    runs = [GRID / f"comm_P8_d{d}M_{link}" for d in (10, 25) for link in ("100mbit", "1gbit")]
+    if not all((r / "results.json").exists() for r in runs):
+        pytest.skip("docs/results/grid is not in this checkout")
+    ms = [m for r in runs for m in load_measurements(r)]
+    rows = held_out_errors(ms)
+    errors = sorted(abs(r.rel_error) for r in rows)
+    assert all(math.isfinite(e) for e in errors)
+    assert errors[len(errors) // 2] < 0.25  # median
+    recs = {Path(r.run).name: r for r in recommendation_check(rows)}
+    # P = 8, d = 25M, 100 Mbit/s: measured fastest gs with the ring all-reduce
+    assert recs["comm_P8_d25M_100mbit"].within(0.10)
