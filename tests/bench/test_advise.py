@@ -1,0 +1,260 @@
+"""``gssgd advise``: parsing of sizes, rates and latencies, the JSON schema, recommendations
+that follow the link rate, copyable commands, and errors that say what to do."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from gssgd.bench.cost_advice import (
+    MEASURED_ERROR,
+    advise,
+    candidate_methods,
+    parse_params,
+    parse_workers,
+)
+from gssgd.bench.cost_cluster import Link
+from gssgd.bench.devices import get_device
+from gssgd.cli.advise import model_params
+from gssgd.cli.main import main
+from gssgd.ddp import HookState
+
+CHECK = Path(__file__).resolve().parents[2] / "docs" / "results" / "cost_cluster" / "check.json"
+
+
+def _advise_json(capsys, *argv: str) -> dict:
+    assert main(["advise", *argv, "--json"]) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+@pytest.mark.parametrize(
+    ("text", "value"),
+    [
+        ("25.6M", 25_600_000),
+        ("124m", 124_000_000),
+        ("1.3B", 1_300_000_000),
+        ("1.3g", 1_300_000_000),
+        ("7e9", 7_000_000_000),
+        ("25600000", 25_600_000),
+        ("1_000k", 1_000_000),
+    ],
+)
+def test_parse_params_takes_suffixes(text: str, value: int) -> None:
+    assert parse_params(text) == value
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("25.6X", r"'25.6X' is not understood: .* e.g. --params 25.6M"),
+        ("12", r"'12' = 12 is outside 1000..1e13; .* --params 25.6M"),
+        ("-5M", r"not understood"),
+    ],
+)
+def test_parse_params_errors(text: str, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        parse_params(text)
+
+
+def test_parse_workers_range() -> None:
+    assert parse_workers("64") == 64
+    with pytest.raises(ValueError, match=r"workers '1' is outside 2..65536; .* --workers 64"):
+        parse_workers("1")
+    with pytest.raises(ValueError, match=r"workers 'many' is not a whole number; .* --workers 64"):
+        parse_workers("many")
+
+
+def test_json_output_has_every_method_split_and_a_recommendation(capsys) -> None:
+    out = _advise_json(
+        capsys,
+        "--params",
+        "25.6M",
+        "--workers",
+        "64",
+        "--link",
+        "10gbit",
+        "--latency",
+        "20us",
+        "--device",
+        "h200",
+        "--density",
+        "0.001",
+    )
+    assert out["inputs"] == {
+        "params": 25_600_000,
+        "workers": 64,
+        "link_bps": 10**10,
+        "latency_s": pytest.approx(20e-6),
+        "device": "h200",
+        "density": 0.001,
+    }
+    assert set(out["methods"]) == set(candidate_methods())
+    assert "gs-estimate" not in out["methods"]
+    for name, m in out["methods"].items():
+        assert m["total"] == pytest.approx(m["compute"] + m["communication"] - m["hidden"]), name
+        assert 0 <= m["hidden"] <= m["communication"]
+        assert m["compute"] == pytest.approx(m["fwdbwd"] + m["compression"])
+    rec = out["recommended"]
+    totals = {n: m["total"] for n, m in out["methods"].items()}
+    assert rec["name"] == min(totals, key=totals.__getitem__)
+    assert rec["seconds_per_step"] == pytest.approx(totals[rec["name"]])
+    assert rec["speedup_over_dense"] == pytest.approx(totals["dense"] / totals[rec["name"]])
+    assert rec["train_command"].startswith(f"gssgd train --method {rec['method']} --workers 64")
+    assert out["model_error"]["median_abs_rel_error"] == MEASURED_ERROR["median_abs_rel_error"]
+
+
+def test_the_recommendation_changes_with_the_link_rate(capsys) -> None:
+    base = ("--params", "124M", "--workers", "256", "--latency", "5us")
+    slow = _advise_json(capsys, *base, "--link", "1gbit")["recommended"]["name"]
+    fast = _advise_json(capsys, *base, "--link", "400gbit")["recommended"]["name"]
+    assert slow != fast
+    assert fast.startswith("dense")  # fast links: the all-reduce hides behind backward
+
+
+def test_a_measured_cell_gets_a_recommendation_within_10_percent_of_the_fastest(capsys) -> None:
+    """P = 4, d = 25M, 100 Mbit/s on this machine (docs/results/grid): measured gTop-k
+    1.57 s, local Top-k 1.79 s, gs with the ring 1.85 s, dense 13.5 s. With the run's own
+    measured latency (1.05 ms) and no backward the model ranks a Top-k method first."""
+    out = _advise_json(
+        capsys,
+        "--params",
+        "25M",
+        "--workers",
+        "4",
+        "--link",
+        "100mbit",
+        "--latency",
+        "1.05ms",
+        "--device",
+        "cpu",
+        "--compute-ms",
+        "0",
+    )
+    assert out["recommended"]["name"] in ("gtopk", "topk")
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (
+            ["--params", "25.6M", "--workers", "1", "--link", "10gbit"],
+            r"workers '1' is outside 2..65536",
+        ),
+        (
+            ["--params", "25.6M", "--workers", "8", "--link", "10gbps"],
+            r"link rate '10gbps' is not understood",
+        ),
+        (
+            ["--params", "25.6M", "--workers", "8", "--link", "800gbit"],
+            r"outside 1mbit..400gbit; give a rate in that range, e.g. --link 10gbit",
+        ),
+        (
+            ["--params", "25.6M", "--workers", "8", "--link", "10gbit", "--latency", "soon"],
+            r"latency 'soon' is not understood",
+        ),
+        (
+            ["--params", "2.5Q", "--workers", "8", "--link", "10gbit"],
+            r"parameter count '2.5Q' is not understood",
+        ),
+        (
+            ["--params", "25.6M", "--workers", "8", "--link", "10gbit", "--density", "2"],
+            r"density '2' must be a number in \(0, 1\]; e.g. --density 0.001",
+        ),
+        (
+            ["--params", "25.6M", "--workers", "8", "--link", "10gbit", "--device", "tpu"],
+            r"unknown device 'tpu'; known devices: cpu, h200",
+        ),
+        (
+            ["--params", "25.6M", "--workers", "8", "--link", "10gbit", "--compute-ms", "-3"],
+            r"--compute-ms '-3' must be a number of milliseconds in 0..3600000",
+        ),
+        (
+            ["--model", "vgg", "--workers", "8", "--link", "10gbit"],
+            r"unknown model 'vgg'; shipped models are .*gpt.* \(or give --params N instead\)",
+        ),
+        (
+            ["--params", "25.6M", "--workers", "8", "--link", "10gbit", "--methods", "gs,foo"],
+            r"unknown method\(s\) foo",
+        ),
+    ],
+)
+def test_bad_input_exits_2_with_the_value_the_range_and_the_fix(argv, message, capsys) -> None:
+    assert main(["advise", *argv]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("gssgd advise: error:")
+    assert re.search(message, err), err
+
+
+def test_params_or_model_is_required(capsys) -> None:
+    with pytest.raises(SystemExit) as info:
+        main(["advise", "--workers", "8", "--link", "10gbit"])
+    assert info.value.code == 2
+    assert "one of the arguments --params --model is required" in capsys.readouterr().err
+
+
+def test_text_report_shows_the_split_the_commands_and_the_error(capsys) -> None:
+    assert (
+        main(
+            [
+                "advise",
+                "--model",
+                "gpt",
+                "--workers",
+                "4",
+                "--link",
+                "100mbit",
+                "--device",
+                "cpu",
+                "--latency",
+                "1ms",
+            ]
+        )
+        == 0
+    )
+    text = capsys.readouterr().out
+    assert f"--model gpt ({model_params('gpt'):,} parameters)" in text
+    for column in ("step ms", "compute", "comm", "hidden", "pattern", "overlap"):
+        assert column in text
+    assert "recommended:" in text and "train:     gssgd train --method" in text
+    assert "DDP:       state = HookState(" in text
+    assert "model error (held out" in text
+
+
+def test_hook_call_and_train_command_carry_a_variants_options() -> None:
+    a = advise(
+        params=25_600_000,
+        workers=16,
+        link=Link(10**9, 20e-6),
+        device=get_device("h200"),
+        methods=["gs-half", "gs-backend", "dense16"],
+    )
+    by_name = {c.name: c for c in a.candidates}
+    assert "--table-dtype float16" in a.train_command(by_name["gs-half"])
+    assert "table_dtype=torch.float16" in a.hook_call(by_name["gs-half"])
+    assert "--allreduce backend" in a.train_command(by_name["gs-backend"])
+    assert "--payload-dtype float16" in a.train_command(by_name["dense16"])
+    assert "--density" not in a.train_command(by_name["dense16"])
+    # the printed call builds: evaluate it with HookState and torch in scope
+    import torch
+
+    state = eval(a.hook_call(by_name["gs-half"]), {"HookState": HookState, "torch": torch})
+    assert isinstance(state, HookState)
+
+
+def test_measured_error_matches_the_committed_check() -> None:
+    if not CHECK.exists():
+        pytest.skip("docs/results/cost_cluster/check.json is not in this checkout")
+    record = json.loads(CHECK.read_text())
+    summary = record["summary"]
+    assert MEASURED_ERROR["points"] == summary["n"]
+    assert MEASURED_ERROR["median_abs_rel_error"] == pytest.approx(
+        summary["median_abs_rel_error"], abs=5e-4
+    )
+    assert MEASURED_ERROR["max_abs_rel_error"] == pytest.approx(
+        summary["max_abs_rel_error"], abs=5e-4
+    )
+    assert MEASURED_ERROR["runs"] == len(record["runs"])
+    assert MEASURED_ERROR["recommended_within_10pct"] == record["recommended_within_10pct"]
