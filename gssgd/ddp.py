@@ -69,6 +69,7 @@ from torch.optim.optimizer import register_optimizer_step_pre_hook
 
 from gssgd.aggregators import AGGREGATORS, Aggregator, StepStats, build_options, make_aggregator
 from gssgd.comm import Communicator
+from gssgd.ddp_stream import check_overlap, stream_hook
 
 __all__ = ["HookState", "comm_hook"]
 
@@ -123,6 +124,8 @@ class HookSettings:
         start_iter: the first compressed iteration (>= 1); earlier ones all-reduce densely.
         whole_model: compress the whole gradient as one vector instead of bucket by bucket.
         options: the method's options (``k``, ``rows``, ``cols``, ``momentum``, ...).
+        overlap: "none", or "stream" (whole-model gs only) to all-reduce the sketch bucket
+            by bucket during backward (:mod:`gssgd.ddp_stream`).
 
     Raises:
         ValueError: any setting out of range, naming the value, the range and the fix.
@@ -133,6 +136,7 @@ class HookSettings:
     start_iter: int = 2
     whole_model: bool = False
     options: dict[str, Any] = field(default_factory=dict)
+    overlap: str = "none"
 
     def __post_init__(self) -> None:
         if self.method not in AGGREGATORS:
@@ -159,6 +163,7 @@ class HookSettings:
         # Validate density and every option against a dummy length that admits k; k is
         # resolved again for each vector's real length when it is first compressed.
         build_options(self.method, k if k is not None else 1, self.density, **self.options)
+        check_overlap(self.overlap, self.method, self.whole_model, self.options)
 
     def check_k(self, d: int, where: str) -> None:
         """Raise a clear error when an explicit ``k`` exceeds the vector length ``d``.
@@ -294,9 +299,12 @@ class HookState:
         whole_model: bool = False,
         group: dist.ProcessGroup | None = None,
         model: nn.Module | None = None,
+        overlap: str = "none",
         **options: Any,
     ) -> None:
-        self.settings = HookSettings(method, density, start_iter, whole_model, dict(options))
+        self.settings = HookSettings(
+            method, density, start_iter, whole_model, dict(options), overlap
+        )
         self.group = group
         self._reset()
         self._watch_recipe()
@@ -342,6 +350,7 @@ class HookState:
         self._stats: _IterationStats | None = None
         self._session_iters = 0  # iterations seen in this process (not saved)
         self._comm: Communicator | None = None  # the warm-up's accounted all-reduce
+        self._stream: Any = None  # overlap="stream": gssgd.ddp_stream's session
 
     # ------------------------------------------------------------------ settings
     @property
@@ -364,11 +373,17 @@ class HookState:
     def options(self) -> dict[str, Any]:
         return dict(self.settings.options)
 
+    @property
+    def overlap(self) -> str:
+        return self.settings.overlap
+
     def __repr__(self) -> str:
         opts = "".join(f", {k}={v!r}" for k, v in self.settings.options.items())
         return (
             f"HookState({self.method!r}, density={self.density!r}, start_iter="
-            f"{self.start_iter}, whole_model={self.whole_model}{opts}; iter={self.iter})"
+            f"{self.start_iter}, whole_model={self.whole_model}"
+            + (f", overlap={self.overlap!r}" if self.overlap != "none" else "")
+            + f"{opts}; iter={self.iter})"
         )
 
     def bind(self, model: nn.Module) -> "HookState":
@@ -405,6 +420,8 @@ class HookState:
         buckets = {i: dict(sd) for i, sd in self._saved.items()}
         buckets.update({i: agg.state_dict() for i, agg in self._aggregators.items()})
         return {
+            # "overlap" only when streaming: absent means "none" (and older checkpoints)
+            **({"overlap": self.overlap} if self.overlap != "none" else {}),
             "iter": self.iter,
             "method": self.method,
             "whole_model": self.whole_model,
@@ -438,6 +455,12 @@ class HookState:
             raise ValueError(
                 f"cannot load a hook state saved with whole_model={bool(sd['whole_model'])} "
                 f"into a HookState with whole_model={self.whole_model}; use the same mode."
+            )
+        if sd.get("overlap", "none") != self.overlap:
+            raise ValueError(
+                f"cannot load a hook state saved with overlap={sd.get('overlap', 'none')!r} "
+                f"into a HookState with overlap={self.overlap!r}: their residuals are in "
+                "different orders. Use the same overlap."
             )
         if not _is_int(sd["iter"]) or sd["iter"] < 0:
             raise ValueError(f"iter={sd['iter']!r} in the state is invalid: it must be >= 0.")
@@ -666,6 +689,8 @@ def comm_hook(state: HookState, bucket: dist.GradBucket) -> torch.futures.Future
         ...     loss_fn(ddp_model(x), y).backward()  # grads are gs-SGD's averaged update
         ...     optimizer.step()
     """
+    if state.overlap == "stream":
+        return stream_hook(state, bucket)  # gssgd.ddp_stream: sketch regions during backward
     if not state._compressing():
         fut = state._allreduce_mean(bucket.buffer())
     elif not state.whole_model:

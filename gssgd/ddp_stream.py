@@ -1,0 +1,484 @@
+"""Streaming gs-SGD in the DDP hook: each bucket's sketch is all-reduced during backward.
+
+Whole-model gs (``HookState("gs", whole_model=True)``) waits for DDP's last bucket before it
+sketches anything, because one hash spreads every bucket over the whole table. A Count
+Sketch is linear, so the table can instead be **partitioned by bucket**
+(:class:`~gssgd.partitioned_sketch.PartitionedSketch`): bucket ``b`` hashes only into its
+own region, which is final as soon as DDP hands the bucket over and can be sent while
+backward still computes the earlier layers' gradients. Selected with
+``HookState("gs", whole_model=True, overlap="stream")`` or ``gssgd train --overlap stream``.
+
+Algorithm, per compressed iteration (every rank runs the collectives in the same order,
+as DDP hands the buckets over in index order):
+
+1. Bucket ``b`` arrives (``comm_hook``): ``a_b = e_b + g_b`` (with momentum
+   ``u_b = rho * u_b + g_b``, ``a_b = e_b + u_b``), sketch ``a_b`` into region ``b``, and
+   start the region's all-reduce with ``async_op=True``, chained on its future
+   (``get_future().then(...)``). The bucket gets a pending future.
+2. The last bucket: wait for every region's sum, then, as whole-model gs does: the
+   all-gather of the non-finite flag (and the ``nonfinite`` policy), the ``m * k``
+   candidates over the whole table (one global selection, ties to the lower index), the
+   exact round, the top ``k``, the update ``/ P`` and error feedback ``e = a`` with the
+   ``k`` coordinates zeroed.
+3. Every bucket's buffer receives its slice of the update and every pending future
+   completes; DDP then writes ``param.grad``.
+
+Differences from whole-model gs, by design:
+
+* The regions are summed with the backend's all-reduce (ring, counted ``2(P-1)/P`` of
+  the region's bytes), the only one that runs asynchronously; ``allreduce=`` still
+  chooses how the exact round and the guard's audits are summed.
+* The residual is kept in bucket order (bucket index, then DDP's order inside it), like
+  per-bucket mode: a resume needs the same bucket layout (same model and
+  ``bucket_cap_mb``). The layout is recorded in a dense iteration, so each process runs
+  two dense iterations before it streams (DDP's first, whose layout DDP rebuilds, and the
+  first on the rebuilt layout), also when resuming.
+* ``local_clip`` needs the whole gradient's norm before the first bucket is sketched and
+  is refused with ``overlap="stream"``.
+
+The time the last bucket waits for the regions is the communication backward did not
+hide; :attr:`StreamingGS.last_overlap` reports it per iteration.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import torch
+import torch.distributed as dist
+
+from gssgd._select import topk_indices
+from gssgd.aggregators import build_options
+from gssgd.aggregators.gs import GlobalSketchSGD
+from gssgd.aggregators.options import GSOptions
+from gssgd.comm import Traffic, recursive_doubling, ring_allreduce
+from gssgd.partitioned_sketch import PartitionedSketch, region_columns
+
+if TYPE_CHECKING:
+    from gssgd.ddp import HookState
+
+__all__ = ["OVERLAP_MODES", "OverlapStats", "StreamingGS", "check_overlap", "stream_hook"]
+
+#: The values of ``HookState(..., overlap=)`` and ``gssgd train --overlap``.
+OVERLAP_MODES: tuple[str, ...] = ("none", "stream")
+
+#: A bucket layout, one entry per parameter: ``[position in the model (-1 unbound), numel]``.
+_Layout = list[list[int]]
+
+
+def check_overlap(overlap: object, method: str, whole_model: bool, options: dict) -> None:
+    """Validate ``overlap`` against the method and mode (no process group needed).
+
+    Raises:
+        ValueError: an unknown value, or ``"stream"`` with anything but whole-model gs
+            without ``local_clip``; the message names the value and the fix.
+    """
+    if overlap not in OVERLAP_MODES:
+        raise ValueError(
+            f"overlap={overlap!r} is invalid: it must be one of {', '.join(OVERLAP_MODES)}. "
+            "'stream' all-reduces gs's sketch bucket by bucket during backward; 'none' "
+            "communicates after the last bucket."
+        )
+    if overlap == "none":
+        return
+    if method != "gs":
+        raise ValueError(
+            f"overlap='stream' is for method 'gs' only (got {method!r}): it relies on the "
+            "Count Sketch being linear. Use overlap='none' with other methods."
+        )
+    if not whole_model:
+        raise ValueError(
+            "overlap='stream' streams whole-model gs (one global selection); pass "
+            "whole_model=True (gssgd train: drop --per-bucket), or overlap='none'."
+        )
+    if options.get("local_clip") is not None:
+        raise ValueError(
+            f"local_clip={options['local_clip']!r} cannot be used with overlap='stream': "
+            "clipping needs the whole gradient's norm before the first bucket is sent. "
+            "Drop local_clip or use overlap='none'."
+        )
+
+
+@dataclass
+class OverlapStats:
+    """How much of one iteration's region communication backward hid.
+
+    Attributes:
+        regions: region all-reduces in the iteration.
+        seconds_span: from the first region's start to the last region's completion.
+        seconds_exposed: how long the last bucket waited for the regions (not hidden).
+    """
+
+    regions: int = 0
+    seconds_span: float = 0.0
+    seconds_exposed: float = 0.0
+
+    @property
+    def hidden_fraction(self) -> float:
+        """``1 - exposed / span`` (1.0 when nothing was sent)."""
+        if self.seconds_span <= 0:
+            return 1.0
+        return max(0.0, 1.0 - self.seconds_exposed / self.seconds_span)
+
+
+def stream_traffic(
+    region_cols: list[int], k: int, d: int, options: GSOptions, world_size: int
+) -> Traffic:
+    """What one streaming step moves: the flag all-gather, one ring all-reduce per region
+    (``rows * c_b`` entries of ``table_dtype``) and, with ``exact``, the candidates' round
+    (``allreduce=``'s pattern), as :meth:`GlobalSketchSGD.traffic` counts whole-model gs."""
+    out = GlobalSketchSGD.control_traffic(world_size)
+    for c in region_cols:
+        out = out + ring_allreduce(options.rows * c * options.table_dtype.itemsize, world_size)
+    if options.exact:
+        reduce = ring_allreduce if options.allreduce == "backend" else recursive_doubling
+        out = out + reduce(options.num_candidates(k, d) * 4, world_size)
+    return out
+
+
+class _Iteration:
+    """One compressed iteration in flight: what the buckets have delivered so far."""
+
+    def __init__(self, sketch: PartitionedSketch, candidates: int, d: int,
+                 like: torch.Tensor, state_dtype: torch.dtype, momentum: bool) -> None:
+        self.sketch, self.candidates = sketch, candidates
+        self.grad = torch.empty(d, dtype=like.dtype, device=like.device)
+        self.accumulated = torch.empty(d, dtype=state_dtype, device=like.device)
+        self.momentum = torch.empty_like(self.accumulated) if momentum else None
+        self.payloads: list[torch.Tensor] = []
+        self.futures: list[torch.futures.Future[torch.Tensor]] = []
+        self.started: list[float] = []
+        self.done: list[float] = []
+        self.seconds_compress = 0.0
+        self.next = 0  # the next region expected
+
+
+class StreamingGS(GlobalSketchSGD):
+    """gs-SGD over a table partitioned by DDP bucket, one region's all-reduce per bucket.
+
+    The same options, error feedback, guard, non-finite policy and statistics as
+    :class:`~gssgd.aggregators.gs.GlobalSketchSGD`; only the table's layout and the
+    timing of its all-reduce differ. Driven by :func:`stream_hook`: :meth:`add_bucket`
+    for each bucket in index order, then :meth:`finish`.
+
+    Args:
+        sizes: the buckets' lengths, in bucket order (they sum to ``d``).
+        d, k, options, group: as for :class:`GlobalSketchSGD` (``d = sum(sizes)``).
+
+    Raises:
+        ValueError: fewer columns than buckets, or ``d != sum(sizes)``.
+    """
+
+    def __init__(self, sizes: list[int], d: int, k: int, options: GSOptions,
+                 group: dist.ProcessGroup | None = None) -> None:
+        if sum(sizes) != d:
+            raise ValueError(f"the bucket sizes {sizes} sum to {sum(sizes)}, not d={d}")
+        self.sizes = list(sizes)
+        region_columns(self.sizes, options.cols)  # a clear error before any collective
+        super().__init__(d, k, options, group)
+        self._it: _Iteration | None = None
+        self.last_overlap = OverlapStats()
+
+    def _build_sketch(self, cols: int) -> None:
+        self.cols = cols
+        self.sketch = self._partitioned(cols)  # type: ignore[assignment]
+
+    def _partitioned(self, cols: int) -> PartitionedSketch:
+        return PartitionedSketch(
+            self.sizes, cols, lambda n, c: self.options.make_sketch(n, self.hashes, c)
+        )
+
+    def agreement_fields(self) -> dict[str, Any]:
+        return {**super().agreement_fields(), "regions": self.sizes, "overlap": "stream"}
+
+    def state_dict(self) -> dict[str, Any]:
+        """Adds the bucket sizes the regions were cut for."""
+        return {**super().state_dict(), "regions": list(self.sizes)}
+
+    def load_state_dict(self, sd: dict[str, Any]) -> None:
+        """Raises:
+        ValueError: the state was saved for other bucket sizes."""
+        saved = [int(n) for n in sd.get("regions", self.sizes)]
+        if saved != self.sizes:
+            raise ValueError(
+                f"the saved streaming state was cut for buckets of sizes {saved}, but DDP's "
+                f"buckets now have sizes {self.sizes}; resume with the same model and "
+                "bucket_cap_mb."
+            )
+        super().load_state_dict(sd)
+
+    # ------------------------------------------------------------------ streaming step
+    def add_bucket(self, index: int, grad: torch.Tensor) -> None:
+        """Sketch bucket ``index``'s gradient into its region and start its all-reduce.
+
+        Raises:
+            ValueError: a bucket out of order or of the wrong size.
+        """
+        if self._it is None:
+            self._it = self._begin_iteration(grad)
+        it = self._it
+        if index != it.next or grad.numel() != self.sizes[index]:
+            self._it = None
+            raise ValueError(
+                f"streaming gs expected bucket {it.next} of {self.sizes[it.next]} elements "
+                f"but got bucket {index} of {grad.numel()}: DDP's bucket layout changed "
+                "since it was recorded. Keep the model and bucket_cap_mb fixed, or use "
+                "overlap='none'."
+            )
+        start = time.perf_counter()
+        part = it.sketch.piece(index)
+        it.grad[part].copy_(grad)
+        g = grad.to(it.accumulated.dtype)
+        if self.residual is None:
+            self.residual = torch.zeros_like(it.accumulated)
+        elif self.residual.device != g.device or self.residual.dtype != g.dtype:
+            self.residual = self.residual.to(g.device, g.dtype)
+        if it.momentum is not None:  # u = rho * u + g, as Aggregator._error_compensated
+            if self.momentum_buffer is None:
+                self.momentum_buffer = torch.zeros_like(it.accumulated)
+            self.momentum_buffer = self.momentum_buffer.to(g.device, g.dtype)
+            torch.mul(self.momentum_buffer[part], self.options.momentum, out=it.momentum[part])
+            it.momentum[part].add_(g)
+            g = it.momentum[part]
+        torch.add(self.residual[part], g, out=it.accumulated[part])
+        it.sketch.accumulate(index, it.accumulated[part])
+        region = it.sketch.region_table(index)
+        wire = self.options.table_dtype
+        payload = region if wire == region.dtype else (region / self.world_size).to(wire)
+        it.seconds_compress += time.perf_counter() - start
+        it.payloads.append(payload)
+        it.started.append(time.perf_counter())
+        it.futures.append(self.comm.allreduce_backend_async(payload).then(self._stamp(it)))
+        it.next += 1
+
+    @staticmethod
+    def _stamp(it: _Iteration):
+        def done(fut: torch.futures.Future[torch.Tensor]) -> torch.Tensor:
+            it.done.append(time.perf_counter())
+            return fut.value()
+
+        return done
+
+    def _begin_iteration(self, grad: torch.Tensor) -> _Iteration:
+        """The first bucket: agree on the settings (once), pick this step's sketch."""
+        if not self._agreed:
+            self._check_agreement(grad.device)
+            self._agreed = True
+        self.comm.take_stats()
+        self.step_k = self._warmup.k_at(self.steps)
+        dtype = torch.promote_types(grad.dtype, torch.float32)  # the residual's dtype
+        if self.step_k == self.k:
+            self._warm_sketches.clear()
+            self.sketch = self.sketch.to(grad.device, dtype).zero_()
+            sketch, candidates = self.sketch, self.num_candidates
+        else:  # a density warm-up step: a wider sketch, cut the same way
+            cols, candidates = self.options.warmup_shape(
+                self.d, self.k, self.step_k, self.cols, self.num_candidates
+            )
+            warm = self._warm_sketches
+            if cols not in warm:
+                warm[cols] = self._partitioned(cols)  # type: ignore[assignment]
+            warm[cols] = warm[cols].to(grad.device, dtype).zero_()
+            sketch = warm[cols]
+        return _Iteration(sketch, candidates, self.d, grad, dtype,  # type: ignore[arg-type]
+                          self.options.momentum > 0)
+
+    def finish(self) -> torch.Tensor:
+        """After the last bucket: wait for the regions, select, exact round, update.
+
+        Returns:
+            The averaged update of the whole (bucket-ordered) vector, the same on every rank.
+
+        Raises:
+            RuntimeError: not every bucket was added.
+            FloatingPointError: as :meth:`GlobalSketchSGD.step` (``nonfinite="raise"``).
+        """
+        it, self._it = self._it, None
+        if it is None or it.next != len(self.sizes):
+            got = 0 if it is None else it.next
+            raise RuntimeError(f"streaming gs got {got} of {len(self.sizes)} buckets")
+        wait_start = time.perf_counter()
+        for fut in it.futures:
+            fut.wait()
+        exposed = time.perf_counter() - wait_start
+        self.last_overlap = OverlapStats(
+            len(it.futures), max(it.done + [wait_start]) - it.started[0], exposed
+        )
+        regions = self.comm.take_stats()
+        regions.seconds += exposed
+        skipped = self._begin(it.grad)  # the non-finite flag and policy, as one step
+        if skipped is not None:
+            for name in ("bytes_sent", "bytes_received", "messages", "rounds"):
+                setattr(self.last_stats, name,
+                        getattr(self.last_stats, name) + getattr(regions, name))
+            self.last_stats.seconds_communicate += regions.seconds
+            return skipped
+        self.comm.stats.add(regions)
+        self._timings["compress"] += it.seconds_compress
+        k, summed, accumulated = self.step_k, it.sketch, it.accumulated
+        with self._timed("decompress"):
+            for b, payload in enumerate(it.payloads):
+                if payload.dtype != accumulated.dtype:
+                    summed.region_table(b).copy_(payload.to(accumulated.dtype).mul_(self.world_size))
+        if it.momentum is not None:
+            self.momentum_buffer = it.momentum
+
+        audit = self.options.guard != "off" and self.guard.due() and k == self.k
+        if audit:
+            exact_global = self.comm.allreduce_backend(accumulated.clone())
+        if self.options.exact:
+            with self._timed("decompress"):
+                candidates = summed.heavy_hitters(it.candidates)[0]
+            exact = self._allreduce(accumulated[candidates])
+            with self._timed("decompress"):
+                keep = topk_indices(exact.abs(), k)
+                chosen, values = candidates[keep], exact[keep]
+        else:
+            with self._timed("decompress"):
+                cand, est = summed.heavy_hitters(k)
+                chosen, values = cand, est
+        with self._timed("decompress"):
+            update = torch.zeros_like(accumulated)
+            update[chosen] = values / self.world_size
+            self._keep_residual(accumulated, chosen)
+            mass = float(values.double().pow(2).sum())
+            total = summed.l2_estimate() ** 2
+            delivered = mass / total if total > 0 else 1.0
+        if audit:
+            best = exact_global[topk_indices(exact_global.abs(), k)]
+            best_mass = float(best.double().pow(2).sum())
+            if self.guard.collapsed(mass / best_mass if best_mass > 0 else 1.0):
+                self._on_collapse(self.guard.last_recall or 0.0)
+        if k == self.k:
+            self.guard.advance()
+        return self._finish(update.to(it.grad.dtype), delivered_fraction=delivered)
+
+    def abandon(self) -> None:
+        """Drop an iteration in flight (a failed or abandoned backward)."""
+        self._it = None
+
+
+# ---------------------------------------------------------------------- the hook's part
+def _future(device: torch.device) -> torch.futures.Future[torch.Tensor]:
+    return torch.futures.Future(devices=[device] if device.type != "cpu" else None)
+
+
+def _done(tensor: torch.Tensor) -> torch.futures.Future[torch.Tensor]:
+    fut = _future(tensor.device)
+    fut.set_result(tensor)
+    return fut
+
+
+class StreamSession:
+    """What :func:`stream_hook` keeps on a :class:`~gssgd.ddp.HookState` between calls:
+    the bucket layout recorded in the last dense iteration and the buckets in flight."""
+
+    def __init__(self) -> None:
+        self.recording: dict[int, _Layout] = {}
+        self.recorded: list[_Layout] | None = None
+        self.pending: list[tuple[torch.Tensor, torch.futures.Future[torch.Tensor]]] = []
+
+    def fail_pending(self, exc: BaseException) -> None:
+        for _, fut in self.pending:
+            if not fut.done():
+                fut.set_exception(exc)
+        self.pending = []
+
+
+def _session(state: HookState) -> StreamSession:
+    session = getattr(state, "_stream", None)
+    if session is None:
+        session = state._stream = StreamSession()
+    return session
+
+
+def _aggregator(state: HookState, layouts: list[_Layout]) -> StreamingGS:
+    """The streaming aggregator (created on first use, with any loaded state)."""
+    agg = state._aggregators.get(0)
+    flat = [entry for layout in layouts for entry in layout]
+    if isinstance(agg, StreamingGS):
+        if state._layouts.get(0) != flat:
+            raise ValueError(
+                "DDP's bucket layout changed after streaming gs had started; keep the model "
+                "and bucket_cap_mb fixed, or use overlap='none'."
+            )
+        return agg
+    sizes = [sum(n for _, n in layout) for layout in layouts]
+    d = sum(sizes)
+    known = state._layouts.get(0)
+    if known is not None and known != flat:
+        raise ValueError(
+            "the saved streaming residual is for another bucket layout (parameters "
+            f"{[p for p, _ in known][:8]}...), DDP now has {[p for p, _ in flat][:8]}...; "
+            "resume with the same model and bucket_cap_mb."
+        )
+    state.settings.check_k(d, "the whole model")
+    _, k, options = build_options("gs", d, state.density, **state.settings.options)
+    agg = StreamingGS(sizes, d, k, options, state.group)
+    if 0 in state._saved:
+        agg.load_state_dict(state._saved.pop(0))
+    state._aggregators[0] = agg
+    state._layouts[0] = flat
+    return agg
+
+
+def stream_hook(state: HookState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
+    """:func:`gssgd.ddp.comm_hook` for ``overlap="stream"`` (see the module docstring).
+
+    Dense iterations (``iter < start_iter``, and a process's first two iterations) average
+    the bucket with the backend's all-reduce and record the bucket layout; compressed ones
+    stream the bucket's sketch region and complete every bucket's future at the last one.
+    """
+    session = _session(state)
+    index, buffer = bucket.index(), bucket.buffer()
+    layout = state._layout(bucket.parameters())
+    streaming = state.iter >= state.start_iter and session.recorded is not None
+    if not streaming:
+        session.recording[index] = layout
+        fut = state._allreduce_mean(buffer)
+        if bucket.is_last():
+            if state._session_iters >= 1:  # DDP's own first iteration has a provisional layout
+                session.recorded = [session.recording[i] for i in sorted(session.recording)]
+            session.recording = {}
+            state._end_iteration()
+        return fut
+    try:
+        assert session.recorded is not None
+        if index == 0 and session.pending:  # a backward was abandoned half way
+            session.fail_pending(RuntimeError("an earlier backward pass did not finish"))
+            agg = state._aggregators.get(0)
+            if isinstance(agg, StreamingGS):
+                agg.abandon()
+            state._stats = None
+        if index >= len(session.recorded) or session.recorded[index] != layout:
+            raise ValueError(
+                f"bucket {index} holds {layout} but the recorded layout has "
+                f"{session.recorded[index] if index < len(session.recorded) else 'no such bucket'}"
+                "; DDP's buckets changed after they were recorded. Keep the model and "
+                "bucket_cap_mb fixed, or use overlap='none'."
+            )
+        agg = _aggregator(state, session.recorded)
+        agg.add_bucket(index, buffer)
+        if not bucket.is_last():
+            fut = _future(buffer.device)
+            session.pending.append((buffer, fut))
+            return fut
+        update = agg.finish()
+        state._iteration_stats().add(agg.last_stats)
+        pieces = update.split(agg.sizes)
+        buffers = [b for b, _ in session.pending] + [buffer]
+        for buf, piece in zip(buffers, pieces, strict=True):
+            buf.copy_(piece)
+    except BaseException as exc:
+        session.fail_pending(exc)  # never leave DDP waiting on a future forever
+        agg = state._aggregators.get(0)
+        if isinstance(agg, StreamingGS):
+            agg.abandon()
+        raise
+    for buf, fut in session.pending:
+        fut.set_result(buf)
+    session.pending = []
+    state._end_iteration()
+    return _done(buffer)
