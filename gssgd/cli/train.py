@@ -194,6 +194,10 @@ def _aggregation_flags(parser: argparse.ArgumentParser) -> None:
                      help="steps of plain all-reduce before compression starts (default 2)")
     agg.add_argument("--per-bucket", action="store_true",
                      help="compress each DDP bucket apart instead of the whole model at once")
+    agg.add_argument("--overlap", choices=("none", "stream"), default=None,
+                     help=f"{_applies('overlap')}: 'stream' cuts the sketch table by DDP bucket "
+                     "and all-reduces each bucket's part during backward (default none: after "
+                     "the last bucket)")
     agg.add_argument("--bucket-cap-mb", type=float, default=None,
                      help="DDP bucket size in MB (default: DDP's 25); smaller buckets let a "
                      "per-bucket hook overlap communication with the backward pass")

@@ -62,7 +62,11 @@ METHOD_SETTINGS: tuple[str, ...] = (
     "powersgd_rank",
     "start_iter",
     "per_bucket",
+    "overlap",
 )
+#: Method-specific TrainConfig fields that are neither options nor hook settings, and the
+#: methods that take them.
+_ONLY_FOR: dict[str, tuple[str, ...]] = {"overlap": ("gs",)}
 
 
 def flag(name: str) -> str:
@@ -78,6 +82,8 @@ def setting_applies_to(name: str) -> tuple[str, ...]:
     """The registered methods a TrainConfig field applies to (every method for generic ones)."""
     if name not in METHOD_SETTINGS:
         return tuple(METHODS)
+    if name in _ONLY_FOR:
+        return tuple(m for m in _ONLY_FOR[name] if m in METHODS)
     return applies_to(_OPTION_NAMES.get(name, name))
 
 
@@ -176,6 +182,7 @@ class TrainConfig:
     powersgd_rank: int | None = None  # powersgd: matrix approximation rank (default 2)
     start_iter: int | None = None  # steps of plain all-reduce before compression (default 2)
     per_bucket: bool = False  # aggregate each DDP bucket apart, not the whole model at once
+    overlap: str | None = None  # gs: "stream" all-reduces the sketch bucket by bucket in backward
     bucket_cap_mb: float | None = None  # DDP's bucket size in MB (None: DDP's default, 25)
     # -- output
     out: str | None = None  # run directory; None: runs/<method>-<dataset>-<time>
@@ -265,6 +272,7 @@ class TrainConfig:
                 start_iter=self.resolved_start_iter,
                 whole_model=not self.per_bucket,
                 options=self.aggregator_options(),
+                overlap=self.overlap or "none",
             )
         except ValueError as err:
             raise ValueError(f"{_as_flags(str(err))} (--method {self.method})") from None
