@@ -56,12 +56,14 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 __all__ = [
+    "CUDA_BACKEND_ENV",
     "DEVICES",
     "LEAVE_GRACE_S",
     "Worker",
     "WorkerFailed",
     "is_user_error",
     "launch",
+    "cuda_backend",
     "resolve_device_kind",
     "torchrun_world_size",
     "under_torchrun",
@@ -69,6 +71,11 @@ __all__ = [
 
 #: What ``--device`` accepts.
 DEVICES: tuple[str, ...] = ("auto", "cpu", "cuda")
+#: The process group backend of ``--device cuda``: ``nccl`` (default; one GPU per worker)
+#: or ``gloo`` (CUDA tensors over gloo; workers may share a GPU, worker i on GPU
+#: i mod count: how ``scripts/gpu_check.sh`` runs 2 and 4 workers on one GPU, which NCCL
+#: refuses). gloo moves CUDA tensors only in all-reduce and broadcast, not point to point.
+CUDA_BACKEND_ENV = "GSSGD_CUDA_BACKEND"
 
 _TORCHRUN_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK")
 _RESULT_FILE = "rank0-result.pkl"
@@ -126,6 +133,21 @@ def torchrun_world_size() -> int | None:
     return int(os.environ["WORLD_SIZE"]) if under_torchrun() else None
 
 
+def cuda_backend() -> str:
+    """``GSSGD_CUDA_BACKEND`` (``nccl`` unless set), validated.
+
+    Raises:
+        ValueError: the variable holds something other than ``nccl`` or ``gloo``.
+    """
+    value = os.environ.get(CUDA_BACKEND_ENV, "nccl").strip().lower() or "nccl"
+    if value not in ("nccl", "gloo"):
+        raise ValueError(
+            f"{CUDA_BACKEND_ENV}={value!r} is invalid: use nccl (one GPU per worker) or gloo "
+            "(workers may share a GPU)"
+        )
+    return value
+
+
 def resolve_device_kind(device: str, world_size: int) -> str:
     """``"cpu"`` or ``"cuda"`` for ``--device``, checked against this machine.
 
@@ -146,7 +168,7 @@ def resolve_device_kind(device: str, world_size: int) -> str:
                 "--device cuda: this torch build or machine has no CUDA device; use --device cpu"
             )
         per_node = int(os.environ.get("LOCAL_WORLD_SIZE", world_size))
-        if per_node > torch.cuda.device_count():
+        if cuda_backend() == "nccl" and per_node > torch.cuda.device_count():
             raise ValueError(
                 f"--device cuda: {per_node} workers on this node but only "
                 f"{torch.cuda.device_count()} GPU(s); NCCL needs one GPU per worker. Use fewer "
@@ -284,10 +306,10 @@ def _init(
     rank: int, world_size: int, local_rank: int, kind: str, timeout_s: float, store: Any
 ) -> Worker:
     """Initialise the default process group and say who this worker is."""
-    if kind == "cuda":
-        device = torch.device("cuda", local_rank)
+    if kind == "cuda":  # NCCL: local_rank < device_count was checked; gloo may share
+        device = torch.device("cuda", local_rank % torch.cuda.device_count())
         torch.cuda.set_device(device)
-        backend = "nccl"
+        backend = cuda_backend()
     else:
         device, backend = torch.device("cpu"), "gloo"
     dist.init_process_group(
