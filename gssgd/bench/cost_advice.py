@@ -17,13 +17,13 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
 from gssgd.bench.cost_check import ADVISE_EXCLUDES
-from gssgd.bench.cost_cluster import Link, StepTime, predict_step
+from gssgd.bench.cost_cluster import Link, StepTime, predict_step, stream_overlap_available
 from gssgd.bench.devices import Device
 from gssgd.bench.method_specs import VARIANTS, MethodSpec, method_spec
 from gssgd.methods import get_variant
@@ -106,9 +106,17 @@ MEASURED_ERROR: dict[str, Any] = {
 }
 
 
+#: gs streamed by the DDP hook: the table's regions all-reduced by the backend (a ring)
+#: during backward, then the exact round (also by the ring); a candidate when the hook can
+#: stream. Name -> (the benchmark variant it is modelled as, its hook settings).
+STREAM_CANDIDATE = ("gs-stream", "gs-backend", {"overlap": "stream"})
+
+
 def candidate_methods() -> tuple[str, ...]:
-    """The benchmark methods ``advise`` compares (registration order)."""
-    return tuple(n for n in VARIANTS if n not in ADVISE_EXCLUDES)
+    """The methods ``advise`` compares: the benchmark variants (registration order), then
+    ``gs-stream`` when the DDP hook can stream gs."""
+    names = tuple(n for n in VARIANTS if n not in ADVISE_EXCLUDES)
+    return names + ((STREAM_CANDIDATE[0],) if stream_overlap_available() else ())
 
 
 @dataclass(frozen=True)
@@ -118,6 +126,7 @@ class Candidate:
     name: str
     spec: MethodSpec
     step: StepTime
+    settings: dict[str, Any] = field(default_factory=dict)
 
     @property
     def method(self) -> str:
@@ -128,7 +137,7 @@ class Candidate:
         """The aggregator options this candidate sets away from its method's defaults."""
         base = method_spec(self.spec.aggregator, self.spec.d, k=self.spec.k).aggregator_options()
         mine = self.spec.aggregator_options()
-        return {k: v for k, v in mine.items() if base.get(k) != v}
+        return {k: v for k, v in mine.items() if base.get(k) != v} | self.settings
 
 
 @dataclass(frozen=True)
@@ -243,9 +252,13 @@ def advise(
     names = tuple(methods) if methods is not None else candidate_methods()
     out = []
     for name in names:
-        get_variant(name)  # a clear error for an unknown name
-        spec = method_spec(name, params, density)
-        step = predict_step(spec, workers, link, device, fwdbwd_s=fwdbwd_s)
-        out.append(Candidate(name, spec, step))
+        variant, settings, overlap = name, {}, None
+        if name == STREAM_CANDIDATE[0]:
+            _, variant, settings = STREAM_CANDIDATE
+            overlap = "table"
+        get_variant(variant)  # a clear error for an unknown name
+        spec = method_spec(variant, params, density)
+        step = predict_step(spec, workers, link, device, fwdbwd_s=fwdbwd_s, overlap=overlap)
+        out.append(Candidate(name, spec, step, dict(settings)))
     out.sort(key=lambda c: c.step.total)
     return Advice(tuple(out), params, workers, link, device, density)

@@ -28,9 +28,10 @@ One step of ``spec`` on ``P`` workers joined by links of rate ``R`` and latency 
 * Overlap (:func:`overlap_of`), the documented assumption: a method that sends every
   coordinate runs as DDP's bucketed all-reduce, which starts while backward still runs, so
   its communication hides up to the backward time; the compressed methods select over the
-  whole model and communicate after backward, hiding nothing; gs with a streaming layout
-  (``overlap="stream"``, once the aggregator has that option) hides its table all-reduce
-  (the exact round waits for the candidates, so it does not hide).
+  whole model and communicate after backward, hiding nothing; gs streamed by the DDP hook
+  (``HookState(..., overlap="stream")``: each bucket's region of the table is all-reduced
+  by the backend as soon as the bucket is sketched) hides its table all-reduce (the exact
+  round waits for the candidates, so it does not hide).
 
 Example:
     >>> spec = method_spec("gs", d=25_557_032, density=0.001)
@@ -189,17 +190,20 @@ def pattern_of(spec: MethodSpec) -> str:
 
 
 def stream_overlap_available() -> bool:
-    """Whether gs takes ``overlap="stream"`` (its options dataclass has the field)."""
-    cls = get_method("gs").aggregator
-    return cls is not None and "overlap" in {f.name for f in dataclasses.fields(cls.Options)}
+    """Whether the DDP hook can stream gs (``HookState(..., overlap="stream")``)."""
+    import inspect
+
+    from gssgd.ddp import HookState
+
+    return "overlap" in inspect.signature(HookState.__init__).parameters
 
 
-def overlap_of(spec: MethodSpec, *, stream: bool | None = None) -> str:
+def overlap_of(spec: MethodSpec, *, stream: bool = False) -> str:
     """How much of ``spec``'s communication can hide behind backward (see the module doc).
 
     Args:
         spec: the method.
-        stream: whether gs's streaming overlap is used (None: when it is available).
+        stream: whether gs is streamed by the DDP hook (``overlap="stream"``).
 
     Returns:
         ``"backward"`` (all of it: DDP's bucketed all-reduce of a method that sends every
@@ -209,8 +213,6 @@ def overlap_of(spec: MethodSpec, *, stream: bool | None = None) -> str:
     assert cls is not None
     if cls.sends_all:
         return "backward"
-    if stream is None:
-        stream = stream_overlap_available()
     if stream and spec.aggregator == "gs":
         return "table"
     return "none"

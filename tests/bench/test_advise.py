@@ -258,3 +258,22 @@ def test_measured_error_matches_the_committed_check() -> None:
     )
     assert MEASURED_ERROR["runs"] == len(record["runs"])
     assert MEASURED_ERROR["recommended_within_10pct"] == record["recommended_within_10pct"]
+
+
+def test_streamed_gs_is_a_candidate_that_hides_its_table_all_reduce() -> None:
+    a = advise(
+        params=25_600_000,
+        workers=16,
+        link=Link(10**10, 20e-6),
+        device=get_device("h200"),
+        methods=["gs-stream", "gs-backend"],
+    )
+    by_name = {c.name: c for c in a.candidates}
+    stream, ring = by_name["gs-stream"], by_name["gs-backend"]
+    assert stream.step.overlap == "table" and ring.step.overlap == "none"
+    assert stream.step.communication == pytest.approx(ring.step.communication)
+    assert 0 < stream.step.hidden < stream.step.communication
+    assert stream.step.total < ring.step.total
+    assert a.train_command(stream).endswith("--allreduce backend --overlap stream")
+    assert a.hook_call(stream).endswith("allreduce='backend', overlap='stream')")
+    assert "gs-stream" in candidate_methods()
