@@ -28,8 +28,8 @@ Sources (copied here: users have no ``../shared``):
   2026-11-30: compression constants and the software cost per byte from the cluster
   model's fit (:func:`gssgd.bench.cost_check.fit_cells`) on the bench comm runs of
   ``docs/results``; forward + backward of the wide ResNet (``--model wresnet``, 3.46M
-  parameters, batch 32 of 28x28) 0.27 s, fastest of 7 runs on a loaded machine
-  (``scripts/cost_map.py`` notes the command).
+  parameters, batch 32 of 28x28, one thread) 0.27 s, the faster of two timings taken while
+  other work ran (:data:`CPU_FWDBWD_S`).
 """
 
 from __future__ import annotations
