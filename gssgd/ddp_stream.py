@@ -42,8 +42,10 @@ hide; :attr:`StreamingGS.last_overlap` reports it per iteration.
 
 from __future__ import annotations
 
+import json
+import os
 import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -63,6 +65,10 @@ __all__ = ["OVERLAP_MODES", "OverlapStats", "StreamingGS", "check_overlap", "str
 
 #: The values of ``HookState(..., overlap=)`` and ``gssgd train --overlap``.
 OVERLAP_MODES: tuple[str, ...] = ("none", "stream")
+
+#: When this environment variable holds a path prefix, every streamed iteration appends its
+#: :class:`OverlapStats` as a JSON line to ``PREFIX.rankR.jsonl`` (scripts/overlap_study.sh).
+OVERLAP_LOG_ENV = "GSSGD_OVERLAP_LOG"
 
 #: A bucket layout, one entry per parameter: ``[position in the model (-1 unbound), numel]``.
 _Layout = list[list[int]]
@@ -306,6 +312,7 @@ class StreamingGS(GlobalSketchSGD):
         self.last_overlap = OverlapStats(
             len(it.futures), max(it.done + [wait_start]) - it.started[0], exposed
         )
+        self._log_overlap()
         regions = self.comm.take_stats()
         regions.seconds += exposed
         skipped = self._begin(it.grad)  # the non-finite flag and policy, as one step
@@ -354,6 +361,13 @@ class StreamingGS(GlobalSketchSGD):
         if k == self.k:
             self.guard.advance()
         return self._finish(update.to(it.grad.dtype), delivered_fraction=delivered)
+
+    def _log_overlap(self) -> None:
+        prefix = os.environ.get(OVERLAP_LOG_ENV)
+        if prefix:
+            with open(f"{prefix}.rank{self.rank}.jsonl", "a") as f:
+                line = {"step": self.steps, **asdict(self.last_overlap)}
+                f.write(json.dumps(line) + "\n")
 
     def abandon(self) -> None:
         """Drop an iteration in flight (a failed or abandoned backward)."""
