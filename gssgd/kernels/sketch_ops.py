@@ -20,8 +20,9 @@ from gssgd.kernels.hash import BLOCK, compact, params_tensor, row_value, signed_
 
 __all__ = ["candidates", "query", "sketch_accumulate"]
 
-_NAN = tl.PropagateNan.ALL  # torch.minimum/maximum propagate NaN; so must the networks
-
+#: torch.minimum/maximum propagate NaN, so the median networks must too (a constexpr global:
+#: what a compiled kernel may read).
+_NAN = tl.constexpr(tl.PropagateNan.ALL)
 
 @triton.jit(do_not_specialize=["d", "cols"])
 def _sketch_kernel(vec_ptr, acc_ptr, params_ptr, d, cols, ROWS: tl.constexpr, BLOCK: tl.constexpr):
@@ -69,7 +70,8 @@ def sketch_accumulate(
 def _median(table_ptr, params_ptr, idx, cols, mask, ROWS: tl.constexpr):
     """Median over rows of the signed bucket values: the min/max networks of
     :func:`gssgd.sketch.median_of_rows` for 1, 3 and 5 rows, else the order statistic by
-    counting (rows x rows comparisons; NaN if any row is NaN, as ``torch.median``)."""
+    counting (rows x rows comparisons; NaN if any row is NaN, as ``torch.median``).
+    The min/max propagate NaN, as torch.minimum/maximum do."""
     if ROWS == 1:
         med = row_value(table_ptr, params_ptr, idx, 0, cols, mask)
     elif ROWS == 3:
