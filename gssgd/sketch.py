@@ -351,8 +351,9 @@ class CountSketch:
         fused = kernels.use_kernels(self.table)  # screening and queries in Triton kernels
         if self._by_bucket is not None and not fused:
             return self._heavy_hitters_one_row(k, ordered)
-        if fused:
-            sample_abs = self.query(torch.arange(0, self.d, stride, device=self.device)).abs()
+        if fused:  # in range by construction: no index check (it would sync the GPU)
+            sample = torch.arange(0, self.d, stride, device=self.device)
+            sample_abs = kernels.query(self.table, self._params, self.d, sample).abs()
         else:
             if self._cache is not None:  # a strided view of the cache: no gather, no hashing
                 cached = self._cache if self._cache32 is None else self._cache32
@@ -365,8 +366,9 @@ class CountSketch:
         want = min(sample_abs.numel(), 2 * -(-k // stride) + 16)
         tau = torch.topk(sample_abs, want, sorted=False).values.min()
         majority = (self.rows + 1) // 2
-        if fused:
+        if fused:  # candidates lie in [0, d) by construction: queried without a check
             cand = kernels.candidates(self.table, self._params, self.d, tau, majority)
+            est = kernels.query(self.table, self._params, self.d, cand)
         else:
             heavy = torch.cat([self.table.abs() >= tau] * 2, dim=1).to(torch.uint8)
             survivors = []
@@ -376,7 +378,7 @@ class CountSketch:
                     votes += heavy[r].index_select(0, buckets[r])
                 survivors.append(torch.nonzero(votes >= majority).flatten() + part.start)
             cand = torch.cat(survivors)
-        est = self.query(cand) if cand.numel() else cand.to(self.table.dtype)
+            est = self.query(cand) if cand.numel() else cand.to(self.table.dtype)
         est_abs = est.abs()
         if int((est_abs >= tau).sum()) < k:
             est = self.query()
