@@ -350,6 +350,7 @@ class HookState:
         self._stats: _IterationStats | None = None
         self._session_iters = 0  # iterations seen in this process (not saved)
         self._comm: Communicator | None = None  # the warm-up's accounted all-reduce
+        self._grad_views: bool | None = None  # DDP's gradient_as_bucket_view, once seen
         self._stream: Any = None  # overlap="stream": gssgd.ddp_stream's session
 
     # ------------------------------------------------------------------ settings
@@ -583,6 +584,49 @@ class HookState:
 
         return fut.then(done)
 
+    def _note_grad_views(self, bucket: dist.GradBucket) -> None:
+        """Learn once whether DDP's ``.grad`` tensors are views of its buckets
+        (``gradient_as_bucket_view=True``), from a parameter autograd gave a gradient."""
+        if self._grad_views is not None:
+            return
+        storage = bucket.buffer().untyped_storage().data_ptr()
+        for p in bucket.parameters():
+            if p.grad is not None:
+                self._grad_views = p.grad.untyped_storage().data_ptr() == storage
+                return
+
+    def _hand_over_unused(
+        self, params: list[torch.Tensor], views: list[torch.Tensor], update: torch.Tensor
+    ) -> None:
+        """Give the parameters no rank used in this iteration their update in ``.grad``.
+
+        With ``find_unused_parameters=True`` (or ``static_graph=True``) DDP writes the
+        hook's result into ``param.grad`` only for parameters some rank used in the
+        iteration; the others keep their ``.grad`` (None after ``zero_grad()``). A dense
+        average is zero there, but a sparse method may deliver error-feedback residual to
+        such a parameter (gradient kept from an earlier step that used it), and its
+        aggregator has already taken that mass out of the residual: dropped by DDP, it
+        would be lost. So every parameter without a ``.grad`` when its bucket is reduced
+        (autograd gave it none since the last ``zero_grad()``: unused on this rank) and with
+        a non-zero update gets it here: a copy, or, with ``gradient_as_bucket_view=True``,
+        the bucket's view (which DDP fills with the result and requires). Where another
+        rank used the parameter, DDP then writes the same values again. A ``.grad`` zeroed
+        with ``zero_grad(set_to_none=False)`` does not look unused, and keeps DDP's rule.
+
+        Args:
+            params: the parameters of the update, in its order.
+            views: their gradients' views into DDP's bucket buffers, in the same order.
+            update: their averaged update, flat (what the hook returns for them).
+        """
+        offset = 0
+        for p, view in zip(params, views, strict=True):
+            n = p.numel()
+            if p.grad is None and self._grad_views is not None:
+                piece = update[offset : offset + n]
+                if bool(piece.count_nonzero()):  # a device sync, for unused parameters only
+                    p.grad = view.view_as(p) if self._grad_views else piece.clone().view_as(p)
+            offset += n
+
     def _per_bucket(self, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
         """Per-bucket mode: the bucket's own aggregator averages it."""
         index = bucket.index()
@@ -590,6 +634,7 @@ class HookState:
         layout = self._layout(bucket.parameters())
         agg = self._aggregator(index, layout, buffer.numel(), f"bucket {index}")
         update = agg.step(buffer)
+        self._hand_over_unused(bucket.parameters(), bucket.gradients(), update)
         self._iteration_stats().add(agg.last_stats)
         return _completed(update)
 
@@ -642,6 +687,7 @@ class HookState:
             pieces = update.split([g.numel() for _, g in pairs])
             for (_, g), piece in zip(pairs, pieces, strict=True):
                 g.copy_(piece.view_as(g))
+            self._hand_over_unused([p for p, _ in pairs], [g for _, g in pairs], update)
         except BaseException as exc:
             self._fail_pending(exc)  # never leave DDP waiting on a future forever
             raise
@@ -691,6 +737,7 @@ def comm_hook(state: HookState, bucket: dist.GradBucket) -> torch.futures.Future
     """
     if state.overlap == "stream":
         return stream_hook(state, bucket)  # gssgd.ddp_stream: sketch regions during backward
+    state._note_grad_views(bucket)  # for parameters no rank used (find_unused_parameters)
     if not state._compressing():
         fut = state._allreduce_mean(bucket.buffer())
     elif not state.whole_model:
