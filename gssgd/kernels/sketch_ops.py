@@ -24,6 +24,7 @@ __all__ = ["candidates", "query", "sketch_accumulate"]
 #: what a compiled kernel may read).
 _NAN = tl.constexpr(tl.PropagateNan.ALL)
 
+
 @triton.jit(do_not_specialize=["d", "cols"])
 def _sketch_kernel(vec_ptr, acc_ptr, params_ptr, d, cols, ROWS: tl.constexpr, BLOCK: tl.constexpr):
     """acc[r, bucket_r(i)] += sign_r(i) * vec[i] for this program's block of coordinates."""
