@@ -474,6 +474,8 @@ def stream_hook(state: HookState, bucket: dist.GradBucket) -> torch.futures.Futu
                 "bucket_cap_mb fixed, or use overlap='none'."
             )
         agg = _aggregator(state, session.recorded)
+        if index == 0 and hasattr(state, "_follow_loss_scale"):
+            state._follow_loss_scale()  # a GradScaler's units for the residual (gssgd.amp)
         agg.add_bucket(index, buffer)
         if not bucket.is_last():
             fut = _future(buffer.device)

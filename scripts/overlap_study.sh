@@ -46,7 +46,7 @@ VARIANTS=("none:--overlap none" "backend:--overlap none --allreduce backend"
 
 lm() {  # lm (d = 247,636): four DDP buckets of about 250 KB; density 0.01 (k = 2,476)
     # shellcheck disable=SC2086
-    bench "lm-${1%%:*}" --dataset shakespeare --model lm --steps 100 --eval-every 50 \
+    bench "lm-${1%%:*}" --dataset shakespeare --model lm --steps 60 --eval-every 30 \
         --density 0.01 --bucket-cap-mb 0.25 --seed 0 ${1#*:}
 }
 gpt() {  # gpt (d = 3.3M): about seven buckets of 2 MB; density 0.01 (k = 33,000)
