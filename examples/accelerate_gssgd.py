@@ -1,0 +1,190 @@
+"""gs-SGD in a Hugging Face Accelerate script, with checkpoint and resume of the hook state.
+
+Accelerate wraps the model in ``DistributedDataParallel`` itself, and its
+``DDPCommunicationHookType`` can only name PyTorch's own hooks (fp16, bf16, PowerSGD). The
+recipe for gssgd's hook:
+
+1. ``accelerator.prepare(model, ...)``; the prepared model *is* the DDP module when there
+   is more than one process: register the hook on it, ``model.register_comm_hook(state,
+   comm_hook)``, with ``HookState(..., model=accelerator.unwrap_model(model))`` so the
+   whole-model residual follows the parameter order (a resume then needs no dense step).
+2. Register the hook state for checkpointing. Each rank has its *own* residual, while
+   ``accelerator.save_state`` writes a registered object once (from the main process), and
+   every rank loads that one file. :class:`EveryRankHookState` therefore gathers all
+   ranks' states into the saved object and hands each rank its own on load:
+   ``accelerator.register_for_checkpointing(EveryRankHookState(state))``, before
+   ``accelerator.load_state``.
+3. Gradient accumulation: ``with accelerator.accumulate(model):`` runs the micro-batches
+   between optimizer steps under DDP's ``no_sync()``; the hook reduces (and counts) once
+   per optimizer step, on the summed gradient.
+
+Run it on GPUs with ``accelerate launch --multi_gpu --num_processes 2 examples/...``, or on
+CPU with two gloo processes (``accelerate launch --cpu`` starts only one process; Accelerate
+uses gloo on CPU when ``ACCELERATE_USE_CPU`` is set under torchrun)::
+
+    ACCELERATE_USE_CPU=true torchrun --nproc_per_node 2 examples/accelerate_gssgd.py \\
+        --save-at 20 --out runs/acc
+    ACCELERATE_USE_CPU=true torchrun --nproc_per_node 2 examples/accelerate_gssgd.py \\
+        --resume runs/acc/checkpoint --out runs/acc-resumed
+
+It writes ``OUT/final_rank{R}.pt`` (parameters and hook state) so a resumed run can be
+compared with an uninterrupted one (tests/test_accelerate.py does that).
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from accelerate import Accelerator
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+from torch.utils.data import DataLoader, TensorDataset
+
+from gssgd.ddp import HookState, comm_hook
+
+
+class EveryRankHookState:
+    """A :class:`~gssgd.ddp.HookState` as ``accelerator.register_for_checkpointing`` needs it.
+
+    ``state_dict()`` (called on every rank by ``save_state``) gathers every rank's hook
+    state; ``load_state_dict()`` (every rank loads the main process's file) picks this
+    rank's. Tensors travel on the CPU.
+
+    Args:
+        state: this rank's hook state.
+    """
+
+    def __init__(self, state: HookState) -> None:
+        self.state = state
+
+    def state_dict(self) -> dict[str, Any]:
+        """``{"world_size": P, "ranks": [rank 0's HookState.state_dict(), ...]}``."""
+        mine = _to_cpu(self.state.state_dict())
+        if not dist.is_initialized():
+            return {"world_size": 1, "ranks": [mine]}
+        ranks: list[Any] = [None] * dist.get_world_size()
+        dist.all_gather_object(ranks, mine)
+        return {"world_size": len(ranks), "ranks": ranks}
+
+    def load_state_dict(self, sd: dict[str, Any]) -> None:
+        """Load this rank's part of :meth:`state_dict`.
+
+        Raises:
+            ValueError: the checkpoint was saved with another number of processes.
+        """
+        world = dist.get_world_size() if dist.is_initialized() else 1
+        if sd["world_size"] != world:
+            raise ValueError(
+                f"the hook state was saved by {sd['world_size']} processes, but {world} are "
+                f"running; resume with {sd['world_size']} processes (accelerate launch "
+                f"--num_processes {sd['world_size']}, or torchrun --nproc_per_node "
+                f"{sd['world_size']}): each process owns its residual."
+            )
+        self.state.load_state_dict(sd["ranks"][dist.get_rank() if world > 1 else 0])
+
+
+def _to_cpu(tree: Any) -> Any:
+    if isinstance(tree, torch.Tensor):
+        return tree.detach().cpu()
+    if isinstance(tree, dict):
+        return {k: _to_cpu(v) for k, v in tree.items()}
+    if isinstance(tree, list):
+        return [_to_cpu(v) for v in tree]
+    return tree
+
+
+class Progress:
+    """The number of optimizer steps done (checkpointed beside the hook state)."""
+
+    def __init__(self) -> None:
+        self.step = 0
+
+    def state_dict(self) -> dict[str, int]:
+        return {"step": self.step}
+
+    def load_state_dict(self, sd: dict[str, int]) -> None:
+        self.step = int(sd["step"])
+
+
+def data(n: int = 1024, dim: int = 20, classes: int = 10) -> TensorDataset:
+    """A fixed synthetic classification task (a random linear teacher)."""
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(n, dim, generator=gen)
+    y = (x @ torch.randn(dim, classes, generator=gen)).argmax(1)
+    return TensorDataset(x, y)
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--method", default="gs", help="a gssgd method (dense, topk, gtopk, gs, ...)")
+    p.add_argument("--density", type=float, default=0.01, help="fraction of coordinates sent")
+    p.add_argument("--steps", type=int, default=40, help="optimizer steps in total")
+    p.add_argument("--accumulate", type=int, default=1, help="micro-batches per optimizer step")
+    p.add_argument("--batch-size", type=int, default=16, help="per process and micro-batch")
+    p.add_argument("--lr", type=float, default=0.2, help="plain SGD (the sparse recipe)")
+    p.add_argument("--save-at", type=int, default=None, help="save a checkpoint after this step")
+    p.add_argument("--resume", type=Path, default=None, help="a checkpoint folder to resume")
+    p.add_argument("--out", type=Path, required=True, help="output folder")
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    accelerator = Accelerator(gradient_accumulation_steps=args.accumulate)
+    torch.manual_seed(0)  # the same initial weights on every process
+    model = nn.Sequential(nn.Linear(20, 64), nn.Tanh(), nn.Linear(64, 10))
+    optimizer = torch.optim.SGD(model.parameters(), lr=args.lr)  # no momentum: sparse recipe
+    loader = DataLoader(data(), batch_size=args.batch_size, shuffle=False, drop_last=True)
+    model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
+
+    # The hook: on the DDP module Accelerate made (one process: no DDP, no hook).
+    state = HookState(args.method, density=args.density, whole_model=True,
+                      model=accelerator.unwrap_model(model))
+    if isinstance(model, DistributedDataParallel):
+        model.register_comm_hook(state, comm_hook)
+    progress = Progress()
+    accelerator.register_for_checkpointing(EveryRankHookState(state), progress)
+    if args.resume is not None:
+        accelerator.load_state(str(args.resume))
+
+    started_at = progress.step
+    loss_fn = nn.CrossEntropyLoss()
+    batches_done = progress.step * args.accumulate
+    micro_batches = _cycle(accelerator, loader, batches_done)
+    while progress.step < args.steps:
+        for _ in range(args.accumulate):
+            x, y = next(micro_batches)
+            with accelerator.accumulate(model):
+                loss = loss_fn(model(x), y)
+                accelerator.backward(loss)
+                optimizer.step()
+                optimizer.zero_grad()
+        progress.step += 1
+        if accelerator.is_main_process and progress.step % 10 == 0:
+            print(f"step {progress.step}: loss {loss.item():.4f}, hook iter {state.iter}")
+        if progress.step == args.save_at:
+            accelerator.save_state(str(args.out / "checkpoint"))
+
+    args.out.mkdir(parents=True, exist_ok=True)
+    params = [p.detach().cpu().clone() for p in accelerator.unwrap_model(model).parameters()]
+    final = {"params": params, "hook": _to_cpu(state.state_dict()), "step": progress.step,
+             "started_at": started_at}
+    torch.save(final, args.out / f"final_rank{accelerator.process_index}.pt")
+    accelerator.end_training()
+
+
+def _cycle(accelerator: Accelerator, loader: DataLoader, skip: int):
+    """Endless micro-batches, starting ``skip`` batches in (on resume)."""
+    epoch_len = len(loader)
+    first = accelerator.skip_first_batches(loader, skip % epoch_len) if skip else loader
+    yield from first
+    while True:
+        yield from loader
+
+
+if __name__ == "__main__":
+    main()
