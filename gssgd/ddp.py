@@ -532,14 +532,17 @@ class HookState:
                 raise ValueError(
                     f"{where} changed from {_layout_str(known)} to {_layout_str(layout)} "
                     "after compression had started (did DDP rebuild its buckets?). Start "
-                    "compression after DDP's bucket rebuild (start_iter >= 1), or use "
-                    "whole_model=True with model=..., whose order does not depend on buckets."
+                    "compression after DDP's bucket rebuild (start_iter >= 1; with "
+                    "static_graph=True DDP rebuilds after iteration 1, so start_iter >= 2), or "
+                    "use whole_model=True with model=..., whose order does not depend on buckets."
                 )
             hint = (
                 "call state.bind(model) first (it was saved in model order)"
                 if any(pos >= 0 for pos, _ in known) and all(pos < 0 for pos, _ in layout)
-                else "resume with the same model and bucket_cap_mb, or use whole_model=True "
-                "with model=..., whose order does not depend on the bucket layout"
+                else "resume with the same model and bucket_cap_mb (with static_graph=True DDP "
+                "keeps its first layout through a process's first two iterations, so a "
+                "per-bucket state cannot resume there), or use whole_model=True with "
+                "model=..., whose order does not depend on the bucket layout"
             )
             raise ValueError(
                 f"{where} holds {_layout_str(layout)}, but its saved residual is for "

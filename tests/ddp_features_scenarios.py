@@ -27,7 +27,7 @@ from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import gssgd
-from gssgd.ddp import HookState
+from gssgd.ddp import HookState, comm_hook
 from tests.ddp_scenarios import METHODS as OPTIONS
 from tests.ddp_scenarios import START, Reference, mean_over_ranks, recording
 
@@ -242,4 +242,63 @@ def run_matrix(rank: int, world_size: int, cases: list[str] | None = None) -> di
                 out[f"{name}/{run}"] = run_case(rank, CASES[name], method, mode == "whole")
             except Exception as exc:  # noqa: BLE001 - the test reports which run failed
                 out[f"{name}/{run}"] = {"error": f"{type(exc).__name__}: {exc}"}
+    if cases is None:
+        out["static_graph_limits"] = static_graph_limits(rank)
+    return out
+
+
+# ----------------------------------------------------------------------- static_graph limits
+def _train_static(rank: int, state: HookState, params: list[torch.Tensor] | None,
+                  steps: range, bind: bool = False) -> list[torch.Tensor]:
+    """A few iterations of Mlp under static_graph=True with ``state``'s hook (bound to the
+    model when ``bind``)."""
+    model = _init(Mlp())
+    if bind:
+        state.bind(model)
+    if params is not None:
+        with torch.no_grad():
+            for p, saved in zip(model.parameters(), params, strict=True):
+                p.copy_(saved)
+    ddp = DDP(model, bucket_cap_mb=CASES["static_graph"].cap_mb, static_graph=True)
+    ddp.register_comm_hook(state, comm_hook)
+    for t in steps:
+        ddp.zero_grad(set_to_none=True)
+        _loss(ddp, batch(rank, t, 0), rank, t).backward()
+        with torch.no_grad():
+            for p in model.parameters():
+                p -= LR * p.grad
+    return [p.detach().clone() for p in model.parameters()]
+
+
+def _error_of(fn: Callable[[], object]) -> str:
+    try:
+        fn()
+    except Exception as exc:  # noqa: BLE001 - the message is what the test checks
+        return f"{type(exc).__name__}: {exc}"
+    return "no error"
+
+
+def static_graph_limits(rank: int) -> dict[str, str]:
+    """With static_graph=True DDP rebuilds its buckets after iteration 1, not 0: per-bucket
+    compression from iteration 1, and a per-bucket state resumed in a new DDP (whose second
+    iteration still has the first layout), stop with a clear error on every rank; whole-model
+    mode in model order compresses from iteration 1 without one."""
+    opts = OPTIONS["topk"]
+    out = {
+        "start_iter_1": _error_of(lambda: _train_static(
+            rank, HookState("topk", start_iter=1, **opts), None, range(3))),
+    }
+    state = HookState("topk", start_iter=START, **opts)
+    params = _train_static(rank, state, None, range(4))
+    saved = state.state_dict()
+
+    def resume() -> None:
+        resumed = HookState("topk", start_iter=START, **opts)
+        resumed.load_state_dict(saved)
+        _train_static(rank, resumed, params, range(4, 7))
+
+    out["resume_per_bucket"] = _error_of(resume)
+    out["whole_model_start_iter_1"] = _error_of(lambda: _train_static(
+        rank, HookState("topk", start_iter=1, whole_model=True, **opts), None, range(3),
+        bind=True))
     return out

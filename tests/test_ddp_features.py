@@ -130,3 +130,18 @@ def test_the_reordered_model_has_buckets_in_neither_order_and_changing_sizes() -
         return [sum(numels[p] for p in layout[i]) for i in sorted(layout)]
 
     assert sizes(before) != sizes(after), (before, after)
+
+
+def test_static_graph_rebuilds_later_and_per_bucket_mode_says_so() -> None:
+    """static_graph=True: DDP rebuilds after iteration 1. Per-bucket compression from
+    iteration 1, or a per-bucket state resumed there, is a clear error on every rank that
+    names the fix; whole-model mode bound to the model runs."""
+    for rank in range(WORLD_SIZE):
+        res = results()[rank]["static_graph_limits"]
+        msg = res["start_iter_1"]
+        assert msg.startswith("ValueError: bucket 0 changed from "), msg
+        assert "static_graph=True DDP rebuilds after iteration 1, so start_iter >= 2" in msg
+        msg = res["resume_per_bucket"]
+        assert msg.startswith("ValueError: bucket 0 holds"), msg
+        assert "per-bucket state cannot resume there" in msg and "whole_model=True" in msg
+        assert res["whole_model_start_iter_1"] == "no error"
