@@ -23,7 +23,7 @@ from gssgd.aggregators.schedule import DensityWarmup
 from gssgd.comm import CONTROL_BYTES, Communicator, Traffic, allgather
 from gssgd.sketch import CountSketch, HashCache
 
-__all__ = ["Aggregator", "StepStats", "index_dtype"]
+__all__ = ["Aggregator", "StepStats", "index_dtype", "state_dtype"]
 
 
 @dataclass
@@ -59,6 +59,16 @@ class StepStats:
 def index_dtype(d: int) -> torch.dtype:
     """Indices travel as int32 when ``d < 2^31``, else int64."""
     return torch.int32 if d < 2**31 else torch.int64
+
+
+def state_dtype(grad_dtype: torch.dtype) -> torch.dtype:
+    """The dtype of the residual and momentum of a ``grad_dtype`` gradient: at least float32.
+
+    A float16/bfloat16 gradient (a ``model.half()`` or bfloat16 model) keeps its error
+    feedback in float32, where the small coordinates a residual collects for many steps
+    are not rounded away; float32 and float64 gradients keep their own dtype.
+    """
+    return torch.promote_types(grad_dtype, torch.float32)
 
 
 def _all_finite(x: torch.Tensor) -> bool:
@@ -119,6 +129,7 @@ class Aggregator:
         self.consecutive_skips = 0
         self._agreed = False
         self._timings = {"compress": 0.0, "decompress": 0.0}
+        self._grad_dtype = torch.float32  # the dtype of the step's gradient (and update)
         self.last_stats = StepStats(k=k, d=d)
 
     # ---------------------------------------------------------------- contract
@@ -177,6 +188,7 @@ class Aggregator:
             )
         if not grad.dtype.is_floating_point:
             raise ValueError(f"gradient dtype {grad.dtype} is not floating point")
+        self._grad_dtype = grad.dtype
         self.comm.take_stats()
         self.step_k = self._warmup.k_at(self.steps)
         self._timings = {"compress": 0.0, "decompress": 0.0}
@@ -193,6 +205,22 @@ class Aggregator:
         if not bad_ranks:
             self.consecutive_skips = 0
             return None
+        return self.nonfinite_step(grad, bad_ranks)
+
+    def nonfinite_step(self, grad: torch.Tensor, bad_ranks: list[int]) -> torch.Tensor:
+        """Apply the ``nonfinite`` policy to a step whose gradient is not finite on
+        ``bad_ranks`` (known on every rank alike). No collectives; the residual and momentum
+        are left as they were.
+
+        Returns:
+            "skip": an all-zero update (the step counts as taken). "propagate": an all-NaN
+            update, the same on every rank, so a ``torch.amp.GradScaler`` finds the
+            overflow on every rank and skips ``optimizer.step`` (the step does not count).
+
+        Raises:
+            FloatingPointError: ``nonfinite="raise"``, or ``max_consecutive_skips`` reached.
+        """
+        self._grad_dtype = grad.dtype
         self.consecutive_skips += 1
         where = f"step {self.steps}: non-finite gradient (NaN or Inf) on rank(s) {bad_ranks}"
         if self.options.nonfinite == "raise":
@@ -207,8 +235,10 @@ class Aggregator:
                 "has probably diverged. Resume from an earlier checkpoint with a lower "
                 "learning rate or a higher density."
             )
-        self.steps += 1
         self._record(skipped=True)
+        if self.options.nonfinite == "propagate":
+            return torch.full_like(grad, float("nan"))
+        self.steps += 1
         return torch.zeros_like(grad)
 
     def _error_compensated(self, grad: torch.Tensor) -> torch.Tensor:
@@ -222,21 +252,24 @@ class Aggregator:
             norm = float(torch.linalg.vector_norm(grad))
             if norm > limit:
                 grad = grad * (limit / norm)
+        dtype = state_dtype(grad.dtype)
+        grad = grad.to(dtype)
         if self.residual is None:
             self.residual = torch.zeros_like(grad)
-        elif self.residual.device != grad.device or self.residual.dtype != grad.dtype:
-            self.residual = self.residual.to(grad.device, grad.dtype)
+        elif self.residual.device != grad.device or self.residual.dtype != dtype:
+            self.residual = self.residual.to(grad.device, dtype)
         rho = getattr(self.options, "momentum", 0.0)
         if rho > 0:
             if self.momentum_buffer is None:
                 self.momentum_buffer = torch.zeros_like(grad)
-            self.momentum_buffer = self.momentum_buffer.to(grad.device, grad.dtype)
+            self.momentum_buffer = self.momentum_buffer.to(grad.device, dtype)
             self.momentum_buffer.mul_(rho).add_(grad)
             return self.residual + self.momentum_buffer
         return self.residual + grad
 
     def _sketch_of_step(self, grad: torch.Tensor) -> tuple[CountSketch, int]:
-        """Sketching methods: this step's empty sketch (on ``grad``'s device and dtype) and
+        """Sketching methods: this step's empty sketch (on the device and in the dtype of
+        ``grad``, the error-compensated vector: float32 at least) and
         candidate count: the steady ``self.sketch`` and ``self.num_candidates``, or, during a
         density warm-up, larger ones (:meth:`SketchedOptions.warmup_shape`), one sketch per
         distinct k, dropped when the warm-up ends."""
@@ -272,9 +305,24 @@ class Aggregator:
     def _finish(
         self, update: torch.Tensor, delivered_fraction: float | None = None
     ) -> torch.Tensor:
+        """Count the step, record its statistics, and return ``update`` in the gradient's
+        dtype (sparse methods build it in the residual's dtype)."""
         self.steps += 1
         self._record(skipped=False, delivered_fraction=delivered_fraction)
-        return update
+        return update.to(self._grad_dtype)
+
+    def rescale(self, factor: float) -> None:
+        """Multiply the residual and the momentum buffer by ``factor``.
+
+        Under ``torch.amp.GradScaler`` the gradients arrive multiplied by the loss scale,
+        so the error feedback is kept in the same scaled units; when the scaler changes its
+        scale, the hook rescales the state by ``new / old`` (a power of two with the
+        scaler's default factors, so exact) and no mass is gained or lost.
+        """
+        if self.residual is not None:
+            self.residual.mul_(factor)
+        if self.momentum_buffer is not None:
+            self.momentum_buffer.mul_(factor)
 
     def _record(self, skipped: bool, delivered_fraction: float | None = None) -> None:
         c = self.comm.take_stats()

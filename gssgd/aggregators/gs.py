@@ -9,9 +9,10 @@ Steps (per rank p, each step):
     3. Communicate: all-reduce the tables (recursive doubling: log2(P) rounds of rows*cols
        numbers and no indices; or the backend's ring all-reduce).
     4. Recover: every rank takes the same top ``m*k`` candidates by |estimate| from the
-       summed sketch (ties by lower index).
+       summed sketch (ties by lower index), in the canonical order of increasing index.
     5. Exact round (``exact=True``): all-reduce ``a_p`` at the candidates (m*k numbers, no
-       indices: every rank knows them), keep the top k of the exact sums. Estimate mode
+       indices: every rank knows them and their order), keep the top k of the exact sums
+       (ties by lower index). Estimate mode
        (``exact=False``): keep the sketch's top k and their estimates (one round).
     6. Update: the k values / P. Error feedback: ``e_p = a_p`` with those k coordinates
        zeroed on every rank.
@@ -144,7 +145,7 @@ class GlobalSketchSGD(Aggregator):
         k = self.step_k  # k, or more during a density warm-up
         with self._timed("compress"):
             accumulated = self._error_compensated(grad)
-            sketch, num_candidates = self._sketch_of_step(grad)
+            sketch, num_candidates = self._sketch_of_step(accumulated)
             sketch.accumulate(accumulated)
 
         summed = sketch.with_table(self._sum_tables(sketch.table))
@@ -155,7 +156,9 @@ class GlobalSketchSGD(Aggregator):
 
         if self.options.exact:
             with self._timed("decompress"):
-                candidates = summed.heavy_hitters(num_candidates, ordered=False)[0]
+                # the set is the same on every rank; sorted, so is its order (the exact
+                # round sends values only, matched by position)
+                candidates = summed.heavy_hitters(num_candidates, ordered=False)[0].sort().values
             exact = self._allreduce(accumulated[candidates])
             with self._timed("decompress"):
                 keep = topk_indices(exact.abs(), k)
@@ -165,7 +168,7 @@ class GlobalSketchSGD(Aggregator):
                 chosen, values = summed.heavy_hitters(k)
 
         with self._timed("decompress"):
-            update = torch.zeros_like(grad)
+            update = torch.zeros_like(accumulated)  # in the residual's dtype
             update[chosen] = values / self.world_size
             self._keep_residual(accumulated, chosen)
             mass = float(values.double().pow(2).sum())

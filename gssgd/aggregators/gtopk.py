@@ -93,7 +93,7 @@ class GlobalTopk(Aggregator):
 
         with self._timed("decompress"):
             final_idx, final_vals = merged[0].to(torch.int64), merged[1]
-            update = torch.zeros_like(grad)
+            update = torch.zeros_like(accumulated)  # in the residual's dtype
             update[final_idx] = final_vals / self.world_size
             self._keep_residual(accumulated, own_idx[own_alive].to(torch.int64))
         return self._finish(update)

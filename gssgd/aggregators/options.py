@@ -25,6 +25,8 @@ __all__ = [
     "DEFAULT_DENSITY",
 ]
 
+#: What a non-finite gradient does (``CommonOptions.nonfinite``).
+NONFINITE_MODES = ("skip", "raise", "propagate")
 #: Density used when neither ``density`` nor ``k`` is given.
 DEFAULT_DENSITY = 0.01
 #: Default rows of a sketch (odd, so the median is one of them; see default_sketch_cols).
@@ -100,8 +102,13 @@ class CommonOptions:
     """Options every method takes.
 
     Attributes:
-        nonfinite: "skip" (default): a NaN/Inf gradient on any rank makes every rank skip
-            the step (zero update, state untouched); "raise": raise FloatingPointError.
+        nonfinite: what every rank does when a gradient on any rank holds NaN/Inf.
+            "skip" (default): skip the step (zero update, residual and momentum untouched).
+            "raise": raise FloatingPointError. "propagate": return an all-NaN update on
+            every rank (residual, momentum and step count untouched), as DDP's all-reduce
+            would hand on the overflow; the mode for ``torch.amp.GradScaler``, which then
+            skips ``optimizer.step`` and lowers its scale (the default when the hook is
+            given ``scaler=``; see :mod:`gssgd.amp`).
         max_consecutive_skips: after this many non-finite steps in a row every rank raises
             (a model whose parameters went non-finite would otherwise skip forever).
     """
@@ -110,8 +117,13 @@ class CommonOptions:
     max_consecutive_skips: int = 100
 
     def __post_init__(self) -> None:
-        if self.nonfinite not in ("skip", "raise"):
-            raise _bad("nonfinite", self.nonfinite, "it must be 'skip' or 'raise'", "Use 'skip'.")
+        if self.nonfinite not in NONFINITE_MODES:
+            raise _bad(
+                "nonfinite",
+                self.nonfinite,
+                "it must be 'skip', 'raise' or 'propagate'",
+                "Use 'skip', or 'propagate' with torch.amp.GradScaler.",
+            )
         if not _is_int(self.max_consecutive_skips) or self.max_consecutive_skips < 1:
             raise _bad(
                 "max_consecutive_skips",

@@ -6,10 +6,11 @@ Steps (per rank p, each step):
     1. Accumulate: ``a_p = e_p + u_p``.
     2. Compress: Count-Sketch ``a_p`` (rows x cols, hashes shared through the seed).
     3. Every rank sends its sketch to rank 0; rank 0 sums them (in rank order) and takes the
-       top ``m*k`` candidates by |estimate| (ties by lower index).
+       top ``m*k`` candidates by |estimate| (ties by lower index), sorted by index.
     4. Rank 0 sends the candidate indices to every rank; every rank sends back ``a_p`` at
        the candidates.
-    5. Rank 0 sums the exact values, keeps the top k, and sends (index, value) to every rank.
+    5. Rank 0 sums the exact values, keeps the top k (ties by lower index), and sends
+       (index, value) to every rank.
     6. Update: the k exact sums / P. Error feedback: every rank zeroes those k coordinates
        of ``a_p`` (each rank's contribution is in the exact sum).
 
@@ -64,7 +65,7 @@ class SketchedSGD(Aggregator):
         k = self.step_k  # k, or more during a density warm-up
         with self._timed("compress"):
             accumulated = self._error_compensated(grad)
-            sketch, num_candidates = self._sketch_of_step(grad)
+            sketch, num_candidates = self._sketch_of_step(accumulated)
             sketch.accumulate(accumulated)
 
         tables = self.comm.gather_to_root([sketch.table])
@@ -74,14 +75,15 @@ class SketchedSGD(Aggregator):
                 summed = sketch.copy()
                 for (table,) in tables[1:]:
                     summed.table += table
-                candidates = summed.heavy_hitters(num_candidates)[0].to(candidates.dtype)
+                found = summed.heavy_hitters(num_candidates, ordered=False)[0]
+                candidates = found.sort().values.to(candidates.dtype)  # canonical order
         (candidates,) = self.comm.broadcast_from_root([candidates])
 
         cand64 = candidates.to(torch.int64)
         values = self.comm.gather_to_root([accumulated[cand64]])
         final = [
             torch.empty(k, dtype=candidates.dtype, device=grad.device),
-            torch.empty(k, dtype=grad.dtype, device=grad.device),
+            torch.empty(k, dtype=accumulated.dtype, device=grad.device),
         ]
         if is_server:
             with self._timed("decompress"):
@@ -94,7 +96,7 @@ class SketchedSGD(Aggregator):
 
         with self._timed("decompress"):
             final_idx = final_idx.to(torch.int64)
-            update = torch.zeros_like(grad)
+            update = torch.zeros_like(accumulated)  # in the residual's dtype
             update[final_idx] = final_vals / self.world_size
             self._keep_residual(accumulated, final_idx)
         return self._finish(update)

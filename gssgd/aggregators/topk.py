@@ -52,7 +52,7 @@ class LocalTopk(Aggregator):
         all_idx = self.comm.allgather_backend(idx.to(index_dtype(self.d)))
         all_vals = self.comm.allgather_backend(vals)
         with self._timed("decompress"):
-            update = torch.zeros_like(grad)
+            update = torch.zeros_like(accumulated)  # in the residual's dtype
             for rank_idx, rank_vals in zip(all_idx, all_vals, strict=True):  # rank order
                 update.index_add_(0, rank_idx.to(torch.int64), rank_vals)
             update /= self.world_size

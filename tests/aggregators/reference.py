@@ -199,6 +199,7 @@ def reference_run(
                 summed.accumulate(a[p].astype(np.float64))
             if opts.get("exact", True):
                 cand, _ = summed.heavy_hitters(min(opts["candidates"] * k, d))
+                cand = np.sort(cand)  # the canonical order: exact ties go to the lower index
                 exact = sum(a[p][cand] for p in range(world))
                 keep = ref_topk(np.abs(exact), k)
                 chosen, values = cand[keep], exact[keep]

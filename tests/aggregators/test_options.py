@@ -31,7 +31,7 @@ BAD = [
     ("gs", {"allreduce": "ring"}, "allreduce='ring' is invalid: it must be 'recursive_doubling'"),
     ("gs", {"table_dtype": torch.int8}, "table_dtype=torch.int8 is invalid: it must be torch.float32"),
     ("gs", {"guard": "warn"}, "guard='warn' is invalid: it must be 'grow', 'raise' or 'off'"),
-    ("gs", {"nonfinite": "ignore"}, "nonfinite='ignore' is invalid: it must be 'skip' or 'raise'"),
+    ("gs", {"nonfinite": "ignore"}, "nonfinite='ignore' is invalid: it must be 'skip', 'raise' or 'propagate'"),
     ("gs", {"max_consecutive_skips": 0}, "max_consecutive_skips=0 is invalid"),
     ("gs", {"hash_cache": "auto"}, "hash_cache='auto' is invalid"),
     ("topk", {"rows": 5}, r"unknown option\(s\) \['rows'\] for method 'topk'"),
