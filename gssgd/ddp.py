@@ -45,6 +45,12 @@ index, then DDP's order inside each bucket), and a resumed run must rebuild the 
 layout (same model, same ``bucket_cap_mb``). In per-bucket mode the residuals belong to
 buckets, so a resume always needs the same layout; a changed layout is a ``ValueError``.
 
+Mixed precision. Give the hook the run's ``torch.amp.GradScaler`` (``scaler=``): an
+overflowing step then returns all-NaN buckets on every rank with the residuals untouched
+(``nonfinite="propagate"``; in per-bucket mode the buckets wait for the last one, so no
+bucket's state moves on a step the scaler skips), the scaler skips and backs off as with
+DDP's all-reduce, and the residuals follow the scaler's scale. See :mod:`gssgd.amp`.
+
 Resuming. A state that was loaded (:meth:`HookState.load_state_dict`, or unpickled) and is
 already past ``start_iter`` runs one dense iteration in its first DDP iteration in this
 process (while DDP's buckets still have their construction-time layout), then compresses
@@ -68,6 +74,8 @@ from torch import nn
 from torch.optim.optimizer import register_optimizer_step_pre_hook
 
 from gssgd.aggregators import AGGREGATORS, Aggregator, StepStats, build_options, make_aggregator
+from gssgd.aggregators.base import _all_finite
+from gssgd.amp import LossScaleFollower, scaler_options
 from gssgd.comm import Communicator
 from gssgd.ddp_stream import check_overlap, stream_hook
 
@@ -262,9 +270,12 @@ class HookState:
         group: process group; None means the default group.
         model: the model whose parameter order fixes the whole-model order (the DDP
             module or the module it wraps); same as calling :meth:`bind` later.
+        scaler: the run's ``torch.amp.GradScaler`` under float16 autocast, or None. With
+            it ``nonfinite`` defaults to ``"propagate"`` and the residuals are kept in the
+            units of its current loss scale (:mod:`gssgd.amp`).
         **options: the method's options (``k`` instead of ``density``; ``rows``, ``cols``,
             ``candidates``, ``exact``, ``allreduce``, ``table_dtype``, ``momentum``, ``seed``, ``dtype``,
-            ``nonfinite``; see :func:`gssgd.make_aggregator`).
+            ``nonfinite``: "skip", "raise" or "propagate"; see :func:`gssgd.make_aggregator`).
 
     Attributes:
         iter: the number of DDP iterations this state has seen (saved in checkpoints).
@@ -278,7 +289,8 @@ class HookState:
 
     Raises:
         ValueError: unknown method or option, an option out of range, both density and k,
-            ``start_iter < 1``, or ``model`` that is not an ``nn.Module``.
+            ``start_iter < 1``, ``model`` that is not an ``nn.Module``, or a scaler with
+            ``nonfinite="skip"``.
 
     Example::
         >>> # xdoctest: +SKIP
@@ -299,14 +311,17 @@ class HookState:
         whole_model: bool = False,
         group: dist.ProcessGroup | None = None,
         model: nn.Module | None = None,
+        scaler: torch.amp.GradScaler | None = None,
         overlap: str = "none",
         **options: Any,
     ) -> None:
+        options = scaler_options(dict(options), scaler)
         self.settings = HookSettings(
-            method, density, start_iter, whole_model, dict(options), overlap
+            method, density, start_iter, whole_model, options, overlap
         )
         self.group = group
         self._reset()
+        self._loss_scale.scaler = scaler
         self._watch_recipe()
         if model is not None:
             self.bind(model)
@@ -317,13 +332,18 @@ class HookState:
         settings: HookSettings,
         group: dist.ProcessGroup | None = None,
         model: nn.Module | None = None,
+        scaler: torch.amp.GradScaler | None = None,
     ) -> "HookState":
         """A state for already validated :class:`HookSettings` (``gssgd train`` builds them
         from its config); otherwise the same as the constructor."""
         state = cls.__new__(cls)
+        options = scaler_options(dict(settings.options), scaler)
+        if options != settings.options:
+            settings = dataclasses.replace(settings, options=options)
         state.settings = settings
         state.group = group
         state._reset()
+        state._loss_scale = LossScaleFollower(scaler)
         state._watch_recipe()
         if model is not None:
             state.bind(model)
@@ -352,6 +372,8 @@ class HookState:
         self._comm: Communicator | None = None  # the warm-up's accounted all-reduce
         self._grad_views: bool | None = None  # DDP's gradient_as_bucket_view, once seen
         self._stream: Any = None  # overlap="stream": gssgd.ddp_stream's session
+        self._loss_scale = LossScaleFollower()  # the scaler's scale the residuals are in
+        self._scale_followed_at = -1  # the iteration whose loss scale was last followed
 
     # ------------------------------------------------------------------ settings
     @property
@@ -414,7 +436,8 @@ class HookState:
 
         Returns:
             ``{"iter", "method", "whole_model", "buckets": {index: aggregator state_dict},
-            "layouts": {index: [[position, numel], ...]}}`` (whole-model mode: index 0).
+            "layouts": {index: [[position, numel], ...]}}`` (whole-model mode: index 0),
+            and ``"loss_scale"`` (the GradScaler scale the residuals are in) under a scaler.
             Only tensors, ints, floats, strings, bools, dicts and lists, so
             ``torch.load(..., weights_only=True)`` reads it.
         """
@@ -430,6 +453,8 @@ class HookState:
             "layouts": {
                 i: [list(p) for p in self._layouts[i]] for i in buckets if i in self._layouts
             },
+            # the GradScaler's scale the residuals are in, only under one (see gssgd.amp)
+            **({"loss_scale": self._loss_scale.scale} if self._loss_scale.scale else {}),
         }
 
     def load_state_dict(self, sd: dict[str, Any]) -> None:
@@ -476,6 +501,8 @@ class HookState:
         }
         self._pending = []
         self._stats = None
+        scale = sd.get("loss_scale")
+        self._loss_scale.scale = None if scale is None else float(scale)
 
     def __getstate__(self) -> dict[str, Any]:
         """Settings and :meth:`state_dict`; the process group, the aggregators'
@@ -503,6 +530,41 @@ class HookState:
         # In a process's first DDP iteration the buckets have their pre-rebuild layout;
         # only whole-model mode in model order does not depend on it.
         return self._session_iters >= 1 or (self.whole_model and bool(self._positions))
+
+    def _waits_for_iteration(self) -> bool:
+        """Per-bucket mode under ``nonfinite="propagate"`` waits for the last bucket: an
+        overflow in any bucket must leave every bucket's residual untouched."""
+        return self.settings.options.get("nonfinite") == "propagate"
+
+    def _follow_loss_scale(self) -> None:
+        """Once per iteration, before any aggregator steps: bring every residual and
+        momentum to the scaler's current loss scale (:class:`~gssgd.amp.LossScaleFollower`)."""
+        if self._scale_followed_at == self.iter:
+            return
+        self._scale_followed_at = self.iter
+        self._loss_scale.follow(list(self._aggregators.values()), list(self._saved.values()))
+
+    def _nonfinite_ranks(self, buffers: list[torch.Tensor]) -> list[int]:
+        """The ranks on which any of ``buffers`` holds NaN/Inf (one 4-byte all-gather)."""
+        if self._comm is None:
+            self._comm = Communicator(self.group)
+        bad = torch.tensor(
+            [0 if all(_all_finite(b) for b in buffers) else 1],
+            dtype=torch.int32,
+            device=buffers[0].device,
+        )
+        flags = self._comm.allgather_backend(bad) if self._comm.world_size > 1 else [bad]
+        counted = self._comm.take_stats()
+        self._iteration_stats().add(
+            StepStats(
+                bytes_sent=counted.bytes_sent,
+                bytes_received=counted.bytes_received,
+                messages=counted.messages,
+                rounds=counted.rounds,
+                seconds_communicate=counted.seconds,
+            )
+        )
+        return [r for r, flag in enumerate(flags) if int(flag)]
 
     def _iteration_stats(self) -> _IterationStats:
         if self._stats is None:
@@ -641,6 +703,43 @@ class HookState:
         self._iteration_stats().add(agg.last_stats)
         return _completed(update)
 
+    def _per_bucket_iteration(
+        self, bucket: dist.GradBucket
+    ) -> torch.futures.Future[torch.Tensor]:
+        """Per-bucket mode under ``nonfinite="propagate"``, the last bucket.
+
+        Steps: (1) every rank learns whether any bucket of the iteration is non-finite on
+        any rank; (2) if so, every bucket's aggregator applies its non-finite policy (an
+        all-NaN bucket, state untouched); else each steps in bucket order; (3) the updates
+        go into the buckets' buffers and every pending future completes.
+        """
+        this = _Pending(
+            bucket.index(), bucket.parameters(), bucket.gradients(), bucket.buffer(), None
+        )
+        entries = sorted([*self._pending, this], key=lambda p: p.index)
+        try:
+            aggs = [
+                self._aggregator(e.index, self._layout(e.params), e.buffer.numel(),
+                                 f"bucket {e.index}")
+                for e in entries
+            ]
+            bad_ranks = self._nonfinite_ranks([e.buffer for e in entries])
+            for e, agg in zip(entries, aggs, strict=True):
+                if bad_ranks:
+                    update = agg.nonfinite_step(e.buffer, bad_ranks)
+                else:
+                    update = agg.step(e.buffer)
+                self._iteration_stats().add(agg.last_stats)
+                e.buffer.copy_(update)
+                self._hand_over_unused(e.params, e.grads, update)
+        except BaseException as exc:
+            self._fail_pending(exc)
+            raise
+        for e in self._pending:
+            e.future.set_result(e.buffer)  # type: ignore[union-attr]
+        self._pending = []
+        return _completed(this.buffer)
+
     def _defer(self, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
         """Whole-model mode, a bucket before the last: stash it, return a pending future."""
         index = bucket.index()
@@ -738,17 +837,22 @@ def comm_hook(state: HookState, bucket: dist.GradBucket) -> torch.futures.Future
         ...     loss_fn(ddp_model(x), y).backward()  # grads are gs-SGD's averaged update
         ...     optimizer.step()
     """
+    state._follow_loss_scale()  # residuals in the scaler's current units (once an iteration)
     if state.overlap == "stream":
         return stream_hook(state, bucket)  # gssgd.ddp_stream: sketch regions during backward
     state._note_grad_views(bucket)  # for parameters no rank used (find_unused_parameters)
     if not state._compressing():
         fut = state._allreduce_mean(bucket.buffer())
-    elif not state.whole_model:
-        fut = state._per_bucket(bucket)
-    elif not bucket.is_last():
-        return state._defer(bucket)  # completed by the last bucket of this iteration
     else:
-        fut = state._whole_model(bucket)
+        waits = state.whole_model or state._waits_for_iteration()
+        if not waits:
+            fut = state._per_bucket(bucket)
+        elif not bucket.is_last():
+            return state._defer(bucket)  # completed by the last bucket of this iteration
+        elif state.whole_model:
+            fut = state._whole_model(bucket)
+        else:
+            fut = state._per_bucket_iteration(bucket)
     if bucket.is_last():
         state._end_iteration()
     return fut
