@@ -11,6 +11,7 @@ import dataclasses
 from typing import Any
 
 from gssgd.aggregators.options import PAYLOAD_DTYPES
+from gssgd.amp import AMP_DTYPES
 from gssgd.cli.errors import run_command
 from gssgd.methods import DENSE_RECIPE, METHODS, SPARSE_RECIPE
 from gssgd.train.config import TrainConfig, setting_applies_to
@@ -132,6 +133,10 @@ def _optimisation_flags(parser: argparse.ArgumentParser) -> None:
     opt.add_argument("--seq-len", type=int, default=c.seq_len, help="characters per window (text)")
     opt.add_argument("--seed", type=int, default=c.seed,
                      help="seeds the model init, the batches and the sketch hashes")
+    opt.add_argument("--amp", choices=tuple(AMP_DTYPES), default=None,
+                     help="mixed precision: fp16 (autocast and a GradScaler; an overflowing "
+                     "step is skipped on every worker and the scale backs off) or bf16 "
+                     "(autocast, no scaler); default: float32")
 
 
 def _worker_flags(parser: argparse.ArgumentParser) -> None:
@@ -221,6 +226,10 @@ def _output_flags(parser: argparse.ArgumentParser, compare: bool) -> None:
         out.add_argument("--overwrite", action="store_true",
                          help="start afresh in an --out that holds an earlier run (deletes it)")
     out.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar")
+    if not compare:
+        out.add_argument("--tensorboard", default=None, metavar="DIR",
+                         help="also write the step scalars (loss, accuracy, bytes, lr, step "
+                         "time) as TensorBoard events to DIR (needs: pip install tensorboard)")
 
 
 def _fault_flags(parser: argparse.ArgumentParser) -> None:

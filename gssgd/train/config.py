@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from gssgd.aggregators.options import PAYLOAD_DTYPES
+from gssgd.amp import AMP_DTYPES
 from gssgd.ddp import HookSettings
 from gssgd.methods import METHODS, applies_to, get_method
 from gssgd.train.launch import DEVICES
@@ -163,6 +164,7 @@ class TrainConfig:
     workers: int | None = None  # processes; None: WORLD_SIZE under torchrun, else 4
     device: str = "auto"  # cpu, cuda, or auto (cuda when available)
     threads: int = 1  # torch threads per worker
+    amp: str | None = None  # mixed precision: fp16 (autocast + GradScaler) or bf16 autocast
     timeout: float = 300.0  # seconds a collective waits for a peer before the run fails
     # -- aggregation; None: the method's own default (checked by its options dataclass)
     density: float | None = None  # fraction of coordinates sent (default 0.01), or give k
@@ -191,6 +193,7 @@ class TrainConfig:
     resume: str | None = None  # a run directory or checkpoint file to continue from
     overwrite: bool = False  # start afresh in an --out that holds an earlier run
     progress: bool = True  # show a progress bar on rank 0
+    tensorboard: str | None = None  # also log the step scalars to this TensorBoard directory
     # -- fault injection (reliability tests)
     fail_at: tuple[int, int] | None = None  # (rank, step): that rank exits abruptly there
     stall_at: tuple[int, int] | None = None  # (rank, step): that rank hangs there (a stalled peer)
@@ -221,6 +224,17 @@ class TrainConfig:
         _check_real("timeout", self.timeout, "> 0 seconds", lambda v: v > 0, "Default: 300.")
         if self.device not in DEVICES:
             raise _bad("device", self.device, f"it must be one of {', '.join(DEVICES)}")
+        if self.amp is not None and self.amp not in AMP_DTYPES:
+            raise _bad("amp", self.amp, f"it must be one of {', '.join(AMP_DTYPES)}",
+                       "Leave it out to train in float32.")
+        if self.tensorboard is not None and (not isinstance(self.tensorboard, str)
+                                             or not self.tensorboard):
+            raise _bad("tensorboard", self.tensorboard, "it must name a directory",
+                       "For example --tensorboard runs/tb.")
+        if self.tensorboard is not None:
+            from gssgd.train.tensorboard import require_tensorboard
+
+            require_tensorboard()  # before any worker starts: exit 2 with the pip command
         if self.bucket_cap_mb is not None:
             _check_real("bucket_cap_mb", self.bucket_cap_mb, "in (0, 1024]",
                         lambda v: 0 < v <= 1024)

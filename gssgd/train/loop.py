@@ -43,6 +43,7 @@ except ImportError:  # pragma: no cover - exercised in a subprocess by tests/tes
     tqdm = None
 
 from gssgd.aggregators.guard import SketchCollapseError
+from gssgd.amp import AMP_DTYPES, make_scaler
 from gssgd.methods import METHODS
 from gssgd.train import checkpoint
 from gssgd.train.config import TrainConfig, import_plugins, settings_for
@@ -53,6 +54,7 @@ from gssgd.train.models import build_model
 from gssgd.train.rundir import prepare
 from gssgd.train.snapshot import save_run_checkpoint, set_rng_state
 from gssgd.train.sync import GradientSync
+from gssgd.train.tensorboard import TensorBoardLog
 
 __all__ = [
     "METHODS",
@@ -155,6 +157,8 @@ class _Run:
     totals: RunTotals
     log: MetricsLog | None  # rank 0 only
     bar: Any  # the progress bar (disabled off rank 0)
+    scaler: torch.amp.GradScaler | None = None  # --amp fp16's loss scaler
+    tensorboard: TensorBoardLog | None = None  # --tensorboard, rank 0 only
     # what the run has come to
     status: str = STATUS_COMPLETED
     message: str = ""
@@ -233,7 +237,8 @@ def _setup(worker: Worker, cfg: TrainConfig) -> _Run:
     )
     if resumed is not None:
         _rebuild_buckets(ddp, data, cfg, start_step, worker)
-    sync = GradientSync(ddp, cfg, worker.world_size)
+    scaler = make_scaler(cfg.amp, device)  # fp16: scaled losses; the hook follows the scale
+    sync = GradientSync(ddp, cfg, worker.world_size, scaler=scaler)
     if resumed is not None:
         sync.load_state_dict(resumed["ranks"][worker.rank]["sync"])
 
@@ -248,8 +253,10 @@ def _setup(worker: Worker, cfg: TrainConfig) -> _Run:
             f"{worker.world_size} workers, steps {start_step}..{cfg.steps} -> {out}"
         )
     bar = _progress_bar(cfg, start_step, show=is_main and cfg.progress)
+    tensorboard = TensorBoardLog(cfg.tensorboard, start_step) if is_main and cfg.tensorboard else None
     return _Run(cfg, worker, data, model, ddp, optimizer, sync, fingerprint, d, start_step,
-                totals, MetricsLog(out, start_step) if is_main else None, bar)
+                totals, MetricsLog(out, start_step) if is_main else None, bar, scaler,
+                tensorboard)
 
 
 def _inject_faults(cfg: TrainConfig, rank: int, step: int) -> None:
@@ -271,7 +278,8 @@ def _train_step(run: _Run, step: int) -> bool:
     cfg, worker = run.cfg, run.worker
     t0 = time.perf_counter()
     x, y = _train_batch(run.data, cfg, step, worker)
-    loss, correct, count = _loss(run.ddp(x), y)
+    with _autocast(cfg, worker):
+        loss, correct, count = _loss(run.ddp(x), y)
     t_forward = time.perf_counter() - t0
     loss_sum, correct_sum, count_sum, nonfinite = _agree_on_loss(loss, correct, count, worker)
     if nonfinite:
@@ -286,7 +294,9 @@ def _train_step(run: _Run, step: int) -> bool:
     t1 = time.perf_counter()
     run.optimizer.zero_grad(set_to_none=True)
     try:
-        loss.backward()  # DDP averages the gradients here, through the method's hook
+        # DDP averages the gradients here, through the method's hook (with --amp fp16 the
+        # loss is scaled; an overflow comes back as NaN gradients on every rank)
+        (loss if run.scaler is None else run.scaler.scale(loss)).backward()
     except SketchCollapseError as err:  # raised on every rank at this same step
         saved = checkpoint.list_checkpoints(Path(cfg.out) / checkpoint.CHECKPOINT_DIR)
         run.status = STATUS_COLLAPSED
@@ -296,7 +306,11 @@ def _train_step(run: _Run, step: int) -> bool:
             else " The weights were not updated."
         )
         return False
-    run.optimizer.step()
+    if run.scaler is None:
+        run.optimizer.step()
+    else:  # skips the step on an overflow (every rank alike) and adapts the scale
+        run.scaler.step(run.optimizer)
+        run.scaler.update()
     seconds_step = t_forward + (time.perf_counter() - t1)  # the loss all-reduce left out
 
     run.last_loss = loss_sum / count_sum
@@ -310,10 +324,19 @@ def _train_step(run: _Run, step: int) -> bool:
         run.bar.set_postfix(loss=f"{run.last_loss:.3f}", acc=f"{record['train_accuracy']:.3f}",
                             refresh=False)
         run.bar.update(1)
+    if run.tensorboard is not None:
+        run.tensorboard.write(record, lr=run.optimizer.param_groups[0]["lr"],
+                              loss_scale=run.scaler.get_scale() if run.scaler else None)
     if done == cfg.steps or (cfg.checkpoint_every and done % cfg.checkpoint_every == 0):
         save_run_checkpoint(Path(cfg.out), done, cfg, run.fingerprint, run.model,
                             run.optimizer, run.sync, run.totals, worker)
     return True
+
+
+def _autocast(cfg: TrainConfig, worker: Worker) -> torch.autocast:
+    """The forward pass's ``--amp`` autocast (disabled without ``--amp``)."""
+    dtype = AMP_DTYPES[cfg.amp] if cfg.amp is not None else torch.float32
+    return torch.autocast(worker.device.type, dtype=dtype, enabled=cfg.amp is not None)
 
 
 def _agree_on_loss(
@@ -361,6 +384,8 @@ def _summarise(run: _Run) -> dict[str, Any]:
     """Rank 0: write ``summary.json`` and say how the run ended."""
     assert run.log is not None
     run.log.close()
+    if run.tensorboard is not None:
+        run.tensorboard.close()
     cfg, out, totals = run.cfg, Path(run.cfg.out), run.totals
     summary = {
         "status": run.status,
@@ -406,7 +431,9 @@ def _rebuild_buckets(
     bitwise the uninterrupted one. Parameters, optimizer and RNG are left untouched.
     """
     x, y = _train_batch(data, cfg, step, worker)
-    _loss(ddp(x), y)[0].backward()
+    with _autocast(cfg, worker):  # autocast's casts change the order gradients get ready in
+        loss = _loss(ddp(x), y)[0]
+    loss.backward()
     ddp.zero_grad(set_to_none=True)
 
 

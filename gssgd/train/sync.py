@@ -89,10 +89,19 @@ class GradientSync:
         ddp: the wrapped model.
         cfg: the run's settings.
         world_size: number of workers.
+        scaler: the run's GradScaler (``--amp fp16``), or None; the hook follows its loss
+            scale, and its state is saved with the hook's.
     """
 
-    def __init__(self, ddp: DistributedDataParallel, cfg: TrainConfig, world_size: int) -> None:
+    def __init__(
+        self,
+        ddp: DistributedDataParallel,
+        cfg: TrainConfig,
+        world_size: int,
+        scaler: torch.amp.GradScaler | None = None,
+    ) -> None:
         self.method, self.world_size = cfg.method, world_size
+        self.scaler = scaler
         self.shapes = [p.shape for p in ddp.module.parameters() if p.requires_grad]
         self.start_iter = cfg.resolved_start_iter
         self.powersgd_rank = cfg.powersgd_rank or DEFAULT_POWERSGD_RANK
@@ -110,7 +119,7 @@ class GradientSync:
             ddp.register_comm_hook(self.powersgd, powersgd.powerSGD_hook)
         elif get_method(cfg.method).aggregator is not None:
             self.hook_state = HookState.from_settings(
-                cfg.hook_settings(), model=None if cfg.per_bucket else ddp.module
+                cfg.hook_settings(), model=None if cfg.per_bucket else ddp.module, scaler=scaler
             )
             ddp.register_comm_hook(self.hook_state, comm_hook)
 
@@ -145,7 +154,14 @@ class GradientSync:
         }
 
     def state_dict(self) -> dict[str, Any]:
-        """This rank's hook state (residuals, PowerSGD's memories), weights_only-safe."""
+        """This rank's hook state (residuals, PowerSGD's memories) and the GradScaler's
+        state, weights_only-safe."""
+        sd = self._hook_state_dict()
+        if self.scaler is not None:
+            sd["scaler"] = self.scaler.state_dict()
+        return sd
+
+    def _hook_state_dict(self) -> dict[str, Any]:
         if self.hook_state is not None:
             return {"hook": self.hook_state.state_dict()}
         if self.powersgd is not None:
@@ -169,6 +185,8 @@ class GradientSync:
 
     def load_state_dict(self, sd: dict[str, Any]) -> None:
         """Restore :meth:`state_dict` output of the same method."""
+        if self.scaler is not None and "scaler" in sd:
+            self.scaler.load_state_dict(sd["scaler"])
         if self.hook_state is not None:
             self.hook_state.load_state_dict(sd["hook"])
         elif self.powersgd is not None:
