@@ -512,8 +512,8 @@ class HookState:
     def __setstate__(self, pickled: dict[str, Any]) -> None:
         """Restore a pickled state; aggregators are rebuilt lazily on the default group.
 
-        Set ``state.group`` for another group, and call :meth:`bind` again in whole-model
-        mode with a bound model.
+        Set ``state.group`` for another group, call :meth:`bind` again in whole-model
+        mode with a bound model, and :meth:`use_scaler` again under a GradScaler.
         """
         self.settings = pickled["settings"]
         self.group = None
@@ -521,6 +521,26 @@ class HookState:
         self._watch_recipe()
         self.load_state_dict(pickled["state"])
         self.last_stats = pickled["stats"]
+
+    def use_scaler(self, scaler: torch.amp.GradScaler | None) -> "HookState":
+        """Follow ``scaler``'s loss scale from now on (as ``HookState(..., scaler=)``).
+
+        For a state that lost its scaler (unpickled in another process) or was built
+        without one. Call it before the first compressed iteration of this process, on
+        every rank alike: with a scaler ``nonfinite`` becomes ``"propagate"`` unless it
+        was given, and the aggregators are built with it.
+
+        Returns:
+            This state.
+
+        Raises:
+            ValueError: not a GradScaler, or ``nonfinite="skip"`` (see :mod:`gssgd.amp`).
+        """
+        options = scaler_options(dict(self.settings.options), scaler)
+        if options != self.settings.options:
+            self.settings = dataclasses.replace(self.settings, options=options)
+        self._loss_scale.scaler = scaler
+        return self
 
     # ------------------------------------------------------------------ hook pieces
     def _compressing(self) -> bool:

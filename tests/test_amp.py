@@ -19,6 +19,7 @@ The worker functions live here too (spawned processes import this module).
 
 from __future__ import annotations
 
+import pickle
 import traceback
 
 import pytest
@@ -269,6 +270,20 @@ def test_a_scaler_makes_propagate_the_default_and_refuses_skip() -> None:
     assert state.options["nonfinite"] == "propagate"
     with pytest.raises(ValueError, match="nonfinite='nan' is invalid: it must be 'skip', 'raise' or 'propagate'"):
         HookState("topk", density=0.01, nonfinite="nan")
+
+
+def test_an_unpickled_state_takes_its_scaler_again() -> None:
+    scaler = torch.amp.GradScaler("cpu")
+    state = HookState("gs", density=0.01, scaler=scaler)
+    state._loss_scale.scale = 512.0  # as after compressed steps under the scaler
+    again = pickle.loads(pickle.dumps(state))
+    assert again._loss_scale.scaler is None and again._loss_scale.scale == 512.0
+    assert again.options["nonfinite"] == "propagate"  # the settings travel
+    assert again.use_scaler(scaler)._loss_scale.scaler is scaler
+    plain = HookState("topk", density=0.01).use_scaler(scaler)
+    assert plain.options["nonfinite"] == "propagate"
+    with pytest.raises(ValueError, match="nonfinite='skip' is invalid with a scaler"):
+        HookState("topk", density=0.01, nonfinite="skip").use_scaler(scaler)
 
 
 def test_the_follower_rescales_live_and_saved_state_by_the_scale_ratio() -> None:
