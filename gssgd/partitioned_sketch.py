@@ -154,9 +154,10 @@ class PartitionedSketch:
         Ties go to the lower global index and non-finite estimates rank first, exactly as
         ranking all ``d`` estimates would (the rules of :meth:`CountSketch.heavy_hitters`).
 
-        Steps: (1) each region's top ``min(k, d_b)`` (a global top-k coordinate is in
-        its region's top k); (2) shift them to global indices and sort, so that position
-        order is index order; (3) the top k of the union by ``|estimate|``, ties to the
+        Steps: (1) each region's top ``k`` (a global top-k coordinate is in its region's
+        top k), or all its estimates where ``d_b < 16 k`` (where screening cannot pay);
+        (2) shift them to global indices in increasing order, so that position order is
+        index order; (3) the top k of the union by ``|estimate|``, ties to the
         lower position; (4) sort by index.
 
         Returns:
@@ -170,10 +171,17 @@ class PartitionedSketch:
             raise ValueError(f"k={k!r} is invalid: it must be an integer in [1, {self.d}].")
         found, estimates = [], []
         for b, sk in enumerate(self.regions):
-            idx, est = sk.heavy_hitters(min(k, sk.d), ordered=False)
-            order = torch.argsort(idx)
-            found.append(idx[order] + self.offsets[b])
-            estimates.append(est[order])
+            if sk.d < 16 * k or not bool(torch.isfinite(sk.table).all()):
+                # k is a large share of the region (heavy_hitters would estimate all d_b
+                # anyway), or non-finite buckets: every estimate, already in index order
+                idx = torch.arange(sk.d, device=self.table.device)
+                est = sk.query()
+            else:
+                idx, est = sk.heavy_hitters(k, ordered=False)
+                order = torch.argsort(idx)
+                idx, est = idx[order], est[order]
+            found.append(idx + self.offsets[b])
+            estimates.append(est)
         cand, est = torch.cat(found), torch.cat(estimates)
         keep = torch.sort(topk_indices(_nonfinite_first(est.abs()), k, ordered=False)).values
         return cand[keep], est[keep]
