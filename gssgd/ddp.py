@@ -270,6 +270,9 @@ class HookState:
         group: process group; None means the default group.
         model: the model whose parameter order fixes the whole-model order (the DDP
             module or the module it wraps); same as calling :meth:`bind` later.
+        overlap: "none" (default), or "stream" with ``method="gs"`` and ``whole_model=True``:
+            the sketch table is cut by DDP bucket and each bucket's part is all-reduced
+            while backward runs (:mod:`gssgd.ddp_stream`; saved in :meth:`state_dict`).
         scaler: the run's ``torch.amp.GradScaler`` under float16 autocast, or None. With
             it ``nonfinite`` defaults to ``"propagate"`` and the residuals are kept in the
             units of its current loss scale (:mod:`gssgd.amp`).
