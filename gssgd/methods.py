@@ -47,6 +47,7 @@ __all__ = [
     "BENCH_VARIANTS",
     "DENSE_RECIPE",
     "SPARSE_RECIPE",
+    "SPARSE_WARMUP_STEPS",
     "METHODS",
     "Method",
     "Variant",
@@ -144,6 +145,12 @@ class Method:
         return (lr if self.lr is None else self.lr,
                 momentum if self.momentum is None else self.momentum)
 
+    def recipe_warmup_steps(self) -> int:
+        """Density warm-up steps ``gssgd train`` uses by default: :data:`SPARSE_WARMUP_STEPS`
+        for a sparse method whose options take ``warmup_steps``, else 0."""
+        takes = self.sparse and "warmup_steps" in self.option_names()
+        return SPARSE_WARMUP_STEPS if takes else 0
+
     def option_names(self) -> tuple[str, ...]:
         """The aggregator's option names (``k`` included for a sparse method)."""
         if self.aggregator is None:
@@ -163,6 +170,15 @@ DENSE_RECIPE = (0.05, 0.9)
 #: 0.001 and for most sketch runs at 0.0001. 0.2 is the stable choice; pass --lr 0.4 for
 #: local Top-k, where it was best and stable at 0.001 (98.1 % over three seeds).
 SPARSE_RECIPE = (0.2, 0.0)
+#: Density warm-up steps (from 25 % down to the target density, DGC's schedule) that
+#: ``gssgd train`` uses by default for sparse methods. docs/study.md, "Recipe", part R4
+#: (MNIST CNN, P = 4, 400 steps, lr 0.2, three seeds): at density 0.001 it moved every sparse
+#: method to within 0.4 point of dense (topk -0.13, Sketched-SGD -0.14, gs -0.16, gTop-k
+#: -0.36; without: -0.30, -0.71, -0.74, -1.22), and at 0.0001 it kept every method training
+#: (without it, at lr 0.4, gs and Sketched-SGD collapsed). It costs bytes: the first steps
+#: send up to a quarter of the gradient. ``--warmup-steps 0`` turns it off. The DDP hook's
+#: library default stays 0 (it does not know the run's length).
+SPARSE_WARMUP_STEPS = 100
 
 #: Name -> method, in registration order (the order of ``--help`` and the reports).
 METHODS: dict[str, Method] = {}

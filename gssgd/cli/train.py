@@ -13,7 +13,7 @@ from typing import Any
 from gssgd.aggregators.options import PAYLOAD_DTYPES
 from gssgd.amp import AMP_DTYPES
 from gssgd.cli.errors import run_command
-from gssgd.methods import DENSE_RECIPE, METHODS, SPARSE_RECIPE
+from gssgd.methods import DENSE_RECIPE, METHODS, SPARSE_RECIPE, SPARSE_WARMUP_STEPS
 from gssgd.train.config import TrainConfig, setting_applies_to
 from gssgd.train.launch import DEVICES
 from gssgd.train.loop import STATUS_COMPLETED, run_training
@@ -167,7 +167,8 @@ def _aggregation_flags(parser: argparse.ArgumentParser) -> None:
     agg.add_argument("--warmup-steps", type=int, default=None,
                      help="density warm-up (DGC): the first N aggregation steps send "
                      "exponentially fewer coordinates, from --warmup-density down to --density "
-                     f"({_applies('warmup_steps')}; default 0 = off)")
+                     f"({_applies('warmup_steps')}; default {SPARSE_WARMUP_STEPS}, the study's best; "
+                     "0 = off)")
     agg.add_argument("--warmup-density", type=float, default=None,
                      help="the density of the first warm-up step (default 0.25)")
     agg.add_argument("--local-clip", type=float, default=None, metavar="NORM",

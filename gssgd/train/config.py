@@ -212,6 +212,8 @@ class TrainConfig:
         recipe_lr, recipe_momentum = get_method(self.method).recipe()
         self.lr = recipe_lr if self.lr is None else self.lr
         self.momentum = recipe_momentum if self.momentum is None else self.momentum
+        if self.warmup_steps is None:
+            self.warmup_steps = get_method(self.method).recipe_warmup_steps() or None
         for name in ("steps", "batch_size", "seq_len", "threads"):
             _check_int(name, getattr(self, name), 1)
         for name in ("seed", "eval_every", "checkpoint_every"):

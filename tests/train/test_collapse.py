@@ -1,6 +1,7 @@
 """The collapse guard in a real training run: a case that diverges without it.
 
-digits, MLP (d = 17,226), 2 gloo workers, SGD lr 0.1 with momentum 0.9 after aggregation.
+digits, MLP (d = 17,226), 2 gloo workers, SGD lr 0.1 with momentum 0.9 after aggregation,
+no density warm-up (it would hide the collapse behind 100 steps of large sends).
 At density 0.01 (k = 172) a far too small sketch (3 x 172, m = 2) finds candidates little
 better than random ones: the residuals pile up, their delayed bursts make the test loss
 climb at every evaluation and the accuracy fall, and without the guard the run still
@@ -25,7 +26,7 @@ from gssgd.train.metrics import read_metrics
 
 SETUP: dict[str, Any] = dict(dataset="digits", model="mlp", workers=2, density=0.01, lr=0.1,
                              momentum=0.9, steps=150, eval_every=50, progress=False,
-                             timeout=60.0)
+                             timeout=60.0, warmup_steps=0)
 TOO_SMALL: dict[str, Any] = dict(method="gs", rows=3, cols=172, candidates=2)
 
 
