@@ -589,6 +589,18 @@ class HookState:
         )
         return [r for r, flag in enumerate(flags) if int(flag)]
 
+    def note_buckets_rebuilt(self) -> None:
+        """Say that the DDP model this state hooks has already run a backward in this process.
+
+        DDP lays its buckets out anew after a process's first backward, so per-bucket mode
+        keeps that first iteration uncompressed. A training loop that resumes from a
+        checkpoint runs one throwaway backward before registering the hook (as
+        ``gssgd train`` does) to give the buckets their final layout at once; calling this
+        then lets the resumed run's first iteration be compressed like the uninterrupted
+        run's, so the two end bitwise equal.
+        """
+        self._session_iters = max(self._session_iters, 1)
+
     def _iteration_stats(self) -> _IterationStats:
         if self._stats is None:
             self._stats = _IterationStats()

@@ -241,6 +241,8 @@ def _setup(worker: Worker, cfg: TrainConfig) -> _Run:
     sync = GradientSync(ddp, cfg, worker.world_size, scaler=scaler)
     if resumed is not None:
         sync.load_state_dict(resumed["ranks"][worker.rank]["sync"])
+        if sync.hook_state is not None:  # the buckets were rebuilt above, before the hook
+            sync.hook_state.note_buckets_rebuilt()
 
     is_main = worker.rank == 0
     if is_main:

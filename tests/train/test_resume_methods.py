@@ -31,7 +31,7 @@ BASE: dict[str, Any] = dict(dataset="digits", workers=2, batch_size=16, eval_eve
 #: Steps of the whole run. Compression starts at step 2 (the default start iteration), so
 #: the resume at STEPS // 2 = 4 lands among compressed steps, with residuals to carry.
 STEPS = 8
-MOMENTUM = {"none": {}, "local_momentum": {"local_momentum": 0.9}}
+MOMENTUM = {"none": {}, "local_momentum": {"local_momentum": 0.9}, "per_bucket": {"per_bucket": True}}
 
 
 def _cases() -> list:
