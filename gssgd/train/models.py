@@ -128,23 +128,35 @@ class BasicBlock(nn.Module):
         return torch.relu(out + self.shortcut(x))
 
 
+def resnet_trunk(in_channels: int, widths: tuple[int, ...]) -> tuple[nn.Sequential, nn.Sequential, int]:
+    """The convolutional trunk the ResNets here share.
+
+    A stem (3x3 conv, GroupNorm, ReLU) to ``widths[0]`` channels, then one BasicBlock per
+    width, the first at stride 1 and the others at stride 2.
+
+    Returns:
+        ``(stem, blocks, channels out)``.
+    """
+    stem = nn.Sequential(
+        nn.Conv2d(in_channels, widths[0], 3, padding=1, bias=False),
+        _group_norm(widths[0]),
+        nn.ReLU(),
+    )
+    blocks = []
+    width = widths[0]
+    for i, w in enumerate(widths):
+        blocks.append(BasicBlock(width, w, stride=1 if i == 0 else 2))
+        width = w
+    return stem, nn.Sequential(*blocks), width
+
+
 class SmallResNet(nn.Module):
     """A 3x3 stem, BasicBlocks of 16, 32 (stride 2) and 64 (stride 2) channels,
     global average pooling and a linear head. Works on any image size."""
 
     def __init__(self, in_channels: int, num_classes: int, widths: tuple[int, ...] = (16, 32, 64)):
         super().__init__()
-        self.stem = nn.Sequential(
-            nn.Conv2d(in_channels, widths[0], 3, padding=1, bias=False),
-            _group_norm(widths[0]),
-            nn.ReLU(),
-        )
-        blocks = []
-        width = widths[0]
-        for i, w in enumerate(widths):
-            blocks.append(BasicBlock(width, w, stride=1 if i == 0 else 2))
-            width = w
-        self.blocks = nn.Sequential(*blocks)
+        self.stem, self.blocks, width = resnet_trunk(in_channels, widths)
         self.head = nn.Sequential(
             nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(width, num_classes)
         )
