@@ -43,6 +43,8 @@ __all__ = [
     "RecursiveDoublingPlan",
     "Traffic",
     "allgather",
+    "completed_future",
+    "new_future",
     "recursive_doubling",
     "recursive_doubling_plan",
     "ring_allreduce",
@@ -381,3 +383,16 @@ class Communicator:
         self.stats.rounds += p - 1
         self.stats.seconds += time.perf_counter() - start
         return out
+
+
+def new_future(device: torch.device) -> torch.futures.Future[torch.Tensor]:
+    """A future that may hold tensors on ``device`` (CUDA futures must name their device):
+    what a DDP communication hook returns for a bucket it completes later."""
+    return torch.futures.Future(devices=[device] if device.type != "cpu" else None)
+
+
+def completed_future(tensor: torch.Tensor) -> torch.futures.Future[torch.Tensor]:
+    """A future that already holds ``tensor``."""
+    fut = new_future(tensor.device)
+    fut.set_result(tensor)
+    return fut

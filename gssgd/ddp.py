@@ -76,7 +76,7 @@ from torch.optim.optimizer import register_optimizer_step_pre_hook
 from gssgd.aggregators import AGGREGATORS, Aggregator, StepStats, build_options, make_aggregator
 from gssgd.aggregators.base import _all_finite
 from gssgd.amp import LossScaleFollower, scaler_options
-from gssgd.comm import Communicator
+from gssgd.comm import Communicator, completed_future, new_future
 from gssgd.ddp_stream import check_overlap, stream_hook
 
 __all__ = ["HookState", "comm_hook"]
@@ -196,17 +196,6 @@ def _layout_str(layout: _Layout) -> str:
     if all(pos >= 0 for pos, _ in layout):
         return "parameters " + str([pos for pos, _ in layout])
     return "unbound parameters of sizes " + str([n for _, n in layout])
-
-
-def _new_future(device: torch.device) -> torch.futures.Future[torch.Tensor]:
-    """A future that may hold tensors on ``device`` (CUDA futures must name their device)."""
-    return torch.futures.Future(devices=[device] if device.type != "cpu" else None)
-
-
-def _completed(tensor: torch.Tensor) -> torch.futures.Future[torch.Tensor]:
-    fut = _new_future(tensor.device)
-    fut.set_result(tensor)
-    return fut
 
 
 @dataclass
@@ -736,7 +725,7 @@ class HookState:
         update = agg.step(buffer)
         self._hand_over_unused(bucket.parameters(), bucket.gradients(), update)
         self._iteration_stats().add(agg.last_stats)
-        return _completed(update)
+        return completed_future(update)
 
     def _per_bucket_iteration(
         self, bucket: dist.GradBucket
@@ -773,7 +762,7 @@ class HookState:
         for e in self._pending:
             e.future.set_result(e.buffer)  # type: ignore[union-attr]
         self._pending = []
-        return _completed(this.buffer)
+        return completed_future(this.buffer)
 
     def _defer(self, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
         """Whole-model mode, a bucket before the last: stash it, return a pending future."""
@@ -782,7 +771,7 @@ class HookState:
             self._fail_pending(RuntimeError("an earlier backward pass did not finish"))
             self._stats = None
         buffer = bucket.buffer()
-        fut = _new_future(buffer.device)
+        fut = new_future(buffer.device)
         self._pending.append(_Pending(index, bucket.parameters(), bucket.gradients(), buffer, fut))
         return fut
 
@@ -831,7 +820,7 @@ class HookState:
         for e in self._pending:
             e.future.set_result(e.buffer)  # type: ignore[union-attr]
         self._pending = []
-        return _completed(this.buffer)
+        return completed_future(this.buffer)
 
 
 def comm_hook(state: HookState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:

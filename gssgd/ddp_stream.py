@@ -51,11 +51,10 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.distributed as dist
 
-from gssgd._select import topk_indices
 from gssgd.aggregators import build_options
 from gssgd.aggregators.gs import GlobalSketchSGD
 from gssgd.aggregators.options import GSOptions
-from gssgd.comm import Traffic, recursive_doubling, ring_allreduce
+from gssgd.comm import Traffic, completed_future, new_future, recursive_doubling, ring_allreduce
 from gssgd.partitioned_sketch import PartitionedSketch, region_columns
 
 if TYPE_CHECKING:
@@ -332,35 +331,12 @@ class StreamingGS(GlobalSketchSGD):
         if it.momentum is not None:
             self.momentum_buffer = it.momentum
 
-        audit = self.options.guard != "off" and self.guard.due() and k == self.k
-        if audit:
-            exact_global = self.comm.allreduce_backend(accumulated.clone())
-        if self.options.exact:
-            with self._timed("decompress"):
-                candidates = summed.heavy_hitters(it.candidates)[0]
-            exact = self._allreduce(accumulated[candidates])
-            with self._timed("decompress"):
-                keep = topk_indices(exact.abs(), k)
-                chosen, values = candidates[keep], exact[keep]
-        else:
-            with self._timed("decompress"):
-                cand, est = summed.heavy_hitters(k)
-                chosen, values = cand, est
-        with self._timed("decompress"):
-            update = torch.zeros_like(accumulated)
-            update[chosen] = values / self.world_size
-            self._keep_residual(accumulated, chosen)
-            mass = float(values.double().pow(2).sum())
-            total = summed.l2_estimate() ** 2
-            delivered = mass / total if total > 0 else 1.0
-        if audit:
-            best = exact_global[topk_indices(exact_global.abs(), k)]
-            best_mass = float(best.double().pow(2).sum())
-            if self.guard.collapsed(mass / best_mass if best_mass > 0 else 1.0):
-                self._on_collapse(self.guard.last_recall or 0.0)
-        if k == self.k:
-            self.guard.advance()
+        update, delivered = self._recover_and_update(accumulated, summed, k, it.candidates)
         return self._finish(update.to(it.grad.dtype), delivered_fraction=delivered)
+
+    def _candidates(self, summed: Any, num_candidates: int) -> torch.Tensor:
+        """The partitioned sketch's heavy hitters come sorted by global index already."""
+        return summed.heavy_hitters(num_candidates)[0]
 
     def _log_overlap(self) -> None:
         prefix = os.environ.get(OVERLAP_LOG_ENV)
@@ -375,16 +351,6 @@ class StreamingGS(GlobalSketchSGD):
 
 
 # ---------------------------------------------------------------------- the hook's part
-def _future(device: torch.device) -> torch.futures.Future[torch.Tensor]:
-    return torch.futures.Future(devices=[device] if device.type != "cpu" else None)
-
-
-def _done(tensor: torch.Tensor) -> torch.futures.Future[torch.Tensor]:
-    fut = _future(tensor.device)
-    fut.set_result(tensor)
-    return fut
-
-
 class StreamSession:
     """What :func:`stream_hook` keeps on a :class:`~gssgd.ddp.HookState` between calls:
     the bucket layout recorded in the last dense iteration and the buckets in flight."""
@@ -478,7 +444,7 @@ def stream_hook(state: HookState, bucket: dist.GradBucket) -> torch.futures.Futu
             state._follow_loss_scale()  # a GradScaler's units for the residual (gssgd.amp)
         agg.add_bucket(index, buffer)
         if not bucket.is_last():
-            fut = _future(buffer.device)
+            fut = new_future(buffer.device)
             session.pending.append((buffer, fut))
             return fut
         update = agg.finish()
@@ -497,4 +463,4 @@ def stream_hook(state: HookState, bucket: dist.GradBucket) -> torch.futures.Futu
         fut.set_result(buf)
     session.pending = []
     state._end_iteration()
-    return _done(buffer)
+    return completed_future(buffer)

@@ -150,15 +150,41 @@ class GlobalSketchSGD(Aggregator):
 
         summed = sketch.with_table(self._sum_tables(sketch.table))
 
+        update, delivered = self._recover_and_update(accumulated, summed, k, num_candidates)
+        return self._finish(update, delivered_fraction=delivered)
+
+    def _candidates(self, summed: Any, num_candidates: int) -> torch.Tensor:
+        """The ``num_candidates`` heaviest coordinates of the summed sketch, sorted by index:
+        the set is the same on every rank and, sorted, so is its order (the exact round sends
+        values only, matched by position)."""
+        return summed.heavy_hitters(num_candidates, ordered=False)[0].sort().values
+
+    def _recover_and_update(
+        self, accumulated: torch.Tensor, summed: Any, k: int, num_candidates: int
+    ) -> tuple[torch.Tensor, float]:
+        """Steps 4-6 on the all-reduced sketch: recover, fetch exact values, update, audit.
+
+        Args:
+            accumulated: this rank's error-compensated vector ``a_p`` (its chosen
+                coordinates are zeroed here: the residual update).
+            summed: the sketch of the global vector (a CountSketch, or any sketch with
+                ``heavy_hitters`` and ``l2_estimate``, such as the streaming layout's).
+            k: coordinates to deliver this step; num_candidates: the m*k of the exact round.
+
+        Returns:
+            ``(update, delivered fraction)``: the dense update (the k values / P, in the
+            residual's dtype) and the share of the sketch's estimated mass it delivered.
+
+        Raises:
+            SketchCollapseError: an audit found a collapse and the guard may not grow.
+        """
         audit = self.options.guard != "off" and self.guard.due() and k == self.k
         if audit:  # the exact global vector, before the residual update zeroes ``accumulated``
             exact_global = self.comm.allreduce_backend(accumulated.clone())
 
         if self.options.exact:
             with self._timed("decompress"):
-                # the set is the same on every rank; sorted, so is its order (the exact
-                # round sends values only, matched by position)
-                candidates = summed.heavy_hitters(num_candidates, ordered=False)[0].sort().values
+                candidates = self._candidates(summed, num_candidates)
             exact = self._allreduce(accumulated[candidates])
             with self._timed("decompress"):
                 keep = topk_indices(exact.abs(), k)
@@ -181,7 +207,7 @@ class GlobalSketchSGD(Aggregator):
                 self._on_collapse(self.guard.last_recall or 0.0)
         if k == self.k:  # audits count steady steps only (a warm-up step sends more)
             self.guard.advance()
-        return self._finish(update, delivered_fraction=delivered)
+        return update, delivered
 
     def agreement_fields(self) -> dict[str, Any]:
         return {**super().agreement_fields(), "cols": self.cols}
