@@ -26,6 +26,7 @@ import argparse
 import json
 from pathlib import Path
 
+from gssgd.bench.anchors import H200_ANCHOR
 from gssgd.bench.cost_advice import advise
 from gssgd.bench.cost_check import (
     ADVISE_EXCLUDES,
@@ -35,7 +36,7 @@ from gssgd.bench.cost_check import (
 )
 from gssgd.bench.cost_cluster import Link, StepTime
 from gssgd.bench.cost_fit import error_summary, load_measurements
-from gssgd.bench.devices import H200_ANCHOR, get_device
+from gssgd.bench.devices import get_device
 
 RESULTS = Path("docs/results")
 #: The models of the map: name -> (parameters, measured fwd+bwd seconds or None: estimated).

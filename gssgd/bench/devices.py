@@ -16,9 +16,9 @@ recovery). :class:`Device` holds what the cost model needs of both:
   the vector, ``torch.topk``, a sketch row's ``index_add_``) by what each method does, read
   from the spec's fields (does it send everything, does it sketch and with how many rows).
 
-Sources (copied here: users have no ``../shared``):
+Sources:
 
-* **H200**: ``h200_2026-11-29.json``, measured 2026-11-29 on one NVIDIA H200 with torch 2.11,
+* **H200**: :mod:`gssgd.bench.anchors`, measured 2026-11-29 on one NVIDIA H200 with torch 2.11,
   fp32, CUDA events, median of repeated runs, naive (unfused) torch ops at d = 25,557,032
   (ResNet-50's parameter count), k = d/1000: device copy 4.21 TB/s, one read of the
   gradient 0.0243 ms, ``torch.topk(g.abs(), k)`` 0.622 ms, a 5-row sketch by ``index_add_``
@@ -37,20 +37,12 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from gssgd.bench.anchors import H200_ANCHOR, RESNET50_D
 from gssgd.bench.cost_predict import CostModel
 from gssgd.bench.method_specs import MethodSpec
 from gssgd.methods import get_method
 
-__all__ = ["CPU_FWDBWD_S", "CPU_GAMMA", "DEVICES", "Device", "H200_ANCHOR", "get_device"]
-
-#: The H200 measurements the GPU constants come from (see the module docstring).
-H200_ANCHOR: dict[str, float] = {
-    "d": 25_557_032,
-    "read_floor_ms": 0.024284732364318277,
-    "topk_ms": 0.6220800280570984,
-    "sketch_precomputed_hash_ms_5_rows": 1.9151359796524048,
-    "resnet50_b64_fp32_fwdbwd_ms": 32.785919189453125,
-}
+__all__ = ["CPU_FWDBWD_S", "CPU_GAMMA", "DEVICES", "Device", "get_device"]
 
 #: Passes over the vector every sparse method makes besides its selection: add the
 #: residual, take |.|, gather the selected values, zero them in the residual, write the
@@ -114,8 +106,8 @@ class Device:
 
 
 def _h200() -> Device:
-    a = H200_ANCHOR
-    d = a["d"]
+    a = {**H200_ANCHOR, **H200_ANCHOR["sizes"][RESNET50_D]}
+    d = RESNET50_D
     return Device(
         name="h200",
         summary="NVIDIA H200 (torch 2.11, fp32, naive torch ops; measured 2026-11-29)",
@@ -123,8 +115,8 @@ def _h200() -> Device:
         software_s_per_byte=0.0,
         pass_s_per_elem=a["read_floor_ms"] * 1e-3 / d,
         topk_s_per_elem=a["topk_ms"] * 1e-3 / d,
-        sketch_s_per_elem_row=a["sketch_precomputed_hash_ms_5_rows"] * 1e-3 / (5 * d),
-        source="h200_2026-11-29.json: ResNet-50 b64 fwd+bwd, topk, index_add_ sketch, copy",
+        sketch_s_per_elem_row=a["sketch_precomputed_hash_ms"] * 1e-3 / (5 * d),  # 5 rows
+        source="gssgd.bench.anchors (2026-11-29): ResNet-50 b64 fwd+bwd, topk, index_add_ sketch, copy",
     )
 
 

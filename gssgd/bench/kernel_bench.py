@@ -25,7 +25,7 @@ paths run, the kernel's output checked against the torch path's (same table up t
 rounding, same indices, same estimates bit for bit). Without CUDA only the torch path runs,
 timed by ``time.perf_counter``, and the report says so.
 
-The measured H200 numbers of the naive torch implementations (:data:`H200_ANCHOR`, torch
+The measured H200 numbers of the naive torch implementations (:mod:`gssgd.bench.anchors`, torch
 2.11, 5 rows × 10·k, 2026-11-29) are printed beside the d they were measured at, with the
 issue's targets (:data:`TARGETS_MS`).
 """
@@ -46,6 +46,7 @@ import torch
 from gssgd import kernels
 from gssgd._select import exact_topk_indices, sampled_topk_indices
 from gssgd.aggregators.options import default_candidates, resolve_k
+from gssgd.bench.anchors import H200_ANCHOR, RESNET50_D
 from gssgd.sketch import CountSketch
 
 __all__ = [
@@ -66,34 +67,6 @@ __all__ = [
 CUDA_SIZES: tuple[int, ...] = (1_000_000, 25_557_032, 110_000_000)
 #: Without CUDA (the torch path on CPU): one size that finishes in about a minute.
 CPU_SIZES: tuple[int, ...] = (1_000_000,)
-
-#: One NVIDIA H200, torch 2.11, fp32, naive torch, 5 rows x 10·k columns, k = d/1000
-#: (the project's measured anchors of 2026-11-29; milliseconds, copy in TB/s).
-H200_ANCHOR: dict = {
-    "date": "2026-11-29",
-    "device": "NVIDIA H200, torch 2.11",
-    "copy_TBps": 4.20956370720414,
-    "resnet50_b64_fp32_fwdbwd_ms": 32.785919189453125,
-    "resnet50_b64_bf16_fwdbwd_ms": 29.638912200927734,
-    "sizes": {
-        25_557_032: {
-            "name": "resnet50",
-            "read_floor_ms": 0.024284732364318277,
-            "topk_ms": 0.6220800280570984,
-            "sketch_precomputed_hash_ms": 1.9151359796524048,
-            "sketch_onthefly_hash_ms": 7.865983963012695,
-            "query_median_topk_ms": 23.225631713867188,
-        },
-        110_000_000: {
-            "name": "bert_base",
-            "read_floor_ms": 0.10452389620496662,
-            "topk_ms": 2.341536045074463,
-            "sketch_precomputed_hash_ms": 7.985119819641113,
-            "sketch_onthefly_hash_ms": 32.79702377319336,
-            "query_median_topk_ms": 99.93011474609375,
-        },
-    },
-}
 
 #: The issue's targets on an H200 at d = 25.6M (milliseconds).
 TARGETS_MS: dict[str, float] = {"sketch": 0.1, "recover+select": 1.0}
@@ -425,7 +398,6 @@ def write_json(report: dict, path: Path) -> None:
 
 
 #: ResNet-50's parameter count: the d of the per-step compression timing.
-RESNET50_D = 25_557_032
 
 
 def compression_shares(
