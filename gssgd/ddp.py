@@ -307,16 +307,8 @@ class HookState:
         overlap: str = "none",
         **options: Any,
     ) -> None:
-        options = scaler_options(dict(options), scaler)
-        self.settings = HookSettings(
-            method, density, start_iter, whole_model, options, overlap
-        )
-        self.group = group
-        self._reset()
-        self._loss_scale.scaler = scaler
-        self._watch_recipe()
-        if model is not None:
-            self.bind(model)
+        settings = HookSettings(method, density, start_iter, whole_model, dict(options), overlap)
+        self._start(settings, group, model, scaler)
 
     @classmethod
     def from_settings(
@@ -329,17 +321,24 @@ class HookState:
         """A state for already validated :class:`HookSettings` (``gssgd train`` builds them
         from its config); otherwise the same as the constructor."""
         state = cls.__new__(cls)
-        options = scaler_options(dict(settings.options), scaler)
-        if options != settings.options:
-            settings = dataclasses.replace(settings, options=options)
-        state.settings = settings
-        state.group = group
-        state._reset()
-        state._loss_scale = LossScaleFollower(scaler)
-        state._watch_recipe()
-        if model is not None:
-            state.bind(model)
+        state._start(settings, group, model, scaler)
         return state
+
+    def _start(
+        self,
+        settings: HookSettings,
+        group: dist.ProcessGroup | None,
+        model: nn.Module | None,
+        scaler: torch.amp.GradScaler | None,
+    ) -> None:
+        """What both constructors do once the settings are validated."""
+        self.settings = settings
+        self.group = group
+        self._reset()
+        self.use_scaler(scaler)
+        self._watch_recipe()
+        if model is not None:
+            self.bind(model)
 
     def _watch_recipe(self) -> None:
         """For a sparse method: warn (once per process) if an optimizer with momentum steps

@@ -60,10 +60,19 @@ from gssgd.partitioned_sketch import PartitionedSketch, region_columns
 if TYPE_CHECKING:
     from gssgd.ddp import HookState
 
-__all__ = ["OVERLAP_MODES", "OverlapStats", "StreamingGS", "check_overlap", "stream_hook"]
+__all__ = [
+    "OVERLAP_MODES",
+    "STREAMING_METHODS",
+    "OverlapStats",
+    "StreamingGS",
+    "check_overlap",
+    "stream_hook",
+]
 
 #: The values of ``HookState(..., overlap=)`` and ``gssgd train --overlap``.
 OVERLAP_MODES: tuple[str, ...] = ("none", "stream")
+#: The methods ``overlap="stream"`` serves (it relies on the Count Sketch being linear).
+STREAMING_METHODS: tuple[str, ...] = ("gs",)
 
 #: When this environment variable holds a path prefix, every streamed iteration appends its
 #: :class:`OverlapStats` as a JSON line to ``PREFIX.rankR.jsonl`` (scripts/overlap_study.sh).
@@ -88,7 +97,7 @@ def check_overlap(overlap: object, method: str, whole_model: bool, options: dict
         )
     if overlap == "none":
         return
-    if method != "gs":
+    if method not in STREAMING_METHODS:
         raise ValueError(
             f"overlap='stream' is for method 'gs' only (got {method!r}): it relies on the "
             "Count Sketch being linear. Use overlap='none' with other methods."

@@ -18,6 +18,7 @@ from typing import Any
 from gssgd.aggregators.options import PAYLOAD_DTYPES
 from gssgd.amp import AMP_DTYPES
 from gssgd.ddp import HookSettings
+from gssgd.ddp_stream import STREAMING_METHODS
 from gssgd.methods import METHODS, applies_to, get_method
 from gssgd.train.launch import DEVICES
 from gssgd.train.models import MODELS
@@ -67,7 +68,7 @@ METHOD_SETTINGS: tuple[str, ...] = (
 )
 #: Method-specific TrainConfig fields that are neither options nor hook settings, and the
 #: methods that take them.
-_ONLY_FOR: dict[str, tuple[str, ...]] = {"overlap": ("gs",)}
+_ONLY_FOR: dict[str, tuple[str, ...]] = {"overlap": STREAMING_METHODS}
 
 
 def flag(name: str) -> str:
