@@ -52,6 +52,7 @@ import torch
 import torch.distributed as dist
 
 from gssgd.aggregators import build_options
+from gssgd.aggregators.base import state_dtype
 from gssgd.aggregators.gs import GlobalSketchSGD
 from gssgd.aggregators.options import GSOptions
 from gssgd.comm import Traffic, completed_future, new_future, recursive_doubling, ring_allreduce
@@ -195,13 +196,13 @@ class StreamingGS(GlobalSketchSGD):
         self._it: _Iteration | None = None
         self.last_overlap = OverlapStats()
 
-    def _build_sketch(self, cols: int) -> None:
-        self.cols = cols
-        self.sketch = self._partitioned(cols)  # type: ignore[assignment]
-
-    def _partitioned(self, cols: int) -> PartitionedSketch:
+    def _new_sketch(self, cols: int | None = None) -> PartitionedSketch:  # type: ignore[override]
+        """The table cut into one region per bucket (every sketch of this aggregator:
+        the steady one, the grown one and the warm-up's)."""
         return PartitionedSketch(
-            self.sizes, cols, lambda n, c: self.options.make_sketch(n, self.hashes, c)
+            self.sizes,
+            self.options.cols if cols is None else cols,
+            lambda n, c: self.options.make_sketch(n, self.hashes, c),
         )
 
     def agreement_fields(self) -> dict[str, Any]:
@@ -282,20 +283,8 @@ class StreamingGS(GlobalSketchSGD):
             self._agreed = True
         self.comm.take_stats()
         self.step_k = self._warmup.k_at(self.steps)
-        dtype = torch.promote_types(grad.dtype, torch.float32)  # the residual's dtype
-        if self.step_k == self.k:
-            self._warm_sketches.clear()
-            self.sketch = self.sketch.to(grad.device, dtype).zero_()
-            sketch, candidates = self.sketch, self.num_candidates
-        else:  # a density warm-up step: a wider sketch, cut the same way
-            cols, candidates = self.options.warmup_shape(
-                self.d, self.k, self.step_k, self.cols, self.num_candidates
-            )
-            warm = self._warm_sketches
-            if cols not in warm:
-                warm[cols] = self._partitioned(cols)  # type: ignore[assignment]
-            warm[cols] = warm[cols].to(grad.device, dtype).zero_()
-            sketch = warm[cols]
+        dtype = state_dtype(grad.dtype)  # the residual's
+        sketch, candidates = self._sketch_of_step(torch.empty(0, dtype=dtype, device=grad.device))
         return _Iteration(sketch, candidates, self.d, grad, dtype,  # type: ignore[arg-type]
                           self.options.momentum > 0)
 

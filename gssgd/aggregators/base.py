@@ -267,23 +267,28 @@ class Aggregator:
             return self.residual + self.momentum_buffer
         return self.residual + grad
 
-    def _sketch_of_step(self, grad: torch.Tensor) -> tuple[CountSketch, int]:
+    def _new_sketch(self, cols: int | None = None) -> CountSketch:
+        """Sketching methods: an empty sketch of ``d`` coordinates, ``cols`` columns (None:
+        the options' own) and the options' rows, hashes and table dtype."""
+        return self.options.make_sketch(self.d, self.hashes, cols)
+
+    def _sketch_of_step(self, like: torch.Tensor) -> tuple[CountSketch, int]:
         """Sketching methods: this step's empty sketch (on the device and in the dtype of
-        ``grad``, the error-compensated vector: float32 at least) and
+        ``like``, the error-compensated vector: float32 at least) and
         candidate count: the steady ``self.sketch`` and ``self.num_candidates``, or, during a
         density warm-up, larger ones (:meth:`SketchedOptions.warmup_shape`), one sketch per
-        distinct k, dropped when the warm-up ends."""
+        distinct k (from :meth:`_new_sketch`), dropped when the warm-up ends."""
         warm = self._warm_sketches
         if self.step_k == self.k:
             warm.clear()
-            self.sketch = self.sketch.to(grad.device, grad.dtype).zero_()
+            self.sketch = self.sketch.to(like.device, like.dtype).zero_()
             return self.sketch, self.num_candidates
         cols, candidates = self.options.warmup_shape(
             self.d, self.k, self.step_k, self.sketch.cols, self.num_candidates
         )
         if cols not in warm:
-            warm[cols] = self.options.make_sketch(self.d, self.hashes, cols)
-        warm[cols] = warm[cols].to(grad.device, grad.dtype).zero_()
+            warm[cols] = self._new_sketch(cols)
+        warm[cols] = warm[cols].to(like.device, like.dtype).zero_()
         return warm[cols], candidates
 
     def _keep_residual(self, accumulated: torch.Tensor, delivered: torch.Tensor) -> None:

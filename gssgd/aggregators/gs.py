@@ -77,7 +77,7 @@ class GlobalSketchSGD(Aggregator):
 
     def _build_sketch(self, cols: int) -> None:
         self.cols = cols
-        self.sketch = self.options.make_sketch(self.d, self.hashes, cols)
+        self.sketch = self._new_sketch(cols)
 
     @property
     def max_cols(self) -> int:

@@ -54,7 +54,7 @@ class SketchedSGD(Aggregator):
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
-        self.sketch = self.options.make_sketch(self.d, self.hashes)
+        self.sketch = self._new_sketch()
         self.num_candidates = self.options.num_candidates(self.k, self.d)
 
     def step(self, grad: torch.Tensor) -> torch.Tensor:
