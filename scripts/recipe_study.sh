@@ -7,6 +7,10 @@
 #   scripts/recipe_study.sh sweep2     # part R2b: lr 0.8, and warm-up at lr 0.4, every method
 #   scripts/recipe_study.sh seeds      # part R3: the chosen recipe, seeds 0-2, both densities
 #   scripts/recipe_study.sh seeds2     # part R4: lr 0.2 +/- warm-up, seeds 0-2, both densities
+#   scripts/recipe_study.sh d01    # part R5: the default recipe at density 0.01, seeds 0-2
+#   scripts/recipe_study.sh lm         # part R6: Shakespeare LSTM, P = 4: lr sweep on seed 0,
+#                                      # then each method's best lr on seeds 1-2
+#   scripts/recipe_study.sh p8         # part R7: `gssgd compare --workers 8` (the defaults), seeds 1-2
 #   .venv/bin/python scripts/recipe_report.py   # docs/study/recipe.json and recipe.md
 #
 # Raw runs go to $RECIPE_DIR (default runs/recipe, git-ignored): runs/<name>/ per run,
@@ -19,12 +23,14 @@ mkdir -p "$DIR/runs" "$DIR/logs"
 STATUS=$DIR/logs/status.tsv
 [ -f "$STATUS" ] || printf 'name\texit\tseconds\tcommand\n' > "$STATUS"
 COMMON=(--dataset mnist --model cnn --workers 4 --steps 400 --batch-size 32 --eval-every 100)
+LM=(--dataset shakespeare --model lm --workers 4 --steps 200 --batch-size 32 --seq-len 64
+    --eval-every 50)
 
 run() {  # run NAME ARGS...
     local name=$1; shift
     local out=$DIR/runs/$name
     [ -f "$out/summary.json" ] && { echo "skip  $name"; return 0; }
-    local cmd=("$GSSGD" train "${COMMON[@]}" "$@" --no-progress --out "$out" --overwrite)
+    local cmd=("$GSSGD" train "${BASE[@]}" "$@" --no-progress --out "$out" --overwrite)
     echo "run   $name: ${cmd[*]}"
     local t0=$SECONDS
     "${cmd[@]}" > "$DIR/logs/$name.log" 2>&1
@@ -34,6 +40,25 @@ run() {  # run NAME ARGS...
     return 0
 }
 
+best_lr() {  # best_lr PREFIX SUFFIX LR...: the lr whose seed-0 run ended with the lowest test loss
+    local prefix=$1 suffix=$2; shift 2
+    .venv/bin/python - "$DIR/runs" "$prefix" "$suffix" "$@" <<'PY'
+import json, math, sys
+from pathlib import Path
+runs, prefix, suffix, lrs = Path(sys.argv[1]), sys.argv[2], sys.argv[3], sys.argv[4:]
+def loss(lr: str) -> float:
+    path = runs / f"{prefix}{lr}{suffix}" / "summary.json"
+    if not path.exists():
+        return math.inf
+    summary = json.loads(path.read_text())
+    value = summary.get("final_test_loss")
+    ok = summary.get("status") == "completed" and value is not None and math.isfinite(value)
+    return value if ok else math.inf
+print(min(lrs, key=loss))
+PY
+}
+
+BASE=("${COMMON[@]}")
 part=${1:-sweep}
 case $part in
   sweep)
@@ -88,5 +113,52 @@ case $part in
         done
       done
     done ;;
-  *) echo "usage: $0 sweep|levers|sweep2|seeds|seeds2" >&2; exit 2 ;;
+  d01)  # part R5: the default recipe (lr 0.2, 100 warm-up steps) at density 0.01, and
+             # lr 0.4 on seed 0 to see whether the larger k wants a larger rate
+    for seed in 0 1 2; do
+      for m in topk gtopk sketched gs; do
+        run "$m-m0-lr0.2-wu100-d0.01-s$seed" --method "$m" --momentum 0 --lr 0.2 --density 0.01 \
+            --warmup-steps 100 --seed "$seed"
+        [ "$seed" = 0 ] && run "$m-m0-lr0.4-wu100-d0.01-s0" --method "$m" --momentum 0 --lr 0.4 \
+            --density 0.01 --warmup-steps 100 --seed 0
+      done
+    done ;;
+  lm)  # part R6: Shakespeare character LSTM, P = 4, 200 steps, density 0.001. Dense keeps SGD
+       # momentum 0.9 (lr 2.0 was the first pass's best, at its grid's edge, so 4.0 too); the
+       # sparse methods run plain SGD + error feedback with 50 warm-up steps (a quarter of the
+       # run, as 100 of 400 on MNIST) at lr 2.5, 5 and 10; then seeds 1-2 at each one's best lr
+    BASE=("${LM[@]}")
+    for lr in 2.0 4.0; do
+      run "lm-dense-m0.9-lr$lr-s0" --method dense --momentum 0.9 --lr "$lr" --seed 0
+    done
+    for m in topk gtopk sketched gs; do
+      for lr in 2.5 5 10; do
+        run "lm-$m-m0-lr$lr-wu50-d0.001-s0" --method "$m" --momentum 0 --lr "$lr" \
+            --density 0.001 --warmup-steps 50 --seed 0
+      done
+    done
+    lr=$(best_lr lm-dense-m0.9-lr -s0 2.0 4.0)
+    for seed in 1 2; do
+      run "lm-dense-m0.9-lr$lr-s$seed" --method dense --momentum 0.9 --lr "$lr" --seed "$seed"
+    done
+    for m in topk gtopk sketched gs; do
+      lr=$(best_lr "lm-$m-m0-lr" -wu50-d0.001-s0 2.5 5 10)
+      for seed in 1 2; do
+        run "lm-$m-m0-lr$lr-wu50-d0.001-s$seed" --method "$m" --momentum 0 --lr "$lr" \
+            --density 0.001 --warmup-steps 50 --seed "$seed"
+      done
+    done ;;
+  p8)  # part R7: the main job's defaults at P = 8 on seeds 1 and 2 (seed 0:
+       # docs/study/main_job_P8.json)
+    for seed in 1 2; do
+      out=$DIR/runs/p8-s$seed
+      [ -f "$out/results.json" ] && { echo "skip  p8-s$seed"; continue; }
+      echo "run   p8-s$seed"
+      t0=$SECONDS
+      "$GSSGD" compare --workers 8 --seed "$seed" --no-progress --out "$out" \
+          > "$DIR/logs/p8-s$seed.log" 2>&1
+      printf '%s\t%s\t%s\t%s\n' "p8-s$seed" "$?" "$((SECONDS - t0))" \
+          "$GSSGD compare --workers 8 --seed $seed" >> "$STATUS"
+    done ;;
+  *) echo "usage: $0 sweep|levers|sweep2|seeds|seeds2|d01|lm|p8" >&2; exit 2 ;;
 esac
