@@ -1,16 +1,22 @@
 """Summarise the recipe study's runs (scripts/recipe_study.sh) into docs/study/.
 
     .venv/bin/python scripts/recipe_report.py [--raw runs/recipe] [--out docs/study]
+        [--p8 runs/p8 runs/recipe/runs/p8-s1 runs/recipe/runs/p8-s2]
 
 Reads every ``RAW/runs/<name>/summary.json`` and ``metrics.jsonl`` and writes
 ``OUT/recipe.json`` (one record per run) and ``OUT/recipe.md`` (the tables that
-docs/study.md shows). Run names are ``METHOD-m<momentum>-lr<lr>[-wu<steps>]-d<density>-s<seed>``
-(``lm0.9`` for local momentum; dense runs have no density).
+docs/study.md shows). Run names are ``[lm-]METHOD-m<momentum>-lr<lr>[-wu<steps>]-d<density>-s<seed>``
+(``lm0.9`` for local momentum; dense runs have no density; ``lm-``: the Shakespeare LSTM,
+otherwise the MNIST CNN). The ``--p8`` directories are ``gssgd compare --workers 8`` outputs
+(one subdirectory per method), one per seed.
 
-Per cell (method, recipe, density) the tables give the mean and spread of the final test
-accuracy over seeds, the gap to dense's mean, the bytes each worker sent per step, and the
-bytes it had sent when it first came within 0.5 point of dense's final accuracy (at the
-evaluations, every 100 steps), as a fraction of what dense sent by the same step.
+Per cell (task, method, recipe, density) the tables give the mean and spread of the final
+metric over seeds (MNIST: test accuracy, higher is better; Shakespeare: test loss in nats per
+character, lower is better), the gap to dense's mean, the bytes each worker sent per step, and
+the bytes it had sent when it first came close to dense's final metric (MNIST: within 0.5
+point of its accuracy; Shakespeare: within 3 % of its loss) at an evaluation. Dense's
+reference is its best recipe by mean. A run the collapse guard stopped counts with the metric
+of its last evaluation (what its user is left with), and the seeds column says how many stopped.
 """
 
 from __future__ import annotations
@@ -19,102 +25,219 @@ import argparse
 import json
 import re
 import statistics
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 NAME = re.compile(
-    r"^(?P<method>[a-z]+)-(?P<mom>l?m[0-9.]+)-lr(?P<lr>[0-9.]+)(?:-wu(?P<wu>\d+))?"
-    r"(?:-d(?P<density>[0-9.]+))?-s(?P<seed>\d+)$"
+    r"^(?:(?P<task>lm)-)?(?P<method>[a-z]+)-(?P<mom>l?m[0-9.]+)-lr(?P<lr>[0-9.]+)"
+    r"(?:-wu(?P<wu>\d+))?(?:-d(?P<density>[0-9.]+))?-s(?P<seed>\d+)$"
 )
 
 
+@dataclass(frozen=True)
+class Task:
+    """What a task's table measures: the metric, its direction, and "close to dense"."""
+
+    title: str
+    metric: str  # the summary / metrics.jsonl key
+    label: str
+    higher_is_better: bool
+    close_label: str
+    close: Callable[[float, float], bool]  # close(value, dense_value)
+    fmt: Callable[[float], str]
+    gap: Callable[[float, float], str]  # gap(mean, dense_mean)
+
+
+MNIST = Task(
+    "MNIST CNN, P = 4, 400 steps",
+    "test_accuracy",
+    "test acc (mean)",
+    True,
+    "bytes to dense - 0.5 pt",
+    lambda v, ref: v >= ref - 0.005,
+    lambda v: f"{100 * v:.2f}",
+    lambda m, ref: f"{100 * (m - ref):+.2f} pt",
+)
+SHAKESPEARE = Task(
+    "Shakespeare LSTM, P = 4, 200 steps",
+    "test_loss",
+    "test loss (mean)",
+    False,
+    "bytes to dense + 3 %",
+    lambda v, ref: v <= 1.03 * ref,
+    lambda v: f"{v:.3f}",
+    lambda m, ref: f"{100 * (m / ref - 1):+.1f} %",
+)
+TASKS = {"mnist": MNIST, "lm": SHAKESPEARE}
+
+
+def _evals(run: Path, metric: str) -> list[tuple[int, float, float]]:
+    """(step, metric, bytes sent so far) at each evaluation of a run."""
+    rows = map(json.loads, (run / "metrics.jsonl").read_text().splitlines())
+    return [(r["step"], r[metric], r["bytes_sent_total"]) for r in rows if metric in r]
+
+
 def load(raw: Path) -> list[dict[str, Any]]:
-    """One record per finished run."""
+    """One record per finished run of ``RAW/runs``."""
     records = []
     for run in sorted((raw / "runs").iterdir()):
         m = NAME.match(run.name)
         summary_path = run / "summary.json"
         if not m or not summary_path.is_file():
             continue
+        task = m["task"] or "mnist"
+        metric = TASKS[task].metric
         summary = json.loads(summary_path.read_text())
-        evals = [
-            (r["step"], r["test_accuracy"], r["bytes_sent_total"])
-            for r in map(json.loads, (run / "metrics.jsonl").read_text().splitlines())
-            if "test_accuracy" in r
-        ]
-        records.append({
-            "name": run.name,
-            "method": m["method"],
-            "recipe": m["mom"] + f"-lr{m['lr']}" + (f"-wu{m['wu']}" if m["wu"] else ""),
-            "density": float(m["density"]) if m["density"] else None,
-            "seed": int(m["seed"]),
-            "status": summary["status"],
-            "final_test_accuracy": summary["final_test_accuracy"],
-            "bytes_sent_per_step": summary["bytes_sent_per_step"],
-            "bytes_sent_total": summary["bytes_sent_total"],
-            "evals": evals,
-        })
+        records.append(
+            {
+                "name": run.name,
+                "task": task,
+                "method": m["method"],
+                "recipe": m["mom"] + f"-lr{m['lr']}" + (f"-wu{m['wu']}" if m["wu"] else ""),
+                "density": float(m["density"]) if m["density"] else None,
+                "seed": int(m["seed"]),
+                "status": summary["status"],
+                "final": summary[f"final_{metric}"],
+                "bytes_sent_per_step": summary["bytes_sent_per_step"],
+                "bytes_sent_total": summary["bytes_sent_total"],
+                "evals": _evals(run, metric),
+            }
+        )
     return records
 
 
-def _bytes_to_reach(evals: list[tuple[int, float, float]], target: float) -> float | None:
-    for _, acc, sent in evals:
-        if acc >= target:
+def load_compare(dirs: Sequence[Path]) -> list[dict[str, Any]]:
+    """One record per method and seed of ``gssgd compare`` outputs (the P = 8 part)."""
+    records = []
+    for out in dirs:
+        settings_path = out / "settings.json"
+        if not settings_path.is_file():
+            continue
+        seed = json.loads(settings_path.read_text())["seed"]
+        for method, result in json.loads((out / "results.json").read_text()).items():
+            records.append(
+                {
+                    "name": f"{out.name}/{method}",
+                    "task": "p8",
+                    "method": method,
+                    "recipe": f"m{result['momentum']:g}-lr{result['lr']:g}",
+                    "density": None if method == "dense" else 0.001,
+                    "seed": seed,
+                    "status": result["status"],
+                    "final": result["final_test_accuracy"],
+                    "bytes_sent_per_step": result["bytes_sent_per_step"],
+                    "bytes_sent_total": result["bytes_sent_total"],
+                    "evals": _evals(out / method, "test_accuracy"),
+                }
+            )
+    return records
+
+
+def _bytes_to_close(evals: list[tuple[int, float, float]], ref: float, task: Task) -> float | None:
+    for _, value, sent in evals:
+        if task.close(value, ref):
             return sent
     return None
 
 
-def table(records: list[dict[str, Any]]) -> str:
-    """The markdown table of every (method, recipe, density) cell."""
-    dense = [r for r in records if r["method"] == "dense" and r["recipe"] == "m0.9-lr0.05"]
-    dense_acc = statistics.mean(r["final_test_accuracy"] for r in dense) if dense else None
-    dense_bytes = statistics.mean(r["bytes_sent_per_step"] for r in dense) if dense else None
+def _dense_reference(
+    records: list[dict[str, Any]], task: Task
+) -> tuple[str, float, float, int] | None:
+    """(recipe, mean final metric, mean bytes per step, seeds) of dense's best recipe."""
+    by_recipe: dict[str, list[dict[str, Any]]] = {}
+    for r in records:
+        if r["method"] == "dense" and r["final"] is not None:
+            by_recipe.setdefault(r["recipe"], []).append(r)
+    if not by_recipe:
+        return None
+    sign = 1 if task.higher_is_better else -1
+
+    def score(item: tuple[str, list[dict[str, Any]]]) -> tuple[int, float]:
+        # more seeds first (a one-seed recipe is not a reference), then the better mean
+        return len(item[1]), sign * statistics.mean(r["final"] for r in item[1])
+
+    recipe, runs = max(by_recipe.items(), key=score)
+    return (
+        recipe,
+        statistics.mean(r["final"] for r in runs),
+        statistics.mean(r["bytes_sent_per_step"] for r in runs),
+        len(runs),
+    )
+
+
+def table(records: list[dict[str, Any]], task: Task) -> str:
+    """The markdown table of every (method, recipe, density) cell of one task."""
+    ref = _dense_reference(records, task)
     cells: dict[tuple, list[dict[str, Any]]] = {}
     for r in records:
         cells.setdefault((r["density"] or 1.0, r["method"], r["recipe"]), []).append(r)
     lines = [
-        "| density | method | recipe | seeds | test acc (mean) | spread | vs dense | "
-        "bytes/worker/step | x fewer than dense | bytes to dense - 0.5 pt |",
+        f"| density | method | recipe | seeds | {task.label} | spread | vs dense | "
+        f"bytes/worker/step | x fewer than dense | {task.close_label} |",
         "|---|---|---|---|---|---|---|---|---|---|",
     ]
-    for (density, method, recipe), runs in sorted(cells.items(), key=lambda kv: (-kv[0][0], kv[0][1], kv[0][2])):
-        failed = [r for r in runs if r["final_test_accuracy"] is None]
+    for (density, method, recipe), runs in sorted(
+        cells.items(), key=lambda kv: (-kv[0][0], kv[0][1], kv[0][2])
+    ):
+        failed = [r for r in runs if r["final"] is None]
         if failed:
-            lines.append(f"| {density:g} | {method} | {recipe} | {len(runs)} | "
-                         f"{len(failed)} run(s) {failed[0]['status']} | | | | | |")
+            lines.append(
+                f"| {density:g} | {method} | {recipe} | {len(runs)} | "
+                f"{len(failed)} run(s) {failed[0]['status']} | | | | | |"
+            )
             continue
-        accs = [r["final_test_accuracy"] for r in runs]
-        mean = statistics.mean(accs)
-        spread = max(accs) - min(accs)
-        gap = "" if dense_acc is None else f"{100 * (mean - dense_acc):+.2f}"
+        stopped = [r for r in runs if r["status"] != "completed"]
+        seeds = str(len(runs)) + (f" ({len(stopped)} {stopped[0]['status']})" if stopped else "")
+        values = [r["final"] for r in runs]
+        mean = statistics.mean(values)
+        spread = max(values) - min(values)
         per_step = statistics.mean(r["bytes_sent_per_step"] for r in runs)
-        fewer = f"{dense_bytes / per_step:,.0f}x" if dense_bytes else ""
-        reach = ""
-        if dense_acc is not None:
-            got = [_bytes_to_reach(r["evals"], dense_acc - 0.005) for r in runs]
+        gap = fewer = reach = ""
+        if ref is not None:
+            gap = task.gap(mean, ref[1])
+            fewer = f"{ref[2] / per_step:,.0f}x"
+            got = [_bytes_to_close(r["evals"], ref[1], task) for r in runs]
             reach = ", ".join("not reached" if g is None else f"{g / 1e6:.1f} MB" for g in got)
         lines.append(
-            f"| {density:g} | {method} | {recipe} | {len(runs)} | {100 * mean:.2f} | "
-            f"{100 * spread:.2f} | {gap} | {per_step:,.0f} | {fewer} | {reach} |"
+            f"| {density:g} | {method} | {recipe} | {seeds} | {task.fmt(mean)} | "
+            f"{task.fmt(spread)} | {gap} | {per_step:,.0f} | {fewer} | {reach} |"
         )
-    if dense_acc is not None:
+    if ref is not None:
         lines.append("")
-        lines.append(f"Dense reference: {100 * dense_acc:.2f} % (mean of {len(dense)} seeds, "
-                     "SGD momentum 0.9, lr 0.05).")
+        lines.append(f"Dense reference: {task.fmt(ref[1])} (mean of {ref[3]} seeds, {ref[0]}).")
     return "\n".join(lines)
+
+
+def report(records: list[dict[str, Any]]) -> str:
+    """Every task's table under its title."""
+    parts = []
+    for key, task in (("mnist", MNIST), ("lm", SHAKESPEARE), ("p8", MNIST)):
+        rows = [r for r in records if r["task"] == key]
+        if rows:
+            title = task.title if key != "p8" else "MNIST CNN, P = 8, 400 steps (gssgd compare)"
+            parts.append(f"### {title}\n\n{table(rows, task)}")
+    return "\n\n".join(parts)
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--raw", type=Path, default=Path("runs/recipe"))
     ap.add_argument("--out", type=Path, default=Path("docs/study"))
+    ap.add_argument(
+        "--p8",
+        type=Path,
+        nargs="*",
+        default=[Path("runs/p8"), Path("runs/recipe/runs/p8-s1"), Path("runs/recipe/runs/p8-s2")],
+    )
     args = ap.parse_args()
-    records = load(args.raw)
+    records = load(args.raw) + load_compare(args.p8)
     args.out.mkdir(parents=True, exist_ok=True)
-    slim = [{k: v for k, v in r.items() if k != "evals"} | {"evals": r["evals"]} for r in records]
-    (args.out / "recipe.json").write_text(json.dumps(slim, indent=1) + "\n")
-    (args.out / "recipe.md").write_text(table(records) + "\n")
-    print(table(records))
+    (args.out / "recipe.json").write_text(json.dumps(records, indent=1) + "\n")
+    text = report(records)
+    (args.out / "recipe.md").write_text(text + "\n")
+    print(text)
 
 
 if __name__ == "__main__":
