@@ -108,6 +108,11 @@ def load(raw: Path) -> list[dict[str, Any]]:
     return records
 
 
+def _warmup_steps(run: Path) -> int:
+    """The density warm-up steps a run's config says it used (0: none)."""
+    return json.loads((run / "config.json").read_text()).get("warmup_steps") or 0
+
+
 def load_compare(dirs: Sequence[Path]) -> list[dict[str, Any]]:
     """One record per method and seed of ``gssgd compare`` outputs (the P = 8 part)."""
     records = []
@@ -122,7 +127,8 @@ def load_compare(dirs: Sequence[Path]) -> list[dict[str, Any]]:
                     "name": f"{out.name}/{method}",
                     "task": "p8",
                     "method": method,
-                    "recipe": f"m{result['momentum']:g}-lr{result['lr']:g}",
+                    "recipe": f"m{result['momentum']:g}-lr{result['lr']:g}"
+                    + (f"-wu{warmup}" if (warmup := _warmup_steps(out / method)) else ""),
                     "density": None if method == "dense" else 0.001,
                     "seed": seed,
                     "status": result["status"],
