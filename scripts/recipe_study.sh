@@ -11,6 +11,7 @@
 #   scripts/recipe_study.sh lm         # part R6: Shakespeare LSTM, P = 4: lr sweep on seed 0,
 #                                      # then each method's best lr on seeds 1-2
 #   scripts/recipe_study.sh p8         # part R7: `gssgd compare --workers 8` (the defaults), seeds 1-2
+#   scripts/recipe_study.sh gentle     # part R8: a warm-up from density 0.01, not 0.25 (bytes)
 #   .venv/bin/python scripts/recipe_report.py   # docs/study/recipe.json and recipe.md
 #
 # Raw runs go to $RECIPE_DIR (default runs/recipe, git-ignored): runs/<name>/ per run,
@@ -160,5 +161,14 @@ case $part in
       printf '%s\t%s\t%s\t%s\n' "p8-s$seed" "$?" "$((SECONDS - t0))" \
           "$GSSGD compare --workers 8 --seed $seed" >> "$STATUS"
     done ;;
-  *) echo "usage: $0 sweep|levers|sweep2|seeds|seeds2|d01|lm|p8" >&2; exit 2 ;;
+  gentle)  # part R8: the warm-up's first steps dominate a 400-step run's bytes (from density
+            # 0.25 they send 4.5 gradients' worth of coordinates); does one from 0.01 keep the
+            # accuracy at a tenth of the bytes? topk and gs (the bytes target's methods), seeds 0-2
+    for seed in 0 1 2; do
+      for m in topk gs; do
+        run "$m-m0-lr0.2-wu100from0.01-d0.001-s$seed" --method "$m" --momentum 0 --lr 0.2 \
+            --density 0.001 --warmup-steps 100 --warmup-density 0.01 --seed "$seed"
+      done
+    done ;;
+  *) echo "usage: $0 sweep|levers|sweep2|seeds|seeds2|d01|lm|p8|gentle" >&2; exit 2 ;;
 esac
