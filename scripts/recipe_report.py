@@ -6,7 +6,8 @@
 Reads every ``RAW/runs/<name>/summary.json`` and ``metrics.jsonl`` and writes
 ``OUT/recipe.json`` (one record per run) and ``OUT/recipe.md`` (the tables that
 docs/study.md shows). Run names are ``[lm-]METHOD-m<momentum>-lr<lr>[-wu<steps>]-d<density>-s<seed>``
-(``lm0.9`` for local momentum; dense runs have no density; ``lm-``: the Shakespeare LSTM,
+(``lm0.9`` for local momentum; ``wu100from0.01``: a warm-up that starts at density 0.01
+rather than 0.25; dense runs have no density; ``lm-``: the Shakespeare LSTM,
 otherwise the MNIST CNN). The ``--p8`` directories are ``gssgd compare --workers 8`` outputs
 (one subdirectory per method), one per seed.
 
@@ -32,7 +33,7 @@ from typing import Any
 
 NAME = re.compile(
     r"^(?:(?P<task>lm)-)?(?P<method>[a-z]+)-(?P<mom>l?m[0-9.]+)-lr(?P<lr>[0-9.]+)"
-    r"(?:-wu(?P<wu>\d+))?(?:-d(?P<density>[0-9.]+))?-s(?P<seed>\d+)$"
+    r"(?:-wu(?P<wu>\d+(?:from[0-9.]+)?))?(?:-d(?P<density>[0-9.]+))?-s(?P<seed>\d+)$"
 )
 
 
