@@ -1,7 +1,7 @@
 """Remake the cluster cost model's held-out check and its win map (docs/benchmarks.md,
 "Where each method wins on a GPU cluster").
 
-Usage (from the repository root; about 20 s):
+Usage (from the repository root; about 1-2 minutes):
 
     .venv/bin/python scripts/cost_map.py [--out docs/results/cost_cluster]
 
@@ -92,6 +92,11 @@ def run_check(out: Path) -> dict:
             "gamma": fitted.base.gamma,
             "efficiency": fitted.efficiency,
             "burst_credit": fitted.burst_credit,
+            "driven_alpha": fitted.driven_alpha,
+            "compute_laws": {
+                name: {"gamma_at_1M": law.gamma, "slope": law.slope}
+                for name, law in fitted.compute.items()
+            },
         },
     }
     (out / "check.json").write_text(json.dumps(record, indent=1) + "\n")
@@ -103,7 +108,10 @@ def run_check(out: Path) -> dict:
     for r in recs:
         if not r.within():
             print(f"  miss: {r.run}: ranked {r.recommended} first, {r.ratio:.2f}x {r.fastest}")
-    print(f"fitted on all: efficiency {fitted.efficiency}, burst credit {fitted.burst_credit}")
+    print(
+        f"fitted on all: efficiency {fitted.efficiency}, burst credit {fitted.burst_credit}, "
+        f"driven round {fitted.driven_alpha * 1e3:.2f} ms"
+    )
     return record
 
 

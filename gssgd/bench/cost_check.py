@@ -7,47 +7,73 @@ predictions say how often the method the model ranks first was the measured fast
 within 10 % of it), which is what ``gssgd advise`` relies on.
 
 The fit (:func:`fit_cells`) is :func:`gssgd.bench.cost_fit.calibrate` (``alpha`` from the
-latency probes, ``beta0``, each method's compute per element) plus two things of the
-emulated links:
+latency probes, ``beta0``) plus four things of this machine and its emulated links, each
+fitted on the training runs only:
 
-1. one efficiency per collective pattern (:func:`gssgd.bench.cost_cluster.pattern_of`): the
+1. compute per element that grows with ``d`` (:class:`ComputeLaw`): per method,
+   ``gamma(d) = gamma_1M * (d / 1M) ** slope``, a least-squares line through
+   ``log(seconds_compute / (d * share))`` against ``log d``. The slope is the caches: a
+   vector of 1M floats (4 MB) stays near the cores, one of 25M (100 MB) streams from
+   memory, so dense's few passes cost about twice as much per element at 25M as at 1M,
+   while the top-k methods' sort-bound work grows less (slopes 0.2 and 0.1).
+2. two costs per round: a round *inside one gloo collective* (the ring all-reduce, the
+   all-gather, the control all-gather) costs ``alpha``, the median of the training runs'
+   latency probes (a 4-byte all-gather timed in each run); a round that *a Python loop drives* (each exchange of
+   recursive doubling, each send or receive of the star through rank 0, with a combine in
+   between) costs ``driven_alpha``, fitted by least squares: the rank returns to Python,
+   combines, and its partner, sharing a core with other ranks, has to be scheduled again
+   before the next message moves. That wait is several times the probe's (about 3 ms
+   against 1 ms), and it is a property of workers that share cores, so the cluster model
+   (one core per worker) does not carry it;
+3. one efficiency per collective pattern (:func:`gssgd.bench.cost_cluster.pattern_of`): the
    median, over the pattern's points whose wire time is at least a fifth of their
-   communication, of ``wire time / (measured - compute - alpha * rounds)``;
-2. a burst credit: tbf lets a full bucket (``LinkShape(rate).burst_bytes``: 32 KB at
+   communication, of ``wire time / (measured - compute - latency)``;
+4. a burst credit: tbf lets a full bucket (``LinkShape(rate).burst_bytes``: 50 KB at
    100 Mbit/s, 500 KB at 1 Gbit/s) leave at memory speed after an idle moment, so each round
    on the critical path sends up to ``credit * burst`` bytes without wire time. ``credit``
-   is chosen from :data:`BURST_CREDITS` by the fit's squared relative error (step 1 is
-   redone for each).
+   is chosen from :data:`BURST_CREDITS` by the fit's squared relative error (steps 2 and 3
+   are redone for each).
 
-Both are properties of this machine's emulation: the cluster model
-(:mod:`gssgd.bench.cost_cluster`) uses neither. A bench comm step has no backward pass, so
-nothing overlaps here.
+All four are properties of this machine and its emulation: the cluster model
+(:mod:`gssgd.bench.cost_cluster`) uses none of them. A bench comm step has no backward
+pass, so nothing overlaps here.
 """
 
 from __future__ import annotations
 
+import functools
 import math
 import statistics
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
+
 from gssgd.bench.cost_cluster import PATTERNS, pattern_of
 from gssgd.bench.cost_fit import ErrorRow, Measurement, calibrate, load_measurements
 from gssgd.bench.cost_predict import CostModel
 from gssgd.bench.link_rate import LinkShape
-from gssgd.bench.method_specs import traffic
+from gssgd.bench.method_specs import MethodSpec, traffic
 from gssgd.comm import Traffic
+from gssgd.methods import get_method
 
 __all__ = [
     "ADVISE_EXCLUDES",
     "BURST_CREDITS",
+    "COMPUTE_REF_D",
+    "DRIVEN_PATTERNS",
     "CellModel",
+    "ComputeLaw",
     "RecommendationRow",
+    "Rounds",
     "find_runs",
     "fit_cells",
+    "fit_compute_law",
+    "fit_driven_alpha",
     "held_out_errors",
     "recommendation_check",
+    "rounds_of",
 ]
 
 #: Benchmark variants ``gssgd advise`` never recommends: gs without its exact round diverged
@@ -58,19 +84,156 @@ ADVISE_EXCLUDES: tuple[str, ...] = ("gs-estimate",)
 _WIRE_SHARE = 0.2
 #: The burst credits the fit chooses among (0: no credit; 1: a full bucket every round).
 BURST_CREDITS: tuple[float, ...] = (0.0, 0.25, 0.5, 0.75, 1.0)
+#: The patterns whose bulk rounds a Python loop drives (one send/receive per round, a
+#: combine between rounds), rather than one gloo collective call.
+DRIVEN_PATTERNS: tuple[str, ...] = ("recursive_doubling", "star")
+#: The vector size at which :class:`ComputeLaw` states its ``gamma`` (1M elements).
+COMPUTE_REF_D = 10**6
+#: The efficiencies and ``driven_alpha`` are refitted in turn (each uses the other) until
+#: ``driven_alpha`` moves by less than this fraction, or this many times.
+_ALTERNATION_TOL, _ALTERNATIONS = 1e-9, 30
+
+
+# --------------------------------------------------------------------------- rounds
+
+
+@dataclass(frozen=True)
+class Rounds:
+    """A method's rounds at one P, split by what drives them.
+
+    Attributes:
+        collective: rounds inside one gloo collective call (ring all-reduce, all-gather,
+            the control all-gather): each costs the link latency the probe measures.
+        driven: rounds a Python loop drives (recursive-doubling exchanges, the star's sends
+            and receives): each also waits for its partner to be scheduled again.
+    """
+
+    collective: int
+    driven: int
+
+    @property
+    def total(self) -> int:
+        return self.collective + self.driven
+
+
+@functools.lru_cache(maxsize=4096)
+def _traffic(spec: MethodSpec, world_size: int) -> Traffic:
+    """``traffic`` of a spec (cached: the fit asks for the same points many times)."""
+    return traffic(spec, world_size)
+
+
+@functools.lru_cache(maxsize=4096)
+def rounds_of(spec: MethodSpec, world_size: int) -> Rounds:
+    """Split ``spec``'s rounds at ``world_size`` into collective and driven ones.
+
+    Steps: the method's :class:`~gssgd.comm.Traffic` rounds, less its control all-gather's
+    (the aggregator's ``control_traffic``), are its bulk rounds; they are driven when its
+    pattern (:func:`pattern_of`) is one of :data:`DRIVEN_PATTERNS`, else collective.
+
+    Returns:
+        The split; ``total`` equals the traffic's rounds.
+    """
+    total = _traffic(spec, world_size).rounds
+    if pattern_of(spec) not in DRIVEN_PATTERNS:
+        return Rounds(collective=total, driven=0)
+    cls = get_method(spec.aggregator).aggregator
+    assert cls is not None
+    control = cls.control_traffic(world_size).rounds
+    return Rounds(collective=control, driven=max(0, total - control))
+
+
+# --------------------------------------------------------------------------- compute
+
+
+@dataclass(frozen=True)
+class ComputeLaw:
+    """A method's compute seconds per element on a core of its own, as a power of ``d``:
+    ``gamma * (d / COMPUTE_REF_D) ** slope`` (slope 0: the same at every size).
+
+    Attributes:
+        gamma: seconds per element at ``d = COMPUTE_REF_D``.
+        slope: how fast the cost per element grows with ``d`` (log-log).
+    """
+
+    gamma: float
+    slope: float = 0.0
+
+    def per_element(self, d: int) -> float:
+        return self.gamma * (d / COMPUTE_REF_D) ** self.slope
+
+    def seconds(self, d: int, share: float = 1.0) -> float:
+        """Compute seconds of a vector of ``d`` elements when ``share`` workers share a core."""
+        return share * self.per_element(d) * d
+
+
+def fit_compute_law(points: Sequence[tuple[int, float]]) -> ComputeLaw:
+    """The least-squares :class:`ComputeLaw` through ``(d, seconds per element per core)``
+    points (a line in log-log).
+
+    With a single ``d`` among the points the slope cannot be told and is 0 (``gamma`` is
+    then the points' geometric mean).
+
+    Raises:
+        ValueError: no points, or a non-positive value.
+    """
+    if not points or any(d <= 0 or v <= 0 for d, v in points):
+        raise ValueError(f"need positive (d, seconds per element) points, got {points!r}")
+    x = np.log(np.array([d / COMPUTE_REF_D for d, _ in points], dtype=float))
+    y = np.log(np.array([v for _, v in points], dtype=float))
+    if np.ptp(x) == 0:
+        return ComputeLaw(gamma=float(np.exp(y.mean())))
+    slope, intercept = np.polyfit(x, y, 1)
+    return ComputeLaw(gamma=float(np.exp(intercept)), slope=float(slope))
+
+
+def _compute_laws(measurements: Sequence[Measurement]) -> dict[str, ComputeLaw]:
+    """Step 1 of the module doc: one :class:`ComputeLaw` per method."""
+    points: dict[str, list[tuple[int, float]]] = {}
+    for m in measurements:
+        if m.seconds_compute > 0:
+            per_core = m.seconds_compute / (m.spec.d * m.compute_share)
+            points.setdefault(m.spec.name, []).append((m.spec.d, per_core))
+    return {name: fit_compute_law(p) for name, p in points.items()}
+
+
+# --------------------------------------------------------------------------- the model
 
 
 @dataclass
 class CellModel:
-    """A :class:`CostModel` with one wire efficiency per collective pattern and a burst
-    credit (the emulated links' token bucket; see the module doc)."""
+    """A :class:`CostModel` with the four terms of this machine (see the module doc).
+
+    Attributes:
+        base: alpha (seconds per collective round), beta0 and the constant gammas (for a
+            method without a :class:`ComputeLaw`).
+        efficiency: the fraction of the nominal rate each pattern's payload reaches.
+        burst_credit: the share of the tbf bucket each round sends free.
+        driven_alpha: seconds per driven round (None: the run's collective latency).
+        compute: each method's compute law.
+    """
 
     base: CostModel
     efficiency: dict[str, float] = field(default_factory=dict)
     burst_credit: float = 0.0
+    driven_alpha: float | None = None
+    compute: dict[str, ComputeLaw] = field(default_factory=dict)
 
     def eta(self, pattern: str) -> float:
         return self.efficiency.get(pattern, self.base.eta)
+
+    def latency(self, m: Measurement) -> float:
+        """Seconds of the step's rounds: collective ones at ``base.alpha`` (the training
+        runs' median probe), driven ones at ``driven_alpha``."""
+        r = rounds_of(m.spec, m.world_size)
+        driven = self.base.alpha if self.driven_alpha is None else self.driven_alpha
+        return self.base.alpha * r.collective + driven * r.driven
+
+    def compute_seconds(self, m: Measurement) -> float:
+        """The method's compute at the run's compute share (its law, else base gamma)."""
+        law = self.compute.get(m.spec.name)
+        if law is None:
+            return m.compute_share * self.base.gamma_of(m.spec) * m.spec.d
+        return law.seconds(m.spec.d, m.compute_share)
 
     def wire_bytes(self, m: Measurement, t: Traffic) -> float:
         """The critical bytes that pay wire time: less the burst credit of each round."""
@@ -79,15 +242,18 @@ class CellModel:
         credit = self.burst_credit * LinkShape(m.rate_bps).burst_bytes * t.rounds
         return max(0.0, t.critical_bytes - credit)
 
+    def bandwidth(self, m: Measurement) -> float:
+        """Seconds of the step's bytes: the slower of the software stack and the wire."""
+        t = _traffic(m.spec, m.world_size)
+        software = m.compute_share * self.base.beta0 * t.critical_bytes
+        if m.rate_bps is None:
+            return software
+        wire = self.wire_bytes(m, t) * 8.0 / (self.eta(pattern_of(m.spec)) * m.rate_bps)
+        return max(software, wire)
+
     def predict(self, m: Measurement) -> float:
         """The model's step time for a measured point, at its run's compute share."""
-        t = traffic(m.spec, m.world_size)
-        bandwidth = m.compute_share * self.base.beta0 * t.critical_bytes
-        if m.rate_bps is not None:
-            wire = self.wire_bytes(m, t) * 8.0 / (self.eta(pattern_of(m.spec)) * m.rate_bps)
-            bandwidth = max(bandwidth, wire)
-        compute = m.compute_share * self.base.gamma_of(m.spec) * m.spec.d
-        return self.base.alpha * t.rounds + bandwidth + compute
+        return self.latency(m) + self.bandwidth(m) + self.compute_seconds(m)
 
 
 def find_runs(root: str | Path) -> list[Path]:
@@ -103,17 +269,18 @@ def find_runs(root: str | Path) -> list[Path]:
 
 
 def fit_cells(measurements: Sequence[Measurement]) -> CellModel:
-    """Fit ``alpha``, ``beta0``, compute per method, one efficiency per pattern and the burst
-    credit (see the module doc).
+    """Fit ``alpha``, ``beta0``, compute per method, ``driven_alpha``, one efficiency per
+    pattern and the burst credit (see the module doc).
 
     Raises:
         ValueError: no measurements.
     """
     base = calibrate(measurements)
+    compute = _compute_laws(measurements)
     best: tuple[float, CellModel] | None = None
     for credit in BURST_CREDITS:
-        model = CellModel(base, burst_credit=credit)
-        model.efficiency = _pattern_efficiency(model, measurements)
+        model = CellModel(base, burst_credit=credit, compute=compute)
+        _alternate(model, measurements)
         cost = sum((model.predict(m) / m.seconds_per_step - 1.0) ** 2 for m in measurements)
         if best is None or cost < best[0]:
             best = (cost, model)
@@ -121,15 +288,50 @@ def fit_cells(measurements: Sequence[Measurement]) -> CellModel:
     return best[1]
 
 
+def _alternate(model: CellModel, measurements: Sequence[Measurement]) -> None:
+    """Refit the efficiencies and ``driven_alpha`` in turn until ``driven_alpha`` settles."""
+    for _ in range(_ALTERNATIONS):
+        before = model.driven_alpha
+        model.efficiency = _pattern_efficiency(model, measurements)
+        model.driven_alpha = fit_driven_alpha(model, measurements)
+        after = model.driven_alpha
+        if before is None or after is None:
+            continue
+        if abs(after - before) <= _ALTERNATION_TOL * max(abs(after), 1e-12):
+            return
+
+
+def fit_driven_alpha(model: CellModel, measurements: Sequence[Measurement]) -> float | None:
+    """The seconds per driven round that minimise the squared relative error of the step,
+    the rest of ``model`` fixed (step 2 of the module doc).
+
+    The step is linear in it: ``pred = rest + a * driven_rounds``, so the best ``a`` is
+    ``sum(f * (1 - rest / y)) / sum(f * f)`` with ``f = driven_rounds / y``, clipped at 0.
+
+    Returns:
+        The fitted value, or ``model.driven_alpha`` when no point has a driven round.
+    """
+    num = den = 0.0
+    without = CellModel(model.base, model.efficiency, model.burst_credit, 0.0, model.compute)
+    for m in measurements:
+        driven = rounds_of(m.spec, m.world_size).driven
+        if driven == 0:
+            continue
+        f = driven / m.seconds_per_step
+        num += f * (1.0 - without.predict(m) / m.seconds_per_step)
+        den += f * f
+    return model.driven_alpha if den == 0 else max(0.0, num / den)
+
+
 def _pattern_efficiency(model: CellModel, measurements: Sequence[Measurement]) -> dict[str, float]:
-    """Per pattern, the median of wire time over communication (step 1 of the module doc)."""
+    """Per pattern, the median of wire time over communication (step 3 of the module doc)."""
     ratios: dict[str, list[float]] = {p: [] for p in PATTERNS}
     for m in measurements:
         if m.rate_bps is None:
             continue
-        t = traffic(m.spec, m.world_size)
+        t = _traffic(m.spec, m.world_size)
         wire = model.wire_bytes(m, t) * 8.0 / m.rate_bps
-        comm = m.seconds_per_step - m.seconds_compute - model.base.alpha * t.rounds
+        comm = m.seconds_per_step - m.seconds_compute - model.latency(m)
         if comm > 0 and wire >= _WIRE_SHARE * comm:
             ratios[pattern_of(m.spec)].append(wire / comm)
     return {p: statistics.median(r) for p, r in ratios.items() if r}
