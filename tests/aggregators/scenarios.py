@@ -3,14 +3,21 @@
 from __future__ import annotations
 
 import dataclasses
+import traceback
 
 import torch
 import torch.distributed as dist
 
 import gssgd
+from gssgd.aggregators.guard import CollapseGuard
 
 D = 3000
-STEPS = 50
+#: Steps of every run: five past gs's first collapse audit (at compressed step
+#: ``first_audit`` = 20, counted from 0; the next comes 200 steps later), so the gs configs
+#: audit and train on after it, and "the guard never grew the default sketch" means
+#: something. Error feedback carries residuals from the first step on; more steps would
+#: only repeat the same code paths (the P = 8 run was the slowest test of the suite at 50).
+STEPS = CollapseGuard().first_audit + 5
 SKETCH = {"rows": 5, "cols": 300, "candidates": 3}
 
 #: config name -> (method, options incl. density or k, vector length)
@@ -191,3 +198,29 @@ def for_every_method(rank: int, world_size: int, scenario_name: str, *args) -> d
     """Run one scenario for every method in a single spawn (spawning costs seconds)."""
     scenario = globals()[scenario_name]
     return {m: scenario(rank, world_size, m, *args) for m in METHODS}
+
+
+#: Per world size, the fault scenarios (``for_every_method`` arguments) that run after
+#: ``run_all`` in its spawn: starting the processes again for each costs seconds. Every
+#: rank of a fault scenario raises or skips at the same step, so the group stays usable.
+FAULTS: dict[int, tuple[tuple[str, ...], ...]] = {
+    2: (("mismatched_density",), ("persistent_nonfinite", "skip")),
+    3: (("mismatched_density",), ("nonfinite_step",), ("persistent_nonfinite", "raise")),
+}
+
+
+def run_all_and_faults(rank: int, world_size: int) -> dict:
+    """``run_all``, then FAULTS[world_size] (under ``out["faults"][scenario args]``; a
+    scenario that raised is reported like a failed worker of ``run_workers``)."""
+    out = run_all(rank, world_size)
+    out["faults"] = {}
+    for fault in FAULTS[world_size]:
+        try:
+            out["faults"][fault] = for_every_method(rank, world_size, *fault)
+        except Exception as exc:  # noqa: BLE001 - reported to the test of this scenario
+            out["faults"][fault] = {
+                "__error__": repr(exc),
+                "__type__": type(exc).__name__,
+                "__traceback__": traceback.format_exc(),
+            }
+    return out

@@ -14,15 +14,16 @@ from tests.aggregators.reference import default_sketch, reference_run
 from tests.aggregators.scenarios import (
     CONFIGS,
     DEFAULT_SHAPE,
+    FAULTS,
     PREFIX_CONFIGS,
     PREFIX_SIZES,
     ROUNDED,
     SKETCH,
     STEPS,
     D,
-    for_every_method,
     make_grad,
     run_all,
+    run_all_and_faults,
     run_all_and_prefixes,
 )
 from tests.dist_utils import raise_worker_errors, run_workers
@@ -54,9 +55,19 @@ def results(world_size: int) -> list[dict]:
     """Per rank, ``{config name: result}``. P = 5, 6, 7 are subgroups of the P = 8 run."""
     if world_size in PREFIX_SIZES:
         return [rank["prefix"][world_size] for rank in results(8)[:world_size]]
-    out = run_workers(world_size, run_all_and_prefixes if world_size == 8 else run_all)
+    if world_size == 8:
+        fn = run_all_and_prefixes
+    else:
+        fn = run_all_and_faults if world_size in FAULTS else run_all
+    out = run_workers(world_size, fn)
     raise_worker_errors(out)
     return out
+
+
+def fault(world_size: int, *scenario: str) -> list[dict]:
+    """Per rank, ``{method: result}`` of a fault scenario of FAULTS (run after the configs,
+    in the spawn of ``results(world_size)``)."""
+    return [rank["faults"][scenario] for rank in results(world_size)]
 
 
 def k_of(name: str) -> int:
@@ -91,7 +102,8 @@ def test_update_matches_single_process_reference(world_size: int, name: str) -> 
     got = results(world_size)[0][name]["updates"].double().numpy()
     want, _ = reference(world_size, name)
     tol = 2e-3 if name == "dense16" else 1e-5
-    for t in range(STEPS):
+    assert len(got) == len(want) == STEPS
+    for t in range(len(want)):
         if name != "dense16":
             assert set(np.flatnonzero(got[t])) == set(np.flatnonzero(want[t])), f"step {t}"
         np.testing.assert_allclose(got[t], want[t], rtol=tol, atol=tol, err_msg=f"step {t}")
@@ -114,7 +126,7 @@ def test_residual_matches_reference(world_size: int, name: str) -> None:
 
 @pytest.mark.parametrize(("world_size", "name"), cases(CONSERVING))
 def test_no_gradient_mass_is_lost(world_size: int, name: str) -> None:
-    """sum_t,p g = P * sum_t update + sum_p e_p, over 50 steps."""
+    """sum_t,p g = P * sum_t update + sum_p e_p, over STEPS steps."""
     ranks = results(world_size)
     grads = sum(r[name]["grad_sum"] for r in ranks)
     delivered = world_size * ranks[0][name]["updates"].double().sum(0)
@@ -149,7 +161,8 @@ def test_gtopk_is_bitwise_the_float32_reference(world_size: int, name: str) -> N
     want, residuals = reference(world_size, name, np.float32)
     ranks = results(world_size)
     got = ranks[0][name]["updates"].numpy()
-    for t in range(STEPS):
+    assert len(got) == len(want) == STEPS
+    for t in range(len(want)):
         assert np.array_equal(got[t], want[t]), f"step {t}"
     for r, res in enumerate(ranks):
         assert np.array_equal(res[name]["residual"].numpy(), residuals[r]), f"rank {r}"
@@ -247,14 +260,17 @@ def test_gs_sends_under_a_tenth_of_dense_at_low_density() -> None:
 
 @pytest.mark.parametrize("world_size", [2, 3])
 def test_ranks_that_disagree_all_raise(world_size: int) -> None:
-    for per_method in run_workers(world_size, for_every_method, "mismatched_density"):
+    ranks = fault(world_size, "mismatched_density")
+    raise_worker_errors(ranks)
+    assert len(ranks) == world_size
+    for per_method in ranks:
         for method, msg in per_method.items():
             assert "ranks disagree" in msg, (method, msg)
             assert ("dtype" if method == "dense" else "'k'") in msg or "k (" in msg
 
 
 def test_nonfinite_gradient_skips_the_step_on_every_rank() -> None:
-    ranks = run_workers(3, for_every_method, "nonfinite_step")
+    ranks = fault(3, "nonfinite_step")
     raise_worker_errors(ranks)
     for per_method in ranks:
         for res in per_method.values():
@@ -268,7 +284,9 @@ def test_nonfinite_gradient_skips_the_step_on_every_rank() -> None:
 
 
 def test_persistent_nonfinite_stops_every_rank_after_max_skips() -> None:
-    for per_method in run_workers(2, for_every_method, "persistent_nonfinite", "skip"):
+    ranks = fault(2, "persistent_nonfinite", "skip")
+    raise_worker_errors(ranks)
+    for per_method in ranks:
         for method, msg in per_method.items():
             assert msg.startswith("step 4: step 4: non-finite gradient"), (method, msg)
             assert "3 consecutive steps were skipped" in msg
@@ -276,7 +294,9 @@ def test_persistent_nonfinite_stops_every_rank_after_max_skips() -> None:
 
 
 def test_nonfinite_raise_stops_every_rank_at_once() -> None:
-    for per_method in run_workers(3, for_every_method, "persistent_nonfinite", "raise"):
+    ranks = fault(3, "persistent_nonfinite", "raise")
+    raise_worker_errors(ranks)
+    for per_method in ranks:
         for method, msg in per_method.items():
             assert msg.startswith("step 2: step 2: non-finite gradient"), (method, msg)
             assert "nonfinite='raise'" in msg
