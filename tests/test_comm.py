@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+from functools import cache
+
 import pytest
 import torch
+import torch.distributed as dist
 
 from gssgd.comm import Communicator, recursive_doubling_plan
 from tests.dist_utils import raise_worker_errors, run_workers
@@ -23,8 +26,8 @@ def test_plan_pairs_every_rank_once_per_round(world_size: int) -> None:
                 assert plans[q].partners[p.partners.index(q)] == r  # partners are mutual
 
 
-def _collectives(rank: int, world_size: int) -> dict:
-    comm = Communicator()
+def _collectives(rank: int, world_size: int, group: dist.ProcessGroup | None = None) -> dict:
+    comm = Communicator(group)
     x = torch.full((6,), float(rank + 1))
     out = {"rd": comm.allreduce_recursive_doubling(x)}
     out["rd_stats"] = comm.take_stats()
@@ -37,10 +40,34 @@ def _collectives(rank: int, world_size: int) -> dict:
     return out
 
 
-@pytest.mark.parametrize("world_size", [1, 2, 3, 4, 5])
-def test_collectives_sum_and_count(world_size: int) -> None:
-    ranks = run_workers(world_size, _collectives)
+WORLD_SIZES = [1, 2, 3, 4, 5]
+
+
+def _collectives_on_every_prefix(rank: int, world_size: int) -> dict[int, dict]:
+    """``_collectives`` on the whole world, then on the subgroup of ranks ``0..P-1`` for
+    every smaller P: one spawn instead of one per world size (starting processes costs
+    seconds each). Every group is made before any rank uses one (new_group is collective)."""
+    groups = {size: dist.new_group(list(range(size))) for size in range(1, world_size)}
+    out = {world_size: _collectives(rank, world_size)}
+    for size, group in groups.items():
+        if rank < size:
+            out[size] = _collectives(rank, size, group)
+    dist.barrier()
+    return out
+
+
+@cache
+def _results() -> list[dict[int, dict]]:
+    ranks = run_workers(max(WORLD_SIZES), _collectives_on_every_prefix)
     raise_worker_errors(ranks)
+    return ranks
+
+
+@pytest.mark.parametrize("world_size", WORLD_SIZES)
+def test_collectives_sum_and_count(world_size: int) -> None:
+    """P = 5 on the whole world, P = 1 to 4 on subgroups of it (group-local ranks)."""
+    ranks = [per_size[world_size] for per_size in _results()[:world_size]]
+    assert len(ranks) == world_size
     total = world_size * (world_size + 1) / 2
     power = 1 << (world_size.bit_length() - 1)
     for r, res in enumerate(ranks):
