@@ -11,6 +11,8 @@ the columns and the candidates: the same run then learns instead of diverging. A
 that stays collapsed after two doublings (3 x 52, m = 1 at density 0.003) stops every
 worker at the same step with a message that says what to change, keeping the newest
 checkpoint.
+
+Speed: one launch of the two workers trains every run of the file in turn (see ``runs``).
 """
 
 from __future__ import annotations
@@ -21,13 +23,23 @@ from typing import Any
 import pytest
 
 from gssgd.train.checkpoint import CHECKPOINT_DIR, list_checkpoints
-from gssgd.train.loop import STATUS_COLLAPSED, STATUS_COMPLETED, TrainConfig, run_training
+from gssgd.train.launch import launch
+from gssgd.train.loop import STATUS_COLLAPSED, STATUS_COMPLETED, TrainConfig, prepare
 from gssgd.train.metrics import read_metrics
+from tests.train.test_resume_methods import train_all
 
 SETUP: dict[str, Any] = dict(dataset="digits", model="mlp", workers=2, density=0.01, lr=0.1,
                              momentum=0.9, steps=150, eval_every=50, progress=False,
                              timeout=60.0, warmup_steps=0)
 TOO_SMALL: dict[str, Any] = dict(method="gs", rows=3, cols=172, candidates=2)
+#: Every run of this file, by name: its settings beside SETUP.
+RUNS: dict[str, dict[str, Any]] = {
+    "off": dict(guard="off", **TOO_SMALL),
+    "topk": dict(method="topk"),
+    "gs": dict(method="gs"),
+    "grow": dict(TOO_SMALL),  # guard left at its default: "grow"
+    "stop": dict(method="gs", density=0.003, rows=3, cols=52, candidates=1, checkpoint_every=10),
+}
 
 
 def _test_curve(out: Path) -> tuple[list[float], list[float]]:
@@ -36,20 +48,21 @@ def _test_curve(out: Path) -> tuple[list[float], list[float]]:
     return [r["test_loss"] for r in evals], [r["test_accuracy"] for r in evals]
 
 
-def _train(out: Path, **settings: Any) -> dict[str, Any]:
-    summary = run_training(TrainConfig(out=str(out), **{**SETUP, **settings}))
-    assert summary is not None
-    return summary
-
-
 @pytest.fixture(scope="module")
-def unguarded(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, Any]]:
-    out = tmp_path_factory.mktemp("collapse") / "off"
-    return out, _train(out, guard="off", **TOO_SMALL)
+def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Path, dict[str, Any]]]:
+    """Every run of RUNS: (its --out, rank 0's summary). One launch of the two workers
+    trains them in turn, each from scratch as ``run_training`` would start it (starting
+    the workers costs about as much as a run)."""
+    root = tmp_path_factory.mktemp("collapse")
+    cfgs = [prepare(TrainConfig(out=str(root / name), **{**SETUP, **settings}))
+            for name, settings in RUNS.items()]  # fmt: skip
+    summaries = launch(train_all, 2, (cfgs,), timeout_s=SETUP["timeout"])
+    assert len(summaries) == len(RUNS) and all(s is not None for s in summaries)
+    return {name: (root / name, s) for name, s in zip(RUNS, summaries, strict=True)}
 
 
-def test_without_the_guard_the_too_small_sketch_diverges_silently(unguarded) -> None:
-    out, summary = unguarded
+def test_without_the_guard_the_too_small_sketch_diverges_silently(runs) -> None:
+    out, summary = runs["off"]
     assert summary["status"] == STATUS_COMPLETED  # nothing stopped it...
     losses, accuracies = _test_curve(out)
     # ...yet the test loss climbs at every evaluation and the accuracy falls.
@@ -57,16 +70,16 @@ def test_without_the_guard_the_too_small_sketch_diverges_silently(unguarded) -> 
     assert accuracies == sorted(accuracies, reverse=True) and accuracies[-1] < 0.6, accuracies
 
 
-def test_local_topk_and_the_default_sketch_train_on_the_same_setup(tmp_path: Path) -> None:
+def test_local_topk_and_the_default_sketch_train_on_the_same_setup(runs) -> None:
     for method in ("topk", "gs"):
-        summary = _train(tmp_path / method, method=method)
+        _, summary = runs[method]
+        assert summary["status"] == STATUS_COMPLETED, summary
         assert summary["final_test_accuracy"] > 0.9, summary
 
 
-def test_with_the_guard_the_same_run_grows_its_sketch_and_learns(unguarded, tmp_path: Path) -> None:
-    off_out, off = unguarded
-    out = tmp_path / "grow"
-    summary = _train(out, **TOO_SMALL)  # guard left at its default: "grow"
+def test_with_the_guard_the_same_run_grows_its_sketch_and_learns(runs) -> None:
+    off_out, _ = runs["off"]
+    out, summary = runs["grow"]
     assert summary["status"] == STATUS_COMPLETED
     log = (out / "metrics.jsonl").read_text()
     assert log  # the growth shows in the bytes: a grown sketch sends more per step
@@ -82,11 +95,9 @@ def test_with_the_guard_the_same_run_grows_its_sketch_and_learns(unguarded, tmp_
 
 
 def test_a_sketch_still_collapsed_after_two_doublings_stops_every_worker_with_advice(
-    tmp_path: Path,
+    runs,
 ) -> None:
-    out = tmp_path / "stop"
-    summary = _train(out, method="gs", density=0.003, rows=3, cols=52, candidates=1,
-                     checkpoint_every=10)
+    out, summary = runs["stop"]
     assert summary["status"] == STATUS_COLLAPSED
     message = summary["message"]
     assert "collapsed" in message and "Raise cols or candidates" in message, message
