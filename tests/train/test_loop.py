@@ -12,7 +12,7 @@ import torch
 
 from gssgd.comm import ring_allreduce_bytes
 from gssgd.train.checkpoint import CHECKPOINT_DIR, CheckpointError, resolve_checkpoint
-from gssgd.train.launch import WorkerFailed
+from gssgd.train.launch import WorkerFailed, launch
 from gssgd.train.loop import (
     STATUS_COMPLETED,
     STATUS_NONFINITE,
@@ -23,6 +23,7 @@ from gssgd.train.loop import (
 )
 from gssgd.train.metrics import read_metrics
 from gssgd.train.sync import builtin_hook_bytes
+from tests.train.test_resume_methods import train_all
 
 # Small and fast: 2 workers on digits (d = 11,482 for the CNN).
 DIGITS: dict[str, Any] = dict(dataset="digits", workers=2, batch_size=16, eval_every=5,
@@ -35,14 +36,30 @@ def _model(run: Path) -> dict[str, torch.Tensor]:
 
 
 @pytest.fixture(scope="module")
-def gs_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, Any]]:
+def first_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Path, dict[str, Any]]]:
+    """The runs that need no launch of their own, by name: (--out, rank 0's summary). One
+    launch of the workers trains them in turn, each from scratch as ``run_training`` would
+    start it (starting the workers costs about as much as a run):
+
+    * ``gs``: an uninterrupted gs run of STEPS steps, checkpointing every 8;
+    * ``nonfinite``: a ddp-allreduce run whose loss stops being finite (lr 1e6)."""
+    root = tmp_path_factory.mktemp("first")
+    settings = {
+        "gs": dict(method="gs", steps=STEPS, checkpoint_every=8),
+        "nonfinite": dict(method="ddp-allreduce", steps=30, lr=1e6),
+    }
+    cfgs = [
+        prepare(TrainConfig(out=str(root / name), **s, **DIGITS)) for name, s in settings.items()
+    ]
+    summaries = launch(train_all, 2, (cfgs,), timeout_s=DIGITS["timeout"])
+    assert len(summaries) == len(settings) and all(s is not None for s in summaries)
+    return {name: (root / name, s) for name, s in zip(settings, summaries, strict=True)}
+
+
+@pytest.fixture(scope="module")
+def gs_run(first_runs) -> tuple[Path, dict[str, Any]]:
     """An uninterrupted gs run of STEPS steps, checkpointing every 8."""
-    out = tmp_path_factory.mktemp("gs") / "run"
-    summary = run_training(
-        TrainConfig(method="gs", steps=STEPS, checkpoint_every=8, out=str(out), **DIGITS)
-    )
-    assert summary is not None
-    return out, summary
+    return first_runs["gs"]
 
 
 # ---------------------------------------------------------------------------- a whole run
@@ -107,8 +124,11 @@ def test_powersgd_resume_is_bitwise_too(tmp_path: Path) -> None:
     steps = 8
     full, part = tmp_path / "full", tmp_path / "part"
     base = dict(method="powersgd", steps=steps, **{**DIGITS, "workers": 1, "eval_every": 0})
-    run_training(TrainConfig(out=str(full), **base))
-    run_training(TrainConfig(out=str(part), **{**base, "steps": steps // 2}))
+    # The whole run and the first half share one launch; the resume gets a fresh one.
+    first = [prepare(TrainConfig(out=str(full), **base)),
+             prepare(TrainConfig(out=str(part), **{**base, "steps": steps // 2}))]  # fmt: skip
+    launch(train_all, 1, (first,), timeout_s=DIGITS["timeout"])
+    assert resolve_checkpoint(part).name == "step-00000004.pt"
     run_training(TrainConfig(out=str(part), resume=str(part), **base))
     want, got = _model(full), _model(part)
     assert all(torch.equal(want[k], got[k]) for k in want)
@@ -166,15 +186,13 @@ def test_a_fresh_run_does_not_write_over_an_earlier_one(gs_run, tmp_path: Path) 
     assert not list((copy / CHECKPOINT_DIR).glob("step-*.pt"))
 
 
-def test_non_finite_loss_stops_every_worker_cleanly(tmp_path: Path) -> None:
-    summary = run_training(
-        TrainConfig(method="ddp-allreduce", steps=30, lr=1e6, out=str(tmp_path), **DIGITS)
-    )
+def test_non_finite_loss_stops_every_worker_cleanly(first_runs) -> None:
+    out, summary = first_runs["nonfinite"]
     assert summary is not None
     assert summary["status"] == STATUS_NONFINITE
     assert "not finite" in summary["message"] and "--lr" in summary["message"]
     assert summary["steps"] < 30
-    assert len(read_metrics(tmp_path / "metrics.jsonl")) == summary["steps"]
+    assert len(read_metrics(out / "metrics.jsonl")) == summary["steps"]
 
 
 # ---------------------------------------------------------------------------- settings
