@@ -14,17 +14,20 @@ fitted on the training runs only:
    ``gamma(d) = gamma_1M * (d / 1M) ** slope``, a least-squares line through
    ``log(seconds_compute / (d * share))`` against ``log d``. The slope is the caches: a
    vector of 1M floats (4 MB) stays near the cores, one of 25M (100 MB) streams from
-   memory, so dense's few passes cost about twice as much per element at 25M as at 1M,
-   while the top-k methods' sort-bound work grows less (slopes 0.2 and 0.1).
+   memory, so dense's few passes cost 2.6 times as much per element at 25M as at 1M
+   (slope 0.3), the top-k methods' selection 1.3 times (slopes 0.08-0.1) and gs's
+   sketching about the same (slope 0-0.1).
 2. two costs per round: a round *inside one gloo collective* (the ring all-reduce, the
    all-gather, the control all-gather) costs ``alpha``, the median of the training runs'
-   latency probes (a 4-byte all-gather timed in each run); a round that *a Python loop drives* (each exchange of
-   recursive doubling, each send or receive of the star through rank 0, with a combine in
-   between) costs ``driven_alpha``, fitted by least squares: the rank returns to Python,
-   combines, and its partner, sharing a core with other ranks, has to be scheduled again
-   before the next message moves. That wait is several times the probe's (about 3 ms
-   against 1 ms), and it is a property of workers that share cores, so the cluster model
-   (one core per worker) does not carry it;
+   latency probes (a 4-byte all-gather timed in each run); a round that *a Python loop
+   drives* (each exchange of recursive doubling, each send or receive of the star through
+   rank 0, with a combine in between) costs ``driven_alpha * share``, ``share`` being the
+   run's compute share (ranks per core) and ``driven_alpha`` fitted by least squares: the
+   rank returns to Python, combines, and its partner, sharing a core with ``share - 1``
+   other ranks, has to be scheduled again before the next message moves, so the wait grows
+   with the ranks per core. It is several times the probe's (2.2 ms times a share of
+   1.4-4.5, against 1.2 ms), and it is a property of workers that share cores, so the
+   cluster model (one core per worker) does not carry it;
 3. one efficiency per collective pattern (:func:`gssgd.bench.cost_cluster.pattern_of`): the
    median, over the pattern's points whose wire time is at least a fifth of their
    communication, of ``wire time / (measured - compute - latency)``;
@@ -208,7 +211,8 @@ class CellModel:
             method without a :class:`ComputeLaw`).
         efficiency: the fraction of the nominal rate each pattern's payload reaches.
         burst_credit: the share of the tbf bucket each round sends free.
-        driven_alpha: seconds per driven round (None: the run's collective latency).
+        driven_alpha: seconds per driven round per unit of compute share (None: a driven
+            round costs ``base.alpha`` like a collective one).
         compute: each method's compute law.
     """
 
@@ -223,10 +227,11 @@ class CellModel:
 
     def latency(self, m: Measurement) -> float:
         """Seconds of the step's rounds: collective ones at ``base.alpha`` (the training
-        runs' median probe), driven ones at ``driven_alpha``."""
+        runs' median probe), driven ones at ``driven_alpha`` times the run's compute share."""
         r = rounds_of(m.spec, m.world_size)
-        driven = self.base.alpha if self.driven_alpha is None else self.driven_alpha
-        return self.base.alpha * r.collective + driven * r.driven
+        if self.driven_alpha is None:
+            return self.base.alpha * r.total
+        return self.base.alpha * r.collective + self.driven_alpha * m.compute_share * r.driven
 
     def compute_seconds(self, m: Measurement) -> float:
         """The method's compute at the run's compute share (its law, else base gamma)."""
@@ -302,11 +307,12 @@ def _alternate(model: CellModel, measurements: Sequence[Measurement]) -> None:
 
 
 def fit_driven_alpha(model: CellModel, measurements: Sequence[Measurement]) -> float | None:
-    """The seconds per driven round that minimise the squared relative error of the step,
-    the rest of ``model`` fixed (step 2 of the module doc).
+    """The seconds per driven round and unit of compute share that minimise the squared
+    relative error of the step, the rest of ``model`` fixed (step 2 of the module doc).
 
-    The step is linear in it: ``pred = rest + a * driven_rounds``, so the best ``a`` is
-    ``sum(f * (1 - rest / y)) / sum(f * f)`` with ``f = driven_rounds / y``, clipped at 0.
+    The step is linear in it: ``pred = rest + a * share * driven_rounds``, so the best ``a``
+    is ``sum(f * (1 - rest / y)) / sum(f * f)`` with ``f = share * driven_rounds / y``,
+    clipped at 0.
 
     Returns:
         The fitted value, or ``model.driven_alpha`` when no point has a driven round.
@@ -314,7 +320,7 @@ def fit_driven_alpha(model: CellModel, measurements: Sequence[Measurement]) -> f
     num = den = 0.0
     without = CellModel(model.base, model.efficiency, model.burst_credit, 0.0, model.compute)
     for m in measurements:
-        driven = rounds_of(m.spec, m.world_size).driven
+        driven = rounds_of(m.spec, m.world_size).driven * m.compute_share
         if driven == 0:
             continue
         f = driven / m.seconds_per_step
