@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import io
 import pickle
+import traceback
 
 import torch
 import torch.distributed as dist
@@ -174,6 +175,24 @@ def run_all(rank: int, world_size: int) -> dict:
         rank, "gs", True, METHODS["gs"], {"gradient_as_bucket_view": True})
     out["gs-momentum-bucket"] = train_against_reference(
         rank, "gs", False, {**METHODS["gs"], "momentum": 0.9})
+    return out
+
+
+def run_all_resume_and_errors(rank: int, world_size: int) -> dict:
+    """``run_all``, then ``resume`` and ``errors`` (under ``"scenario/resume"`` and
+    ``"scenario/errors"``) on the same processes: starting processes again costs seconds.
+    Each builds its own DDP models and hook states; a scenario that raised is reported like
+    a failed worker of ``run_workers``, to the tests of that scenario."""
+    out = run_all(rank, world_size)
+    for name, scenario in (("resume", resume), ("errors", errors)):
+        try:
+            out[f"scenario/{name}"] = scenario(rank, world_size)
+        except Exception as exc:  # noqa: BLE001 - reported to the tests of the scenario
+            out[f"scenario/{name}"] = {
+                "__error__": repr(exc),
+                "__type__": type(exc).__name__,
+                "__traceback__": traceback.format_exc(),
+            }
     return out
 
 

@@ -21,23 +21,27 @@ RUNS = [f"{m}-{mode}" for m in scen.METHODS for mode in scen.MODES] + [
 
 @cache
 def results(world_size: int) -> list[dict]:
-    out = run_workers(world_size, scen.run_all)
+    """Per rank, ``{run: result}``; at P = 2 the resume and error scenarios too (see
+    ``scen.run_all_resume_and_errors``: one spawn instead of three)."""
+    fn = scen.run_all_resume_and_errors if world_size == 2 else scen.run_all
+    out = run_workers(world_size, fn)
     raise_worker_errors(out)
     return out
 
 
-@cache
+def _scenario(name: str) -> list[dict]:
+    """Per rank, the result of ``scen.<name>(rank, 2)``, run in the spawn of ``results(2)``."""
+    out = [rank[f"scenario/{name}"] for rank in results(2)]
+    raise_worker_errors(out)
+    return out
+
+
 def resume_results() -> dict:
-    out = run_workers(2, scen.resume)
-    raise_worker_errors(out)
-    return out[0]
+    return _scenario("resume")[0]
 
 
-@cache
 def error_results() -> list[dict]:
-    out = run_workers(2, scen.errors)
-    raise_worker_errors(out)
-    return out
+    return _scenario("errors")
 
 
 @cache
