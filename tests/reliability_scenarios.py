@@ -52,3 +52,8 @@ def train_odd_model(rank: int, world_size: int, method: str, mixed: bool) -> dic
         "frozen_unchanged": torch.equal(model.frozen.weight, OddModel(mixed).frozen.weight),
         "iter": state.iter,
     }
+
+
+def train_odd_models(rank: int, world_size: int, method: str, variants: tuple[bool, ...]) -> dict:
+    """``train_odd_model`` for every ``mixed`` of ``variants`` in turn (one spawn), by it."""
+    return {mixed: train_odd_model(rank, world_size, method, mixed) for mixed in variants}
