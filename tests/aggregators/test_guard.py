@@ -2,13 +2,35 @@
 
 from __future__ import annotations
 
-from tests.aggregators.guard_scenarios import D, run_guard
+from functools import cache
+
+from tests.aggregators.guard_scenarios import D, run_guard, run_guards
 from tests.dist_utils import raise_worker_errors, run_workers
+
+#: The P = 2 runs, by name: ``run_guard``'s (cols, guard, steps). One spawn runs them all
+#: (starting processes costs more than the runs); each raises or stops on every rank alike.
+TWO_RANK_RUNS: dict[str, tuple[int, str, int]] = {
+    "healthy": (2000, "grow", 45),
+    "raise": (8, "raise", 30),
+    "give_up": (8, "grow", 80),
+}
+
+
+@cache
+def _two_rank_results() -> list[dict]:
+    out = run_workers(2, run_guards, TWO_RANK_RUNS)
+    raise_worker_errors(out)
+    return out
+
+
+def _two_ranks(name: str) -> list[dict]:
+    out = [rank[name] for rank in _two_rank_results()]
+    raise_worker_errors(out)
+    return out
 
 
 def test_healthy_sketch_is_left_alone() -> None:
-    ranks = run_workers(2, run_guard, 2000, "grow", 45)
-    raise_worker_errors(ranks)
+    ranks = _two_ranks("healthy")
     for res in ranks:
         assert res["cols"] == 2000
         assert res["recalls"][-1] is not None and res["recalls"][-1] > 0.5
@@ -30,14 +52,17 @@ def test_collapsed_sketch_grows_on_every_rank_until_it_recovers() -> None:
 
 
 def test_guard_raise_stops_every_rank_with_advice() -> None:
-    ranks = run_workers(2, run_guard, 8, "raise", 30)
+    ranks = _two_ranks("raise")
+    assert len(ranks) == 2
     for res in ranks:
         assert "collapsed at aggregation step 20" in res["error"]
         assert "Raise cols or candidates" in res["error"]
 
 
 def test_grow_gives_up_after_two_doublings_with_advice() -> None:
-    for res in run_workers(2, run_guard, 8, "grow", 80):
+    ranks = _two_ranks("give_up")
+    assert len(ranks) == 2
+    for res in ranks:
         assert "collapsed at aggregation step 60" in res["error"], res
         assert "already grew 2 times" in res["error"]
         assert res["cols"] == 32 and res["num_candidates"] == 400

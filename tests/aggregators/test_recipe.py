@@ -10,6 +10,8 @@ residuals).
 from __future__ import annotations
 
 import math
+import traceback
+from functools import cache
 
 import pytest
 import torch
@@ -74,15 +76,61 @@ def _run(rank: int, world_size: int, method: str, options: dict, steps: int) -> 
             "ks": ks, "sent": sent, "last_update": update}
 
 
-@pytest.mark.parametrize("method", SPARSE)
-def test_warmup_sends_the_schedule_and_loses_no_mass(method: str) -> None:
+def _warmup_options(method: str) -> dict:
     options = {"warmup_steps": 4, "warmup_density": 0.25, "rows": 3} if method in (
         "sketched", "gs") else {"warmup_steps": 4, "warmup_density": 0.25}
     if method == "gs":
         options["guard"] = "off"
+    return options
+
+
+def _clip_options(method: str) -> dict:
+    options = {"local_clip": 5.0}
+    if method == "gs":
+        options["guard"] = "off"
+    return options
+
+
+#: Every run of the gloo tests below, by (test, method): ``_run``'s arguments after P.
+RUNS: dict[tuple[str, str], tuple[str, dict, int]] = {
+    **{("warmup", m): (m, _warmup_options(m), 6) for m in SPARSE},
+    **{("clip", m): (m, _clip_options(m), 4) for m in ("topk", "gs")},
+}
+
+
+def _run_every(rank: int, world_size: int, runs: dict) -> dict:
+    """Every run of ``runs`` in turn, each with its own aggregator and generator; a run
+    that raised is reported like a failed worker of ``run_workers``."""
+    out = {}
+    for name, args in runs.items():
+        try:
+            out[name] = _run(rank, world_size, *args)
+        except Exception as exc:  # noqa: BLE001 - reported to the test of this run
+            out[name] = {"__error__": repr(exc), "__type__": type(exc).__name__,
+                         "__traceback__": traceback.format_exc()}  # fmt: skip
+    return out
+
+
+@cache
+def _results() -> list[dict]:
+    """Per rank, every run of RUNS: one spawn of P = 3 processes for all of them (starting
+    the processes costs more than the runs)."""
+    out = run_workers(3, _run_every, RUNS)
+    raise_worker_errors(out)
+    return out
+
+
+def _ranks(test: str, method: str) -> list[dict]:
+    out = [rank[(test, method)] for rank in _results()]
+    raise_worker_errors(out)
+    return out
+
+
+@pytest.mark.parametrize("method", SPARSE)
+def test_warmup_sends_the_schedule_and_loses_no_mass(method: str) -> None:
     world = 3
-    results = run_workers(world, _run, method, options, 6)
-    raise_worker_errors(results)
+    results = _ranks("warmup", method)
+    assert len(results) == world
     want = [DensityWarmup(2000, 20, 4, 0.25).k_at(t) for t in range(6)]
     assert want == [500, 320, 160, 80, 20, 20]
     for r in results:
@@ -96,12 +144,9 @@ def test_warmup_sends_the_schedule_and_loses_no_mass(method: str) -> None:
 
 @pytest.mark.parametrize("method", ["topk", "gs"])
 def test_local_clipping_bounds_what_enters_and_loses_no_mass(method: str) -> None:
-    options = {"local_clip": 5.0}
-    if method == "gs":
-        options["guard"] = "off"
     world = 3
-    results = run_workers(world, _run, method, options, 4)
-    raise_worker_errors(results)
+    results = _ranks("clip", method)
+    assert len(results) == world
     entered = sum(r["entered"] for r in results)
     kept = world * results[0]["updates"] + sum(r["residual"] for r in results)
     assert torch.allclose(entered, kept, atol=1e-4)  # the clipped gradients, all delivered or kept
