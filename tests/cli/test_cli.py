@@ -127,16 +127,17 @@ def test_a_killed_worker_fails_the_run_and_names_the_resume_command(tmp_path: Pa
     assert f"continue from step-00000004.pt with --resume {out}" in done.stderr
 
 
-def test_torchrun_launch_joins_its_group(tmp_path: Path) -> None:
-    out = tmp_path / "run"
-    done = _run([sys.executable, "-m", "torch.distributed.run", "--standalone",
-                 "--nproc-per-node", "2", "-m", "gssgd.cli.main", "train", "--method", "gs",
-                 "--dataset", "digits", "--batch-size", "16", "--steps", "6", "--no-progress",
-                 "--out", str(out)])
+def test_torchrun_launch_joins_its_group(torchrun_gs_run) -> None:
+    """``torchrun --nproc-per-node 2 -m gssgd.cli.main train --method gs --dataset digits
+    --steps 20 ...``: the session's launch (tests/conftest.py), which the elastic-restart
+    test in tests/train/test_elastic.py compares its restarted run with."""
+    out, done = torchrun_gs_run
+    assert done.args[1:3] == ["-m", "torch.distributed.run"] and "gssgd.cli.main" in done.args
     assert done.returncode == 0, done.stderr
     summary = json.loads((out / "summary.json").read_text())
     assert summary["world_size"] == 2 and summary["status"] == "completed"
-    assert done.stderr.count("done after 6 steps") == 1  # rank 0 alone reports
+    assert summary["steps"] == 20
+    assert done.stderr.count("done after 20 steps") == 1  # rank 0 alone reports
 
 
 def test_compare_writes_results_plots_and_a_table(

@@ -48,13 +48,16 @@ def final_state(out: Path) -> dict:
     return torch.load(resolve_checkpoint(out), weights_only=True)
 
 
-def test_killed_worker_restarts_from_the_checkpoint_and_ends_bitwise_equal(tmp_path) -> None:
-    plain = torchrun(tmp_path / "plain")
+def test_killed_worker_restarts_from_the_checkpoint_and_ends_bitwise_equal(
+    tmp_path, torchrun_gs_run
+) -> None:
+    """The uninterrupted run is the session's torchrun launch (tests/conftest.py)."""
+    plain_out, plain = torchrun_gs_run
     assert plain.returncode == 0, plain.stderr[-3000:]
     faulty = torchrun(tmp_path / "faulty", "--fail-at", "1:11")
     assert faulty.returncode == 0, faulty.stderr[-3000:]
     assert "steps 8..20" in faulty.stdout + faulty.stderr  # resumed from the step-8 checkpoint
-    want, got = final_state(tmp_path / "plain"), final_state(tmp_path / "faulty")
+    want, got = final_state(plain_out), final_state(tmp_path / "faulty")
     assert want["step"] == got["step"] == 20
     for name, tensor in want["model"].items():
         assert torch.equal(tensor, got["model"][name]), name
