@@ -4,16 +4,18 @@ A toy method (random-k with error feedback, ``examples/randomk.py``, outside the
 is registered and then used through every way in: ``make_aggregator``, the DDP hook via
 ``gssgd train`` (spawned gloo workers that import the plugin), the CLI entry point, the cost
 model. Every registered aggregator's ``traffic`` formula is checked against what its
-``step`` really sends, on real gloo processes (P = 3, 4 and 5).
+``step`` really sends, on real gloo processes (P = 3, 4 and 5: subgroups of one spawn).
 """
 
 from __future__ import annotations
 
 import json
+from functools import cache
 from pathlib import Path
 
 import pytest
 import torch
+import torch.distributed as dist
 
 import gssgd
 from gssgd.bench.cost_model import CostModel, method_spec, traffic
@@ -155,14 +157,16 @@ def test_a_registered_method_runs_from_the_command_line(tmp_path: Path, randomk)
 # ---------------------------------------------------------------------------- traffic
 
 
-def _measured_traffic(rank: int, world_size: int, names: list[str]) -> dict[str, tuple]:
+def _measured_traffic(
+    rank: int, world_size: int, names: list[str], group: dist.ProcessGroup | None = None
+) -> dict[str, tuple]:
     import examples.randomk  # noqa: F401  (registers randomk in this worker)
 
     out = {}
     d = 3_000
     for name in names:
         spec = method_spec(name, d, density=0.01, rows=3)
-        agg = gssgd.make_aggregator(spec.aggregator, d, **spec.aggregator_options())
+        agg = gssgd.make_aggregator(spec.aggregator, d, group=group, **spec.aggregator_options())
         gen = torch.Generator().manual_seed(rank)
         for _ in range(2):  # the first step adds the rank-agreement check
             agg.step(torch.randn(d, generator=gen))
@@ -171,12 +175,39 @@ def _measured_traffic(rank: int, world_size: int, names: list[str]) -> dict[str,
     return out
 
 
-@pytest.mark.parametrize("world_size", [3, 4, 5])
+TRAFFIC_SIZES = [3, 4, 5]
+
+
+def _measured_traffic_on_prefixes(
+    rank: int, world_size: int, names: list[str]
+) -> dict[int, dict[str, tuple]]:
+    """``_measured_traffic`` on the whole world and on the subgroup of ranks ``0..P-1`` for
+    every smaller P of TRAFFIC_SIZES: one spawn instead of three (starting processes costs
+    seconds each). Every group is made before any rank uses one (new_group is collective)."""
+    groups = {p: dist.new_group(list(range(p))) for p in TRAFFIC_SIZES if p < world_size}
+    out = {world_size: _measured_traffic(rank, world_size, names)}
+    for size, group in groups.items():
+        if rank < size:
+            out[size] = _measured_traffic(rank, size, names, group)
+    dist.barrier()
+    return out
+
+
+@cache
+def _traffic_results(names: tuple[str, ...]) -> list[dict[int, dict[str, tuple]]]:
+    results = run_workers(max(TRAFFIC_SIZES), _measured_traffic_on_prefixes, list(names))
+    raise_worker_errors(results)
+    return results
+
+
+@pytest.mark.parametrize("world_size", TRAFFIC_SIZES)
 def test_every_traffic_formula_is_what_the_step_sends(world_size: int, randomk) -> None:
+    """P = 5 on the whole world, P = 3 and 4 on subgroups of it (group-local ranks)."""
     names = [n for n, (m, _) in BENCH_VARIANTS.items() if not m.is_builtin]
     assert "randomk" in names
-    results = run_workers(world_size, _measured_traffic, names)
-    raise_worker_errors(results)
+    ranks = _traffic_results(tuple(names))[:world_size]
+    results = [per_size[world_size] for per_size in ranks]
+    assert len(results) == world_size
     for name in names:
         want = traffic(method_spec(name, 3_000, density=0.01, rows=3), world_size)
         for rank, got in enumerate(results):
