@@ -110,7 +110,7 @@ def run_check(out: Path) -> dict:
             print(f"  miss: {r.run}: ranked {r.recommended} first, {r.ratio:.2f}x {r.fastest}")
     print(
         f"fitted on all: efficiency {fitted.efficiency}, burst credit {fitted.burst_credit}, "
-        f"driven round {fitted.driven_alpha * 1e3:.2f} ms"
+        f"driven round {(fitted.driven_alpha or 0.0) * 1e3:.2f} ms"
     )
     return record
 

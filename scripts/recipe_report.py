@@ -80,6 +80,28 @@ def _evals(run: Path, metric: str) -> list[tuple[int, float, float]]:
     return [(r["step"], r[metric], r["bytes_sent_total"]) for r in rows if metric in r]
 
 
+def _record(
+    run: Path, name: str, task: str, method: str, recipe: str, density: float | None,
+    seed: int, result: dict[str, Any],
+) -> dict[str, Any]:
+    """One run's record from its result (a summary.json, or a compare results.json entry:
+    the same keys) and its metrics.jsonl."""
+    metric = TASKS["lm" if task == "lm" else "mnist"].metric
+    return {
+        "name": name,
+        "task": task,
+        "method": method,
+        "recipe": recipe,
+        "density": density,
+        "seed": seed,
+        "status": result["status"],
+        "final": result[f"final_{metric}"],
+        "bytes_sent_per_step": result["bytes_sent_per_step"],
+        "bytes_sent_total": result["bytes_sent_total"],
+        "evals": _evals(run, metric),
+    }  # fmt: skip
+
+
 def load(raw: Path) -> list[dict[str, Any]]:
     """One record per finished run of ``RAW/runs``."""
     records = []
@@ -88,34 +110,17 @@ def load(raw: Path) -> list[dict[str, Any]]:
         summary_path = run / "summary.json"
         if not m or not summary_path.is_file():
             continue
-        task = m["task"] or "mnist"
-        metric = TASKS[task].metric
+        recipe = m["mom"] + f"-lr{m['lr']}" + (f"-wu{m['wu']}" if m["wu"] else "")
+        density = float(m["density"]) if m["density"] else None
         summary = json.loads(summary_path.read_text())
-        records.append(
-            {
-                "name": run.name,
-                "task": task,
-                "method": m["method"],
-                "recipe": m["mom"] + f"-lr{m['lr']}" + (f"-wu{m['wu']}" if m["wu"] else ""),
-                "density": float(m["density"]) if m["density"] else None,
-                "seed": int(m["seed"]),
-                "status": summary["status"],
-                "final": summary[f"final_{metric}"],
-                "bytes_sent_per_step": summary["bytes_sent_per_step"],
-                "bytes_sent_total": summary["bytes_sent_total"],
-                "evals": _evals(run, metric),
-            }
-        )
+        records.append(_record(run, run.name, m["task"] or "mnist", m["method"], recipe,
+                               density, int(m["seed"]), summary))  # fmt: skip
     return records
 
 
-def _warmup_steps(run: Path) -> int:
-    """The density warm-up steps a run's config says it used (0: none)."""
-    return json.loads((run / "config.json").read_text()).get("warmup_steps") or 0
-
-
 def load_compare(dirs: Sequence[Path]) -> list[dict[str, Any]]:
-    """One record per method and seed of ``gssgd compare`` outputs (the P = 8 part)."""
+    """One record per method and seed of ``gssgd compare`` outputs (the P = 8 part); the
+    recipe's warm-up and the density come from each run's config.json."""
     records = []
     for out in dirs:
         settings_path = out / "settings.json"
@@ -123,22 +128,12 @@ def load_compare(dirs: Sequence[Path]) -> list[dict[str, Any]]:
             continue
         seed = json.loads(settings_path.read_text())["seed"]
         for method, result in json.loads((out / "results.json").read_text()).items():
-            records.append(
-                {
-                    "name": f"{out.name}/{method}",
-                    "task": "p8",
-                    "method": method,
-                    "recipe": f"m{result['momentum']:g}-lr{result['lr']:g}"
-                    + (f"-wu{warmup}" if (warmup := _warmup_steps(out / method)) else ""),
-                    "density": None if method == "dense" else 0.001,
-                    "seed": seed,
-                    "status": result["status"],
-                    "final": result["final_test_accuracy"],
-                    "bytes_sent_per_step": result["bytes_sent_per_step"],
-                    "bytes_sent_total": result["bytes_sent_total"],
-                    "evals": _evals(out / method, "test_accuracy"),
-                }
-            )
+            config = json.loads((out / method / "config.json").read_text())
+            warmup = config.get("warmup_steps") or 0
+            recipe = f"m{result['momentum']:g}-lr{result['lr']:g}" + (f"-wu{warmup}" if warmup else "")
+            density = None if method == "dense" else config["density"]
+            records.append(_record(out / method, f"{out.name}/{method}", "p8", method, recipe,
+                                   density, seed, result))  # fmt: skip
     return records
 
 

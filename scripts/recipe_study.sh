@@ -27,18 +27,23 @@ COMMON=(--dataset mnist --model cnn --workers 4 --steps 400 --batch-size 32 --ev
 LM=(--dataset shakespeare --model lm --workers 4 --steps 200 --batch-size 32 --seq-len 64
     --eval-every 50)
 
-run() {  # run NAME ARGS...
-    local name=$1; shift
-    local out=$DIR/runs/$name
-    [ -f "$out/summary.json" ] && { echo "skip  $name"; return 0; }
-    local cmd=("$GSSGD" train "${BASE[@]}" "$@" --no-progress --out "$out" --overwrite)
-    echo "run   $name: ${cmd[*]}"
+execute() {  # execute NAME DONE_FILE CMD...: CMD unless DONE_FILE exists, logged, one status row
+    local name=$1 done=$2; shift 2
+    [ -f "$done" ] && { echo "skip  $name"; return 0; }
+    echo "run   $name: $*"
     local t0=$SECONDS
-    "${cmd[@]}" > "$DIR/logs/$name.log" 2>&1
+    "$@" > "$DIR/logs/$name.log" 2>&1
     local rc=$?
-    printf '%s\t%s\t%s\t%s\n' "$name" "$rc" "$((SECONDS - t0))" "${cmd[*]}" >> "$STATUS"
+    printf '%s\t%s\t%s\t%s\n' "$name" "$rc" "$((SECONDS - t0))" "$*" >> "$STATUS"
     [ $rc -ne 0 ] && { echo "FAIL  $name (exit $rc)"; tail -3 "$DIR/logs/$name.log"; }
     return 0
+}
+
+run() {  # run NAME ARGS...: one `gssgd train` run of the part's setting (BASE) into runs/NAME
+    local name=$1; shift
+    local out=$DIR/runs/$name
+    execute "$name" "$out/summary.json" \
+        "$GSSGD" train "${BASE[@]}" "$@" --no-progress --out "$out" --overwrite
 }
 
 best_lr() {  # best_lr PREFIX SUFFIX LR...: the lr whose seed-0 run ended with the lowest test loss
@@ -153,13 +158,8 @@ case $part in
        # docs/study/main_job_P8.json)
     for seed in 1 2; do
       out=$DIR/runs/p8-s$seed
-      [ -f "$out/results.json" ] && { echo "skip  p8-s$seed"; continue; }
-      echo "run   p8-s$seed"
-      t0=$SECONDS
-      "$GSSGD" compare --workers 8 --seed "$seed" --no-progress --out "$out" \
-          > "$DIR/logs/p8-s$seed.log" 2>&1
-      printf '%s\t%s\t%s\t%s\n' "p8-s$seed" "$?" "$((SECONDS - t0))" \
-          "$GSSGD compare --workers 8 --seed $seed" >> "$STATUS"
+      execute "p8-s$seed" "$out/results.json" \
+          "$GSSGD" compare --workers 8 --seed "$seed" --no-progress --out "$out"
     done ;;
   gentle)  # part R8: the warm-up's first steps dominate a 400-step run's bytes (from density
             # 0.25 they send 4.5 gradients' worth of coordinates); does one from 0.01 keep the

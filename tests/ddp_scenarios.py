@@ -10,7 +10,6 @@ from __future__ import annotations
 import dataclasses
 import io
 import pickle
-import traceback
 
 import torch
 import torch.distributed as dist
@@ -19,6 +18,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 import gssgd
 from gssgd.ddp import HookState, comm_hook
+from tests.dist_utils import error_report
 
 #: DDP bucket cap (MB): small enough that the MLP's 4010 parameters (16 KB) need several
 #: buckets after DDP's rebuild (with torch 2.13: 3 buckets of 1234, 1960 and 816 elements, in
@@ -188,11 +188,7 @@ def run_all_resume_and_errors(rank: int, world_size: int) -> dict:
         try:
             out[f"scenario/{name}"] = scenario(rank, world_size)
         except Exception as exc:  # noqa: BLE001 - reported to the tests of the scenario
-            out[f"scenario/{name}"] = {
-                "__error__": repr(exc),
-                "__type__": type(exc).__name__,
-                "__traceback__": traceback.format_exc(),
-            }
+            out[f"scenario/{name}"] = error_report(exc)
     return out
 
 

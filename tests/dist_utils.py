@@ -5,13 +5,24 @@ from __future__ import annotations
 import os
 import tempfile
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from datetime import timedelta
 from typing import Any
 
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+
+
+def error_report(exc: BaseException) -> dict[str, str]:
+    """The report of ``exc`` (call it while handling it) that :func:`raise_worker_errors`
+    reads: what a worker returns instead of its result, and what a run that shares a spawn
+    with others returns to its own test."""
+    return {
+        "__error__": repr(exc),
+        "__type__": type(exc).__name__,
+        "__traceback__": traceback.format_exc(),
+    }
 
 
 def _worker(rank: int, world_size: int, init_file: str, out_dir: str, fn, args) -> None:
@@ -26,11 +37,7 @@ def _worker(rank: int, world_size: int, init_file: str, out_dir: str, fn, args) 
     try:
         result: Any = fn(rank, world_size, *args)
     except BaseException as exc:  # report to the parent, which re-raises
-        result = {
-            "__error__": repr(exc),
-            "__type__": type(exc).__name__,
-            "__traceback__": traceback.format_exc(),
-        }
+        result = error_report(exc)
     torch.save(result, os.path.join(out_dir, f"{rank}.pt"))
     dist.destroy_process_group()
 
@@ -62,6 +69,39 @@ def run_workers(world_size: int, fn: Callable[..., Any], *args: Any) -> list[Any
         return [
             torch.load(os.path.join(tmp, f"{r}.pt"), weights_only=False) for r in range(world_size)
         ]
+
+
+def run_each(rank: int, world_size: int, fn: Callable[..., Any], runs: Mapping[Any, tuple]) -> dict:
+    """``fn(rank, world_size, *args)`` for every ``name: args`` of ``runs`` in turn, by name:
+    several runs in one spawn (``run_workers(P, run_each, fn, runs)``), since starting the
+    processes costs more than the runs. A run that raised is reported by
+    :func:`error_report` to its own test; every rank must raise or stop alike, so the group
+    stays usable for the next run."""
+    out = {}
+    for name, args in runs.items():
+        try:
+            out[name] = fn(rank, world_size, *args)
+        except Exception as exc:  # noqa: BLE001 - reported to the test of this run
+            out[name] = error_report(exc)
+    return out
+
+
+def run_on_prefixes(
+    rank: int, world_size: int, fn: Callable[..., Any], sizes: Sequence[int], *args: Any
+) -> dict[int, Any]:
+    """``fn(rank, world_size, *args)`` on the whole world, then ``fn(rank, P, *args, group)``
+    on the subgroup of ranks ``0..P-1`` for every smaller P of ``sizes`` (group-local
+    ranks), by P: several world sizes in one spawn (``run_workers(max(sizes),
+    run_on_prefixes, fn, sizes, ...)``), since starting processes costs seconds each.
+    new_group is a collective of the whole world, so every group is made before any rank
+    runs on one, and every rank waits for the others at the end."""
+    groups = {size: dist.new_group(list(range(size))) for size in sizes if size < world_size}
+    out = {world_size: fn(rank, world_size, *args)}
+    for size, group in groups.items():
+        if rank < size:
+            out[size] = fn(rank, size, *args, group)
+    dist.barrier()
+    return out
 
 
 def raise_worker_errors(results: list[Any]) -> None:

@@ -9,7 +9,7 @@ import torch
 import torch.distributed as dist
 
 from gssgd.comm import Communicator, recursive_doubling_plan
-from tests.dist_utils import raise_worker_errors, run_workers
+from tests.dist_utils import raise_worker_errors, run_on_prefixes, run_workers
 
 
 @pytest.mark.parametrize("world_size", [1, 2, 3, 4, 5, 6, 7, 8, 12])
@@ -43,22 +43,10 @@ def _collectives(rank: int, world_size: int, group: dist.ProcessGroup | None = N
 WORLD_SIZES = [1, 2, 3, 4, 5]
 
 
-def _collectives_on_every_prefix(rank: int, world_size: int) -> dict[int, dict]:
-    """``_collectives`` on the whole world, then on the subgroup of ranks ``0..P-1`` for
-    every smaller P: one spawn instead of one per world size (starting processes costs
-    seconds each). Every group is made before any rank uses one (new_group is collective)."""
-    groups = {size: dist.new_group(list(range(size))) for size in range(1, world_size)}
-    out = {world_size: _collectives(rank, world_size)}
-    for size, group in groups.items():
-        if rank < size:
-            out[size] = _collectives(rank, size, group)
-    dist.barrier()
-    return out
-
 
 @cache
 def _results() -> list[dict[int, dict]]:
-    ranks = run_workers(max(WORLD_SIZES), _collectives_on_every_prefix)
+    ranks = run_workers(max(WORLD_SIZES), run_on_prefixes, _collectives, WORLD_SIZES)
     raise_worker_errors(ranks)
     return ranks
 

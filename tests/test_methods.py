@@ -35,7 +35,7 @@ from gssgd.methods import (
 from gssgd.train.config import TrainConfig, setting_applies_to
 from gssgd.train.loop import run_training
 from gssgd.train.metrics import read_metrics
-from tests.dist_utils import raise_worker_errors, run_workers
+from tests.dist_utils import raise_worker_errors, run_on_prefixes, run_workers
 
 PLUGIN = "examples.randomk"
 
@@ -178,24 +178,12 @@ def _measured_traffic(
 TRAFFIC_SIZES = [3, 4, 5]
 
 
-def _measured_traffic_on_prefixes(
-    rank: int, world_size: int, names: list[str]
-) -> dict[int, dict[str, tuple]]:
-    """``_measured_traffic`` on the whole world and on the subgroup of ranks ``0..P-1`` for
-    every smaller P of TRAFFIC_SIZES: one spawn instead of three (starting processes costs
-    seconds each). Every group is made before any rank uses one (new_group is collective)."""
-    groups = {p: dist.new_group(list(range(p))) for p in TRAFFIC_SIZES if p < world_size}
-    out = {world_size: _measured_traffic(rank, world_size, names)}
-    for size, group in groups.items():
-        if rank < size:
-            out[size] = _measured_traffic(rank, size, names, group)
-    dist.barrier()
-    return out
-
 
 @cache
 def _traffic_results(names: tuple[str, ...]) -> list[dict[int, dict[str, tuple]]]:
-    results = run_workers(max(TRAFFIC_SIZES), _measured_traffic_on_prefixes, list(names))
+    results = run_workers(
+        max(TRAFFIC_SIZES), run_on_prefixes, _measured_traffic, TRAFFIC_SIZES, list(names)
+    )
     raise_worker_errors(results)
     return results
 

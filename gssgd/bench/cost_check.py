@@ -44,6 +44,7 @@ pass, so nothing overlaps here.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 import statistics
@@ -318,7 +319,7 @@ def fit_driven_alpha(model: CellModel, measurements: Sequence[Measurement]) -> f
         The fitted value, or ``model.driven_alpha`` when no point has a driven round.
     """
     num = den = 0.0
-    without = CellModel(model.base, model.efficiency, model.burst_credit, 0.0, model.compute)
+    without = dataclasses.replace(model, driven_alpha=0.0)
     for m in measurements:
         driven = rounds_of(m.spec, m.world_size).driven * m.compute_share
         if driven == 0:

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import traceback
-
 import torch
 
 import gssgd
@@ -36,20 +34,3 @@ def run_guard(rank: int, world_size: int, cols: int, guard: str, steps: int) -> 
         "state_cols": agg.state_dict()["cols"],
         "num_candidates": agg.num_candidates,
     }
-
-
-def run_guards(rank: int, world_size: int, runs: dict[str, tuple[int, str, int]]) -> dict:
-    """``run_guard`` for every ``(cols, guard, steps)`` of ``runs`` in turn, by name (one
-    spawn for several runs); a run that raised is reported like a failed worker of
-    ``run_workers``. A run that stops, stops on every rank at the same step."""
-    out = {}
-    for name, args in runs.items():
-        try:
-            out[name] = run_guard(rank, world_size, *args)
-        except Exception as exc:  # noqa: BLE001 - reported to the test of this run
-            out[name] = {
-                "__error__": repr(exc),
-                "__type__": type(exc).__name__,
-                "__traceback__": traceback.format_exc(),
-            }
-    return out

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import dataclasses
-import traceback
 
 import torch
 import torch.distributed as dist
 
 import gssgd
 from gssgd.aggregators.guard import CollapseGuard
+from tests.dist_utils import error_report
 
 D = 3000
 #: Steps of every run: five past gs's first collapse audit (at compressed step
@@ -218,9 +218,5 @@ def run_all_and_faults(rank: int, world_size: int) -> dict:
         try:
             out["faults"][fault] = for_every_method(rank, world_size, *fault)
         except Exception as exc:  # noqa: BLE001 - reported to the test of this scenario
-            out["faults"][fault] = {
-                "__error__": repr(exc),
-                "__type__": type(exc).__name__,
-                "__traceback__": traceback.format_exc(),
-            }
+            out["faults"][fault] = error_report(exc)
     return out

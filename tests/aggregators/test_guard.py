@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from functools import cache
 
-from tests.aggregators.guard_scenarios import D, run_guard, run_guards
-from tests.dist_utils import raise_worker_errors, run_workers
+from tests.aggregators.guard_scenarios import D, run_guard
+from tests.dist_utils import raise_worker_errors, run_each, run_workers
 
 #: The P = 2 runs, by name: ``run_guard``'s (cols, guard, steps). One spawn runs them all
 #: (starting processes costs more than the runs); each raises or stops on every rank alike.
@@ -18,7 +18,7 @@ TWO_RANK_RUNS: dict[str, tuple[int, str, int]] = {
 
 @cache
 def _two_rank_results() -> list[dict]:
-    out = run_workers(2, run_guards, TWO_RANK_RUNS)
+    out = run_workers(2, run_each, run_guard, TWO_RANK_RUNS)
     raise_worker_errors(out)
     return out
 

@@ -10,7 +10,6 @@ residuals).
 from __future__ import annotations
 
 import math
-import traceback
 from functools import cache
 
 import pytest
@@ -18,7 +17,7 @@ import torch
 
 import gssgd
 from gssgd.aggregators.schedule import DensityWarmup
-from tests.dist_utils import raise_worker_errors, run_workers
+from tests.dist_utils import raise_worker_errors, run_each, run_workers
 
 SPARSE = ["topk", "gtopk", "sketched", "gs"]
 
@@ -98,24 +97,12 @@ RUNS: dict[tuple[str, str], tuple[str, dict, int]] = {
 }
 
 
-def _run_every(rank: int, world_size: int, runs: dict) -> dict:
-    """Every run of ``runs`` in turn, each with its own aggregator and generator; a run
-    that raised is reported like a failed worker of ``run_workers``."""
-    out = {}
-    for name, args in runs.items():
-        try:
-            out[name] = _run(rank, world_size, *args)
-        except Exception as exc:  # noqa: BLE001 - reported to the test of this run
-            out[name] = {"__error__": repr(exc), "__type__": type(exc).__name__,
-                         "__traceback__": traceback.format_exc()}  # fmt: skip
-    return out
-
 
 @cache
 def _results() -> list[dict]:
     """Per rank, every run of RUNS: one spawn of P = 3 processes for all of them (starting
     the processes costs more than the runs)."""
-    out = run_workers(3, _run_every, RUNS)
+    out = run_workers(3, run_each, _run, RUNS)
     raise_worker_errors(out)
     return out
 
