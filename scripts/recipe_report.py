@@ -1,7 +1,7 @@
 """Summarise the recipe study's runs (scripts/recipe_study.sh) into docs/study/.
 
     .venv/bin/python scripts/recipe_report.py [--raw runs/recipe] [--out docs/study]
-        [--p8 runs/p8 runs/recipe/runs/p8-s1 runs/recipe/runs/p8-s2]
+        [--p8 DIR ...]
 
 Reads every ``RAW/runs/<name>/summary.json`` and ``metrics.jsonl`` and writes
 ``OUT/recipe.json`` (one record per run) and ``OUT/recipe.md`` (the tables that
@@ -9,7 +9,8 @@ docs/study.md shows). Run names are ``[lm-]METHOD-m<momentum>-lr<lr>[-wu<steps>]
 (``lm0.9`` for local momentum; ``wu100from0.01``: a warm-up that starts at density 0.01
 rather than 0.25; dense runs have no density; ``lm-``: the Shakespeare LSTM,
 otherwise the MNIST CNN). The ``--p8`` directories are ``gssgd compare --workers 8`` outputs
-(one subdirectory per method), one per seed.
+(one subdirectory per method), one per seed and density; by default ``runs/p8`` (seed 0 at
+density 0.001) and every ``RAW/runs/p8-*``.
 
 Per cell (task, method, recipe, density) the tables give the mean and spread of the final
 metric over seeds (MNIST: test accuracy, higher is better; Shakespeare: test loss in nats per
@@ -227,13 +228,10 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--raw", type=Path, default=Path("runs/recipe"))
     ap.add_argument("--out", type=Path, default=Path("docs/study"))
-    ap.add_argument(
-        "--p8",
-        type=Path,
-        nargs="*",
-        default=[Path("runs/p8"), Path("runs/recipe/runs/p8-s1"), Path("runs/recipe/runs/p8-s2")],
-    )
+    ap.add_argument("--p8", type=Path, nargs="*", default=None)
     args = ap.parse_args()
+    if args.p8 is None:
+        args.p8 = [Path("runs/p8"), *sorted((args.raw / "runs").glob("p8-*"))]
     records = load(args.raw) + load_compare(args.p8)
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "recipe.json").write_text(json.dumps(records, indent=1) + "\n")

@@ -12,6 +12,8 @@
 #                                      # then each method's best lr on seeds 1-2
 #   scripts/recipe_study.sh p8         # part R7: `gssgd compare --workers 8` (the defaults), seeds 1-2
 #   scripts/recipe_study.sh gentle     # part R8: a warm-up from density 0.01, not 0.25 (bytes)
+#   scripts/recipe_study.sh lmgrid     # part R9: Shakespeare at densities 0.01 and 0.0001, seeds 0-2
+#   scripts/recipe_study.sh p8grid     # part R10: P = 8 at densities 0.01 and 0.0001, seeds 0-2
 #   .venv/bin/python scripts/recipe_report.py   # docs/study/recipe.json and recipe.md
 #
 # Raw runs go to $RECIPE_DIR (default runs/recipe, git-ignored): runs/<name>/ per run,
@@ -170,5 +172,27 @@ case $part in
             --density 0.001 --warmup-steps 100 --warmup-density 0.01 --seed "$seed"
       done
     done ;;
-  *) echo "usage: $0 sweep|levers|sweep2|seeds|seeds2|d01|lm|p8|gentle" >&2; exit 2 ;;
+  lmgrid)  # part R9: the rest of the Shakespeare grid, densities 0.01 and 0.0001, each method
+            # at lr 5 (R6's best for every method at 0.001), 50 warm-up steps; dense is R6's
+    BASE=("${LM[@]}")
+    for density in 0.01 0.0001; do
+      for seed in 0 1 2; do
+        for m in topk gtopk sketched gs; do
+          run "lm-$m-m0-lr5-wu50-d$density-s$seed" --method "$m" --momentum 0 --lr 5 \
+              --density "$density" --warmup-steps 50 --seed "$seed"
+        done
+      done
+    done ;;
+  p8grid)  # part R10: the rest of the P = 8 grid: `gssgd compare --workers 8` (the defaults)
+           # at densities 0.01 and 0.0001 without dense (density-free: R7's serves), seeds 0-2
+    for density in 0.01 0.0001; do
+      for seed in 0 1 2; do
+        out=$DIR/runs/p8-d$density-s$seed
+        execute "p8-d$density-s$seed" "$out/results.json" \
+            "$GSSGD" compare --workers 8 --seed "$seed" --density "$density" \
+            --methods topk,gtopk,sketched,gs --no-progress --out "$out"
+      done
+    done ;;
+  *) echo "usage: $0 sweep|levers|sweep2|seeds|seeds2|d01|lm|p8|gentle|lmgrid|p8grid" >&2
+     exit 2 ;;
 esac
