@@ -14,6 +14,8 @@
 #   scripts/recipe_study.sh gentle     # part R8: a warm-up from density 0.01, not 0.25 (bytes)
 #   scripts/recipe_study.sh lmgrid     # part R9: Shakespeare at densities 0.01 and 0.0001, seeds 0-2
 #   scripts/recipe_study.sh p8grid     # part R10: P = 8 at densities 0.01 and 0.0001, seeds 0-2
+#   scripts/recipe_study.sh lmwhy      # part R11: why Shakespeare misses: dense without momentum,
+#                                      # topk with local momentum (seed 0)
 #   .venv/bin/python scripts/recipe_report.py   # docs/study/recipe.json and recipe.md
 #
 # Raw runs go to $RECIPE_DIR (default runs/recipe, git-ignored): runs/<name>/ per run,
@@ -193,6 +195,17 @@ case $part in
             --methods topk,gtopk,sketched,gs --no-progress --out "$out"
       done
     done ;;
-  *) echo "usage: $0 sweep|levers|sweep2|seeds|seeds2|d01|lm|p8|gentle|lmgrid|p8grid" >&2
+  lmwhy)  # part R11: is Shakespeare's gap compression or momentum? Dense with plain SGD (the
+          # sparse methods' recipe) at lr 5, 10, 20, and topk with DGC's local momentum 0.9 at
+          # lr 0.5 and 1 (the same effective step as plain SGD at 5 and 10), density 0.001
+    BASE=("${LM[@]}")
+    for lr in 5 10 20; do
+      run "lm-dense-m0-lr$lr-s0" --method dense --momentum 0 --lr "$lr" --seed 0
+    done
+    for lr in 0.5 1; do
+      run "lm-topk-lm0.9-lr$lr-wu50-d0.001-s0" --method topk --momentum 0 --local-momentum 0.9 \
+          --lr "$lr" --density 0.001 --warmup-steps 50 --seed 0
+    done ;;
+  *) echo "usage: $0 sweep|levers|sweep2|seeds|seeds2|d01|lm|p8|gentle|lmgrid|p8grid|lmwhy" >&2
      exit 2 ;;
 esac
