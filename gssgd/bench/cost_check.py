@@ -52,8 +52,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import numpy as np
-
+from gssgd.bench.compute_law import COMPUTE_REF_D, ComputeLaw, fit_compute_law
 from gssgd.bench.cost_cluster import PATTERNS, pattern_of
 from gssgd.bench.cost_fit import ErrorRow, Measurement, calibrate, load_measurements
 from gssgd.bench.cost_predict import CostModel
@@ -91,8 +90,6 @@ BURST_CREDITS: tuple[float, ...] = (0.0, 0.25, 0.5, 0.75, 1.0)
 #: The patterns whose bulk rounds a Python loop drives (one send/receive per round, a
 #: combine between rounds), rather than one gloo collective call.
 DRIVEN_PATTERNS: tuple[str, ...] = ("recursive_doubling", "star")
-#: The vector size at which :class:`ComputeLaw` states its ``gamma`` (1M elements).
-COMPUTE_REF_D = 10**6
 #: The efficiencies and ``driven_alpha`` are refitted in turn (each uses the other) until
 #: ``driven_alpha`` moves by less than this fraction, or this many times.
 _ALTERNATION_TOL, _ALTERNATIONS = 1e-9, 30
@@ -147,47 +144,6 @@ def rounds_of(spec: MethodSpec, world_size: int) -> Rounds:
 
 
 # --------------------------------------------------------------------------- compute
-
-
-@dataclass(frozen=True)
-class ComputeLaw:
-    """A method's compute seconds per element on a core of its own, as a power of ``d``:
-    ``gamma * (d / COMPUTE_REF_D) ** slope`` (slope 0: the same at every size).
-
-    Attributes:
-        gamma: seconds per element at ``d = COMPUTE_REF_D``.
-        slope: how fast the cost per element grows with ``d`` (log-log).
-    """
-
-    gamma: float
-    slope: float = 0.0
-
-    def per_element(self, d: int) -> float:
-        return self.gamma * (d / COMPUTE_REF_D) ** self.slope
-
-    def seconds(self, d: int, share: float = 1.0) -> float:
-        """Compute seconds of a vector of ``d`` elements when ``share`` workers share a core."""
-        return share * self.per_element(d) * d
-
-
-def fit_compute_law(points: Sequence[tuple[int, float]]) -> ComputeLaw:
-    """The least-squares :class:`ComputeLaw` through ``(d, seconds per element per core)``
-    points (a line in log-log).
-
-    With a single ``d`` among the points the slope cannot be told and is 0 (``gamma`` is
-    then the points' geometric mean).
-
-    Raises:
-        ValueError: no points, or a non-positive value.
-    """
-    if not points or any(d <= 0 or v <= 0 for d, v in points):
-        raise ValueError(f"need positive (d, seconds per element) points, got {points!r}")
-    x = np.log(np.array([d / COMPUTE_REF_D for d, _ in points], dtype=float))
-    y = np.log(np.array([v for _, v in points], dtype=float))
-    if np.ptp(x) == 0:
-        return ComputeLaw(gamma=float(np.exp(y.mean())))
-    slope, intercept = np.polyfit(x, y, 1)
-    return ComputeLaw(gamma=float(np.exp(intercept)), slope=float(slope))
 
 
 def _compute_laws(measurements: Sequence[Measurement]) -> dict[str, ComputeLaw]:

@@ -10,9 +10,9 @@ recovery). :class:`Device` holds what the cost model needs of both:
   every pixel, a linear layer once), so a measured figure (``--compute-ms``) is always
   better.
 * ``compression_seconds(spec)``: the method's compute per step for a vector of ``spec.d``
-  elements. The CPU's figures are the per-method constants fitted on this machine's
-  ``gssgd bench comm`` runs (:data:`gssgd.bench.cost_predict.DEFAULT_GAMMA` unless a
-  calibrated dict is given); the GPU's are built from measured primitives (a pass over
+  elements. The CPU's figures are the per-method :class:`~gssgd.bench.compute_law.ComputeLaw`
+  (seconds per element as a power of ``d``) fitted on this machine's ``gssgd bench comm``
+  runs by the cost model's held-out check (:data:`CPU_COMPUTE`); the GPU's are built from measured primitives (a pass over
   the vector, ``torch.topk``, a sketch row's ``index_add_``) by what each method does, read
   from the spec's fields (does it send everything, does it sketch and with how many rows).
 
@@ -25,7 +25,7 @@ Sources:
   with precomputed int64 hashes 1.915 ms (0.383 ms a row), torchvision ResNet-50 at batch
   64, 224x224, forward + backward 32.79 ms (fp32).
 * **CPU**: the 2-core x86-64 development VM (torch 2.13.0+cpu, one thread per worker),
-  2026-11-30: compression constants and the software cost per byte from the cluster
+  2026-11-30: compression laws and the software cost per byte from the cluster
   model's fit (:func:`gssgd.bench.cost_check.fit_cells`) on the bench comm runs of
   ``docs/results``; forward + backward of the wide ResNet (``--model wresnet``, 3.46M
   parameters, batch 32 of 28x28, one thread) 0.27 s, the faster of two timings taken while
@@ -38,11 +38,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from gssgd.bench.anchors import H200_ANCHOR, RESNET50_D
+from gssgd.bench.compute_law import ComputeLaw
 from gssgd.bench.cost_predict import CostModel
 from gssgd.bench.method_specs import MethodSpec
 from gssgd.methods import get_method
 
-__all__ = ["CPU_FWDBWD_S", "CPU_GAMMA", "DEVICES", "Device", "get_device"]
+__all__ = ["CPU_COMPUTE", "CPU_FWDBWD_S", "DEVICES", "Device", "get_device"]
 
 #: Passes over the vector every sparse method makes besides its selection: add the
 #: residual, take |.|, gather the selected values, zero them in the residual, write the
@@ -68,8 +69,9 @@ class Device:
         pass_s_per_elem: one pass over a float32 vector, per element (GPU constants).
         topk_s_per_elem: ``torch.topk`` of ``|g|`` at k = d/1000, per element (GPU).
         sketch_s_per_elem_row: sketching one element into one row (GPU).
-        gamma: per-method compression seconds per element, by benchmark name (CPU: fitted);
-            empty for a device whose constants are built from the primitives above.
+        compute: per-method compression seconds per element as a power of ``d``, by
+            benchmark name (CPU: fitted); empty for a device whose constants are built from
+            the primitives above.
         source: where the numbers come from.
     """
 
@@ -80,21 +82,23 @@ class Device:
     pass_s_per_elem: float = 0.0
     topk_s_per_elem: float = 0.0
     sketch_s_per_elem_row: float = 0.0
-    gamma: Mapping[str, float] = field(default_factory=dict)
+    compute: Mapping[str, ComputeLaw] = field(default_factory=dict)
     source: str = ""
 
     def compression_seconds(self, spec: MethodSpec) -> float:
         """The method's compute per step on this device for ``spec.d`` elements.
 
-        With fitted per-method constants (``gamma``): ``gamma[method] * d`` (a method without
-        one takes its aggregator's or its ``cost_like`` method's, as the CPU cost model does).
+        With fitted per-method laws (``compute``): ``law.per_element(d) * d`` (a method
+        without one takes its aggregator's or its ``cost_like`` method's, as the CPU cost
+        model does).
         Otherwise from primitives: a method that sends everything makes its passes (one
         more for a 16-bit payload's cast); a sparse one adds a ``torch.topk`` over ``d`` (its
         own selection, or the candidates' from the summed sketch) and, when it sketches,
         ``rows`` sketch passes.
         """
-        if self.gamma:
-            return CostModel(gamma=dict(self.gamma)).gamma_of(spec) * spec.d
+        if self.compute:
+            at_d = {name: law.per_element(spec.d) for name, law in self.compute.items()}
+            return CostModel(gamma=at_d).gamma_of(spec) * spec.d
         cls = get_method(spec.aggregator).aggregator
         assert cls is not None
         if cls.sends_all:
@@ -120,20 +124,22 @@ def _h200() -> Device:
     )
 
 
-#: CPU compression seconds per element on a core of its own, by benchmark name: the fit of
-#: :func:`gssgd.bench.cost_check.fit_cells` on the 15 bench comm runs with the current
-#: default sketch (docs/results/grid and docs/results/comm_*_default), 2026-11-30, rounded.
-CPU_GAMMA: dict[str, float] = {
-    "dense": 3.0e-09,
-    "dense16": 3.7e-09,
-    "topk": 2.5e-08,
-    "gtopk": 2.6e-08,
-    "sketched": 1.4e-08,
-    "gs": 1.4e-08,
-    "gs-backend": 1.6e-08,
-    "gs-estimate": 1.1e-08,
-    "gs-small": 9.9e-09,
-    "gs-half": 1.3e-08,
+#: CPU compression seconds per element on a core of its own, by benchmark name: the compute
+#: laws of :func:`gssgd.bench.cost_check.fit_cells` fitted on all 15 bench comm runs with the
+#: current default sketch (docs/results/grid and docs/results/comm_*_default;
+#: ``scripts/cost_map.py`` writes them to docs/results/cost_cluster/check.json,
+#: ``fitted_on_all.compute_laws``), 2026-11-30, rounded: ``gamma`` at d = 1M and the slope.
+CPU_COMPUTE: dict[str, ComputeLaw] = {
+    "dense": ComputeLaw(1.79e-09, 0.299),
+    "dense16": ComputeLaw(2.15e-09, 0.272),
+    "topk": ComputeLaw(2.17e-08, 0.099),
+    "gtopk": ComputeLaw(2.25e-08, 0.080),
+    "sketched": ComputeLaw(1.32e-08, 0.038),
+    "gs": ComputeLaw(1.42e-08, -0.006),
+    "gs-backend": ComputeLaw(1.40e-08, 0.038),
+    "gs-estimate": ComputeLaw(9.63e-09, 0.051),
+    "gs-small": ComputeLaw(8.13e-09, 0.086),
+    "gs-half": ComputeLaw(1.08e-08, 0.099),
 }
 #: CPU software seconds per byte through gloo (a core moves about 12 Gbit/s): the same fit.
 CPU_SOFTWARE_S_PER_BYTE = 6.6e-10
@@ -147,13 +153,13 @@ CPU_FWDBWD_S: dict[str, float] = {"wresnet": 0.27, "gpt": 1.34}
 CPU_FWDBWD_S_PER_PARAM = CPU_FWDBWD_S["wresnet"] / 3_464_810
 
 
-def _cpu(gamma: Mapping[str, float] | None = None) -> Device:
+def _cpu(compute: Mapping[str, ComputeLaw] | None = None) -> Device:
     return Device(
         name="cpu",
         summary="one core of the 2-core x86-64 development VM (torch 2.13.0+cpu, gloo)",
         fwdbwd_s_per_param=CPU_FWDBWD_S_PER_PARAM,
         software_s_per_byte=CPU_SOFTWARE_S_PER_BYTE,
-        gamma=dict(CPU_GAMMA if gamma is None else gamma),
+        compute=dict(CPU_COMPUTE if compute is None else compute),
         source="the cost model's fit on this machine's bench comm runs (docs/results)",
     )
 
@@ -162,8 +168,8 @@ def _cpu(gamma: Mapping[str, float] | None = None) -> Device:
 DEVICES: dict[str, Device] = {"cpu": _cpu(), "h200": _h200()}
 
 
-def get_device(name: str, gamma: Mapping[str, float] | None = None) -> Device:
-    """The named device; for ``"cpu"``, optionally with calibrated compute constants.
+def get_device(name: str, compute: Mapping[str, ComputeLaw] | None = None) -> Device:
+    """The named device; for ``"cpu"``, optionally with calibrated compute laws.
 
     Raises:
         ValueError: an unknown name (the message lists the known ones).
@@ -173,6 +179,6 @@ def get_device(name: str, gamma: Mapping[str, float] | None = None) -> Device:
         raise ValueError(
             f"unknown device {name!r}; known devices: {', '.join(DEVICES)} (e.g. --device h200)"
         )
-    if key == "cpu" and gamma is not None:
-        return _cpu(gamma)
+    if key == "cpu" and compute is not None:
+        return _cpu(compute)
     return DEVICES[key]

@@ -31,7 +31,7 @@ from gssgd.bench.cost_cluster import (
 )
 from gssgd.bench.cost_fit import Measurement, load_measurements
 from gssgd.bench.cost_predict import CostModel
-from gssgd.bench.devices import DEVICES, get_device
+from gssgd.bench.devices import CPU_COMPUTE, DEVICES, get_device
 from gssgd.bench.method_specs import method_spec, traffic
 
 GRID = Path(__file__).resolve().parents[2] / "docs" / "results" / "grid"
@@ -146,6 +146,24 @@ def test_h200_compression_costs_follow_what_each_method_does() -> None:
     assert dense < topk < gs1 < gs3
     assert gs3 - gs1 == pytest.approx(2 * 1.915e-3 / 5, rel=0.01)  # two more sketch rows
     assert h200.fwdbwd_s_per_param * d == pytest.approx(32.79e-3, rel=0.001)
+
+
+def test_cpu_compression_costs_follow_the_fitted_compute_laws() -> None:
+    """The CPU device predicts with the held-out check's per-method laws: dense's few passes
+    cost more per element at 25M than at 1M (caches), a variant without a law of its own
+    costs like its aggregator, and calibrated laws replace the shipped ones."""
+    cpu = get_device("cpu")
+    for d in (10**6, 25 * 10**6):
+        dense = cpu.compression_seconds(method_spec("dense", d))
+        assert dense == pytest.approx(CPU_COMPUTE["dense"].per_element(d) * d, rel=1e-12)
+    per_elem = [cpu.compression_seconds(method_spec("dense", d)) / d for d in (10**6, 25 * 10**6)]
+    assert per_elem[1] > 2 * per_elem[0]  # slope about 0.3: 25 ** 0.3 = 2.6
+    gs_stream = dataclasses.replace(method_spec("gs", 10**6, 0.001), name="gs-stream")
+    assert cpu.compression_seconds(gs_stream) == pytest.approx(
+        cpu.compression_seconds(method_spec("gs", 10**6, 0.001)), rel=1e-12
+    )
+    flat = get_device("cpu", compute={"dense": ComputeLaw(1e-9)})
+    assert flat.compression_seconds(method_spec("dense", 4 * 10**6)) == pytest.approx(4e-3)
 
 
 def test_unknown_device_lists_the_known_ones() -> None:
