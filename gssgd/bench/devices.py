@@ -12,9 +12,10 @@ recovery). :class:`Device` holds what the cost model needs of both:
 * ``compression_seconds(spec)``: the method's compute per step for a vector of ``spec.d``
   elements. The CPU's figures are the per-method :class:`~gssgd.bench.compute_law.ComputeLaw`
   (seconds per element as a power of ``d``) fitted on this machine's ``gssgd bench comm``
-  runs by the cost model's held-out check (:data:`CPU_COMPUTE`); the GPU's are built from measured primitives (a pass over
-  the vector, ``torch.topk``, a sketch row's ``index_add_``) by what each method does, read
-  from the spec's fields (does it send everything, does it sketch and with how many rows).
+  runs by the cost model's held-out check (:data:`CPU_COMPUTE`); the GPU's are built from
+  measured primitives (a pass over the vector, ``torch.topk``, a sketch row's ``index_add_``)
+  by what each method does, read from the spec's fields (does it send everything, does it
+  sketch and with how many rows).
 
 Sources:
 
