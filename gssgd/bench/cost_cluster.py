@@ -7,7 +7,8 @@ One step of ``spec`` on ``P`` workers joined by links of rate ``R`` and latency 
                   + compression(spec)                 # the device's constants
     communication = a * rounds                        # latency-bound steps, critical path
                   + critical_bytes * max(s, 8 / (eff[pattern] * R))
-    hidden        = min(overlappable communication, backward)     # backward = 2/3 of fwd+bwd
+    hidden        = device.overlap_efficiency
+                  * min(overlappable communication, backward)   # backward = 2/3 of fwd+bwd
     step          = compute + communication - hidden
 
 * ``rounds`` and ``critical_bytes`` are the method's own :class:`~gssgd.comm.Traffic`
@@ -31,7 +32,11 @@ One step of ``spec`` on ``P`` workers joined by links of rate ``R`` and latency 
   whole model and communicate after backward, hiding nothing; gs streamed by the DDP hook
   (``HookState(..., overlap="stream")``: each bucket's region of the table is all-reduced
   by the backend as soon as the bucket is sketched) hides its table all-reduce (the exact
-  round waits for the candidates, so it does not hide).
+  round waits for the candidates, so it does not hide). How much of that backward really
+  hides is the device's ``overlap_efficiency``: all of it on a GPU (NCCL runs on its own
+  engines beside the compute; an assumption, not measured), none on this CPU, where gloo's
+  threads take the cores backward needs (measured end to end, see
+  :data:`gssgd.bench.devices.CPU_OVERLAP_EFFICIENCY`).
 
 Example:
     >>> spec = method_spec("gs", d=25_557_032, density=0.001)
@@ -321,7 +326,7 @@ def predict_step(
         compression=device.compression_seconds(spec),
         latency=latency,
         bandwidth=bandwidth,
-        hidden=min(overlappable, BACKWARD_FRACTION * fwdbwd_s),
+        hidden=device.overlap_efficiency * min(overlappable, BACKWARD_FRACTION * fwdbwd_s),
         pattern=pattern_of(spec),
         overlap=mode,
     )

@@ -73,6 +73,10 @@ class Device:
         compute: per-method compression seconds per element as a power of ``d``, by
             benchmark name (CPU: fitted); empty for a device whose constants are built from
             the primitives above.
+        overlap_efficiency: the fraction of the communication that could run during
+            backward which backward really hides, 0..1 (1: the communication runs beside
+            the compute on its own engine, as NCCL's copy engines let it on a GPU; 0: it
+            takes the cores backward needs, as gloo does on this CPU).
         source: where the numbers come from.
     """
 
@@ -84,7 +88,15 @@ class Device:
     topk_s_per_elem: float = 0.0
     sketch_s_per_elem_row: float = 0.0
     compute: Mapping[str, ComputeLaw] = field(default_factory=dict)
+    overlap_efficiency: float = 1.0
     source: str = ""
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.overlap_efficiency <= 1.0:
+            raise ValueError(
+                f"overlap_efficiency={self.overlap_efficiency!r} must be in [0, 1] "
+                "(the fraction of overlappable communication that backward hides)"
+            )
 
     def compression_seconds(self, spec: MethodSpec) -> float:
         """The method's compute per step on this device for ``spec.d`` elements.
@@ -152,6 +164,14 @@ CPU_FWDBWD_S: dict[str, float] = {"wresnet": 0.27, "gpt": 1.34}
 #: CPU forward + backward seconds per parameter, the default for a model given by its size:
 #: ``--model wresnet``'s (3,464,810 parameters).
 CPU_FWDBWD_S_PER_PARAM = CPU_FWDBWD_S["wresnet"] / 3_464_810
+#: How much of DDP's bucketed all-reduce backward hides on this CPU: none. Measured end to
+#: end (``scripts/ttt_study.sh``, wide ResNet, P = 4 on 2 cores, 2026-12-01): dense's step
+#: was its compute plus 1.87 s at 100 Mbit/s and plus 221 ms at 1 Gbit/s, as much as or
+#: more than its whole predicted all-reduce (1.86 s and 194 ms); gloo's threads take the
+#: cores backward runs on. The streamed gs measured the same way: on the
+#: 3.3M-parameter ``gpt`` it was no faster than whole-model gs with the ring (3.10 against
+#: 3.01 s per step, docs/benchmarks.md "Streaming gs").
+CPU_OVERLAP_EFFICIENCY = 0.0
 
 
 def _cpu(compute: Mapping[str, ComputeLaw] | None = None) -> Device:
@@ -161,6 +181,7 @@ def _cpu(compute: Mapping[str, ComputeLaw] | None = None) -> Device:
         fwdbwd_s_per_param=CPU_FWDBWD_S_PER_PARAM,
         software_s_per_byte=CPU_SOFTWARE_S_PER_BYTE,
         compute=dict(CPU_COMPUTE if compute is None else compute),
+        overlap_efficiency=CPU_OVERLAP_EFFICIENCY,
         source="the cost model's fit on this machine's bench comm runs (docs/results)",
     )
 

@@ -119,6 +119,24 @@ def test_dense_hides_its_all_reduce_up_to_the_backward_time() -> None:
     assert fast.total == pytest.approx(fast.compute)
 
 
+def test_the_devices_overlap_efficiency_scales_what_backward_hides() -> None:
+    spec = method_spec("dense", 3_464_810)
+    link = Link(10**9, 1e-3)
+    h200, cpu = DEVICES["h200"], DEVICES["cpu"]
+    half = dataclasses.replace(h200, overlap_efficiency=0.5)
+    full = predict_step(spec, 4, link, h200, fwdbwd_s=1.0)
+    assert full.hidden == pytest.approx(full.communication)  # backward is long enough
+    assert predict_step(spec, 4, link, half, fwdbwd_s=1.0).hidden == pytest.approx(
+        0.5 * full.hidden
+    )
+    on_cpu = predict_step(spec, 4, link, cpu, fwdbwd_s=1.0)
+    assert on_cpu.overlap == "backward" and on_cpu.hidden == 0.0  # measured: gloo hides none
+    assert on_cpu.total == pytest.approx(on_cpu.compute + on_cpu.communication)
+    for bad in (-0.1, 1.5, math.nan):
+        with pytest.raises(ValueError, match=r"overlap_efficiency=.* must be in \[0, 1\]"):
+            dataclasses.replace(h200, overlap_efficiency=bad)
+
+
 def test_streaming_gs_hides_only_its_table_all_reduce() -> None:
     spec = method_spec("gs", 25_000_000, 0.001)
     link = Link(10**9, 20e-6)
