@@ -1,0 +1,252 @@
+"""Summarise scripts/ttt_study.sh into docs/results/ttt_wresnet/summary.{json,md} and ttt.png.
+
+Per cell (P = 4 on 100 Mbit/s and 1 Gbit/s links, P = 8 on 100 Mbit/s) and method, over the
+seeds that ran (``runs/ttt/{mbit,gbit,p8}-s<SEED>/results.json``, each one ``gssgd bench
+train`` run of every method on the wide ResNet): the median seconds per step, the time to 90 % test
+accuracy of each seed (None: never reached in 160 steps), its step, the bytes a worker
+sent up to it (``bytes_sent_total`` of the step in the run's metrics.jsonl), the best and
+the final test accuracy. The ratios the issue's targets ask for are per seed, inside one
+``bench train`` run (methods of one run share the machine's state): gs's time to target
+over dense's and over the best rival's. The runs of gs alone with another recipe
+(``runs/ttt/gs-*``: learning rates, the density warm-up) get a row each.
+
+``gssgd advise`` is checked on every run: each measured method's step predicted by the
+cluster model for the cpu device (``--device cpu --latency 1ms``, the run's P and link, and
+its measured forward + backward: the median over the run's methods of their compute, the
+step less the comm hook), gs as it ran (ring, 16-bit tables); the relative error of each
+step and whether the model's fastest of the five was the measured fastest or within 10 %.
+
+The plot has one panel per cell: test accuracy against the training clock, one line per
+method and seed.
+
+    .venv/bin/python scripts/ttt_report.py [--dir runs/ttt] [--out docs/results/ttt_wresnet]
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import statistics
+from pathlib import Path
+
+from gssgd.bench.cost_cluster import Link, predict_step
+from gssgd.bench.devices import get_device
+from gssgd.bench.method_specs import method_spec
+
+#: Run-name prefix -> the cell it measured.
+CELLS = {"mbit": "P = 4, 100 Mbit/s", "gbit": "P = 4, 1 Gbit/s", "p8": "P = 8, 100 Mbit/s"}
+METHODS = ("dense", "topk", "gtopk", "sketched", "gs")
+RIVALS = ("topk", "gtopk", "sketched")
+#: The per-message latency the advise check gives the emulated links (their probes measured
+#: 0.7-2.4 ms per round).
+ADVISE_LATENCY_S = 1e-3
+
+
+def _bytes_to(run_dir: Path, step: int | None) -> float | None:
+    """Bytes a worker had sent up to and including ``step``, from the run's metrics."""
+    path = run_dir / "metrics.jsonl"
+    if step is None or not path.exists():
+        return None
+    for line in path.read_text().splitlines():
+        record = json.loads(line) if line.strip() else {}
+        if record.get("step") == step:
+            return record.get("bytes_sent_total")
+    return None
+
+
+def _row(result: dict) -> dict:
+    evals = result.get("evaluations") or []
+    return {
+        "seconds_per_step": result["seconds_per_step"],
+        "seconds_to_target": result["seconds_to_target"],
+        "step_to_target": result["step_to_target"],
+        "bytes_to_target": _bytes_to(Path(result["run_dir"]), result["step_to_target"]),
+        "bytes_sent_per_step": result["bytes_sent_per_step"],
+        "best_test_accuracy": max((a for _, _, a in evals), default=None),
+        "final_test_accuracy": result["final_test_accuracy"],
+        "evaluations": evals,
+    }
+
+
+def _ratio(num: float | None, den: float | None) -> float | None:
+    return None if num is None or den is None else num / den
+
+
+def _seed_ratios(rows: dict[str, dict]) -> dict:
+    """gs's time to target over dense's and over the fastest rival's, in one run."""
+    gs = rows.get("gs", {}).get("seconds_to_target")
+    rivals = [(rows[m]["seconds_to_target"], m) for m in RIVALS
+              if m in rows and rows[m]["seconds_to_target"] is not None]
+    best = min(rivals) if rivals else (None, None)
+    return {
+        "gs_over_dense": _ratio(gs, rows.get("dense", {}).get("seconds_to_target")),
+        "best_rival": best[1],
+        "gs_over_best_rival": _ratio(gs, best[0]),
+    }
+
+
+def _advised_spec(method: str, d: int, density: float):
+    """The cost model's spec of a method as ttt_study.sh ran it (gs: ring, 16-bit tables)."""
+    if method == "gs":
+        return dataclasses.replace(method_spec("gs-backend", d, density), table_bytes=2)
+    return method_spec(method, d, density)
+
+
+def advise_check(data: dict) -> dict:
+    """The cluster model's step of each measured method in one run (see the module doc)."""
+    meta = data["_meta"]
+    rows = {m: data[m] for m in METHODS if m in data}
+    fwdbwd = statistics.median(r["seconds_compute_per_step"] for r in rows.values())
+    link = Link(meta["link_bps"], ADVISE_LATENCY_S)
+    cpu = get_device("cpu")
+    out = {}
+    for m, r in rows.items():
+        spec = _advised_spec(m, meta["d"], meta["density"])
+        predicted = predict_step(spec, meta["workers"], link, cpu, fwdbwd_s=fwdbwd).total
+        out[m] = {"predicted": predicted, "measured": r["seconds_per_step"],
+                  "rel_error": predicted / r["seconds_per_step"] - 1.0}
+    picked = min(out, key=lambda m: out[m]["predicted"])
+    fastest = min(out, key=lambda m: out[m]["measured"])
+    ratio = out[picked]["measured"] / out[fastest]["measured"]
+    return {"fwdbwd_s": fwdbwd, "methods": out, "picked": picked, "fastest": fastest,
+            "picked_over_fastest": ratio, "within_10pct": ratio <= 1.10}
+
+
+def collect(root: Path) -> dict:
+    out: dict = {"links": {}, "gs_recipes": {}}
+    for key, label in CELLS.items():
+        seeds = {}
+        for run in sorted(root.glob(f"{key}-s*")):
+            path = run / "results.json"
+            if not path.exists():
+                continue
+            data = json.loads(path.read_text())
+            rows = {m: _row(data[m]) for m in METHODS if m in data}
+            seeds[run.name.split("-s")[-1]] = {
+                "methods": rows, "ratios": _seed_ratios(rows), "advise": advise_check(data),
+                "command": data["_meta"]["command"],
+                "machine": data["_meta"]["machine"], "date": data["_meta"]["date"]}
+        if seeds:
+            out["links"][label] = {"seeds": seeds, "methods": _aggregate(seeds)}
+    for run in sorted(root.glob("gs-*")):
+        path = run / "results.json"
+        if path.exists():
+            data = json.loads(path.read_text())
+            out["gs_recipes"][run.name.removeprefix("gs-")] = {
+                **_row(data["gs"]), "command": data["_meta"]["command"]}
+    return out
+
+
+def _aggregate(seeds: dict) -> dict:
+    agg = {}
+    for m in METHODS:
+        rows = [s["methods"][m] for s in seeds.values() if m in s["methods"]]
+        if not rows:
+            continue
+        reached = [r["seconds_to_target"] for r in rows if r["seconds_to_target"] is not None]
+        agg[m] = {
+            "seeds": len(rows),
+            "reached": len(reached),
+            "median_seconds_per_step": statistics.median(r["seconds_per_step"] for r in rows),
+            "mean_seconds_to_target_of_reached": statistics.mean(reached) if reached else None,
+            "mean_final_test_accuracy": statistics.mean(r["final_test_accuracy"] for r in rows),
+        }
+    return agg
+
+
+def _f(v: float | None, fmt: str) -> str:
+    return "-" if v is None else fmt.format(v)
+
+
+def markdown(summary: dict) -> str:
+    md: list[str] = []
+    for label, link in summary["links"].items():
+        seeds = sorted(link["seeds"])
+        md += [f"### {label}, seeds {', '.join(seeds)}", "",
+               "| method | s/step (median) | time to 90 % per seed | reached | MB to 90 % "
+               "per seed | best acc. per seed | final acc. per seed |", "|" + "---|" * 7]
+        for m, a in link["methods"].items():
+            rows = [link["seeds"][s]["methods"].get(m) for s in seeds]
+            times = " / ".join(_f(r and r["seconds_to_target"], "{:.0f} s") for r in rows)
+            mbytes = " / ".join(
+                _f(r and r["bytes_to_target"] and r["bytes_to_target"] / 1e6, "{:.1f}")
+                for r in rows)
+            best = " / ".join(_f(r and r["best_test_accuracy"], "{:.1%}") for r in rows)
+            final = " / ".join(_f(r and r["final_test_accuracy"], "{:.1%}") for r in rows)
+            md.append(f"| {m} | {a['median_seconds_per_step']:.3f} | {times} | "
+                      f"{a['reached']}/{a['seeds']} | {mbytes} | {best} | {final} |")
+        md += ["", "| seed | gs / dense (time to 90 %) | best rival | gs / best rival |",
+               "|---|---|---|---|"]
+        for s in seeds:
+            r = link["seeds"][s]["ratios"]
+            md.append(f"| {s} | {_f(r['gs_over_dense'], '{:.2f}')} | {r['best_rival'] or '-'} "
+                      f"| {_f(r['gs_over_best_rival'], '{:.2f}')} |")
+        md += ["", "`gssgd advise --device cpu` against the measured steps (predicted / measured "
+               "seconds, error):", "",
+               "| seed | " + " | ".join(METHODS) + " | advise's pick | measured fastest | "
+               "pick / fastest |", "|" + "---|" * (len(METHODS) + 4)]
+        for s in seeds:
+            a = link["seeds"][s]["advise"]
+            cells = [(f"{a['methods'][m]['predicted']:.3f} / {a['methods'][m]['measured']:.3f} "
+                      f"({a['methods'][m]['rel_error']:+.0%})") if m in a["methods"] else "-"
+                     for m in METHODS]
+            md.append(f"| {s} | " + " | ".join(cells) + f" | {a['picked']} | {a['fastest']} | "
+                      f"{a['picked_over_fastest']:.2f} |")
+        md.append("")
+    if summary["gs_recipes"]:
+        md += ["### gs alone with another recipe, P = 4, 100 Mbit/s, seed 0", "",
+               "| run | s/step | time to 90 % | accuracy at each evaluation (step: accuracy) |",
+               "|---|---|---|---|"]
+        for name, r in summary["gs_recipes"].items():
+            accs = ", ".join(f"{step + 1}: {acc:.1%}" for step, _, acc in r["evaluations"])
+            md.append(f"| {name} | {r['seconds_per_step']:.3f} | "
+                      f"{_f(r['seconds_to_target'], '{:.0f} s')} | {accs} |")
+    return "\n".join(md) + "\n"
+
+
+def plot(summary: dict, path: Path) -> None:
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    links = list(summary["links"].items())
+    fig = Figure(figsize=(6 * max(1, len(links)), 4.2))
+    FigureCanvasAgg(fig)
+    colours = dict(zip(METHODS, ("black", "tab:blue", "tab:orange", "tab:green", "tab:red"), strict=True))
+    for i, (label, link) in enumerate(links):
+        ax = fig.add_subplot(1, len(links), i + 1)
+        for seed, run in sorted(link["seeds"].items()):
+            for m, r in run["methods"].items():
+                xs = [0.0] + [t for _, t, _ in r["evaluations"]]
+                ys = [0.1] + [a for _, _, a in r["evaluations"]]
+                ax.plot(xs, ys, marker="o", ms=3, lw=1, color=colours[m],
+                        label=m if seed == min(link["seeds"]) else None)
+        ax.axhline(0.9, color="grey", ls=":", lw=1)
+        ax.set_title(f"wide ResNet, MNIST, {label}")
+        ax.set_xlabel("training clock (s)")
+        ax.set_ylabel("test accuracy")
+        ax.set_ylim(0, 1)
+        ax.legend(loc="lower right", fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--dir", type=Path, default=Path("runs/ttt"))
+    parser.add_argument("--out", type=Path, default=Path("docs/results/ttt_wresnet"))
+    args = parser.parse_args()
+    summary = collect(args.dir)
+    if not summary["links"] and not summary["gs_recipes"]:
+        raise SystemExit(f"no finished runs under {args.dir}: run scripts/ttt_study.sh first")
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
+    text = markdown(summary)
+    (args.out / "summary.md").write_text(text)
+    if summary["links"]:
+        plot(summary, args.out / "ttt.png")
+    print(text)
+
+
+if __name__ == "__main__":
+    main()
