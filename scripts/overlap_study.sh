@@ -17,27 +17,13 @@ set -u
 cd "$(dirname "$0")/.."
 GSSGD=${GSSGD:-.venv/bin/gssgd}
 DIR=${OVERLAP_DIR:-runs/overlap}
-mkdir -p "$DIR/logs"
-STATUS=$DIR/logs/status.tsv
-[ -f "$STATUS" ] || printf 'name\texit\tseconds\tcommand\n' > "$STATUS"
-
-run() {  # run NAME RESULT_FILE COMMAND...
-    local name=$1 done_file=$2; shift 2
-    [ -f "$done_file" ] && { echo "skip  $name"; return 0; }
-    echo "run   $name: $*"
-    local t0=$SECONDS
-    "$@" > "$DIR/logs/$name.log" 2>&1
-    local rc=$?
-    printf '%s\t%s\t%s\t%s\n' "$name" "$rc" "$((SECONDS - t0))" "$*" >> "$STATUS"
-    [ $rc -ne 0 ] && { echo "FAIL  $name (exit $rc)"; tail -3 "$DIR/logs/$name.log"; }
-    return 0
-}
+source scripts/lib/study_run.sh  # execute NAME DONE_FILE COMMAND..., logs/status.tsv
 
 bench() {  # bench NAME ARGS...: one gs variant on the emulated links
     local name=$1; shift
     mkdir -p "$DIR/overlap_logs"  # streamed iterations' OverlapStats, per rank
     GSSGD_OVERLAP_LOG="$PWD/$DIR/overlap_logs/$name" \
-    run "$name" "$DIR/$name/results.json" "$GSSGD" bench train --methods gs --link 100mbit \
+    execute "$name" "$DIR/$name/results.json" "$GSSGD" bench train --methods gs --link 100mbit \
         --workers 4 "$@" --out "$DIR/$name"
 }
 
@@ -55,7 +41,7 @@ gpt() {  # gpt (d = 3.3M): about seven buckets of 2 MB; density 0.01 (k = 33,000
         --batch-size 8 --density 0.01 --bucket-cap-mb 2 --seed 0 ${1#*:}
 }
 mnist() {  # mnist OVERLAP SEED: accuracy at 400 steps, density 0.001, several buckets
-    run "mnist-$1-s$2" "$DIR/mnist-$1-s$2/summary.json" "$GSSGD" train \
+    execute "mnist-$1-s$2" "$DIR/mnist-$1-s$2/summary.json" "$GSSGD" train \
         --method gs --dataset mnist --model cnn --workers 4 --steps 400 --batch-size 32 \
         --eval-every 100 --density 0.001 --bucket-cap-mb 0.1 --overlap "$1" \
         --seed "$2" --no-progress --out "$DIR/mnist-$1-s$2" --overwrite

@@ -24,24 +24,11 @@ set -u
 cd "$(dirname "$0")/.."
 GSSGD=${GSSGD:-.venv/bin/gssgd}
 DIR=${RECIPE_DIR:-runs/recipe}
-mkdir -p "$DIR/runs" "$DIR/logs"
-STATUS=$DIR/logs/status.tsv
-[ -f "$STATUS" ] || printf 'name\texit\tseconds\tcommand\n' > "$STATUS"
+mkdir -p "$DIR/runs"
+source scripts/lib/study_run.sh  # execute NAME DONE_FILE COMMAND..., logs/status.tsv
 COMMON=(--dataset mnist --model cnn --workers 4 --steps 400 --batch-size 32 --eval-every 100)
 LM=(--dataset shakespeare --model lm --workers 4 --steps 200 --batch-size 32 --seq-len 64
     --eval-every 50)
-
-execute() {  # execute NAME DONE_FILE CMD...: CMD unless DONE_FILE exists, logged, one status row
-    local name=$1 done=$2; shift 2
-    [ -f "$done" ] && { echo "skip  $name"; return 0; }
-    echo "run   $name: $*"
-    local t0=$SECONDS
-    "$@" > "$DIR/logs/$name.log" 2>&1
-    local rc=$?
-    printf '%s\t%s\t%s\t%s\n' "$name" "$rc" "$((SECONDS - t0))" "$*" >> "$STATUS"
-    [ $rc -ne 0 ] && { echo "FAIL  $name (exit $rc)"; tail -3 "$DIR/logs/$name.log"; }
-    return 0
-}
 
 run() {  # run NAME ARGS...: one `gssgd train` run of the part's setting (BASE) into runs/NAME
     local name=$1; shift

@@ -21,25 +21,12 @@ set -u
 cd "$(dirname "$0")/.."
 GSSGD=${GSSGD:-.venv/bin/gssgd}
 DIR=${TTT_DIR:-runs/ttt}
-mkdir -p "$DIR/logs"
-STATUS=$DIR/logs/status.tsv
-[ -f "$STATUS" ] || printf 'name\texit\tseconds\tcommand\n' > "$STATUS"
-
-run() {  # run NAME COMMAND...: skipped when NAME/results.json exists
-    local name=$1; shift
-    [ -f "$DIR/$name/results.json" ] && { echo "skip  $name"; return 0; }
-    echo "run   $name: $*"
-    local t0=$SECONDS
-    "$@" --out "$DIR/$name" > "$DIR/logs/$name.log" 2>&1
-    local rc=$?
-    printf '%s\t%s\t%s\t%s\n' "$name" "$rc" "$((SECONDS - t0))" "$*" >> "$STATUS"
-    [ $rc -ne 0 ] && { echo "FAIL  $name (exit $rc)"; tail -3 "$DIR/logs/$name.log"; }
-    return 0
-}
+source scripts/lib/study_run.sh  # execute NAME DONE_FILE COMMAND..., logs/status.tsv
 
 ttt() {  # ttt NAME LINK SEED METHODS [EXTRA ARGS...] (a later --workers overrides the 4)
     local name=$1 link=$2 seed=$3 methods=$4; shift 4
-    run "$name" "$GSSGD" bench train --methods "$methods" --link "$link" --workers 4 \
+    execute "$name" "$DIR/$name/results.json" "$GSSGD" bench train --out "$DIR/$name" \
+        --methods "$methods" --link "$link" --workers 4 \
         --dataset mnist --model wresnet --steps 160 --eval-every 40 --density 0.001 \
         --allreduce backend --table-dtype float16 --warmup-steps 0 --method-timeout 1800 \
         --seed "$seed" "$@"
