@@ -2,9 +2,9 @@
 
 Per cell (P = 4 on 100 Mbit/s and 1 Gbit/s links, P = 8 on 100 Mbit/s) and method, over the
 seeds that ran (``runs/ttt/{mbit,gbit,p8}-s<SEED>/results.json``, each one ``gssgd bench
-train`` run of every method on the wide ResNet): the median seconds per step, the time to 90 % test
-accuracy of each seed (None: never reached in 160 steps), its step, the bytes a worker
-sent up to it (``bytes_sent_total`` of the step in the run's metrics.jsonl), the best and
+train`` run of every method on the wide ResNet): the median seconds per step, the time to
+90 % test accuracy of each seed (None: never reached in 160 steps), its step, the bytes a
+worker sent up to it (``bytes_sent_total`` of the step in the run's metrics.jsonl), the best and
 the final test accuracy. The ratios the issue's targets ask for are per seed, inside one
 ``bench train`` run (methods of one run share the machine's state): gs's time to target
 over dense's and over the best rival's. The runs of gs alone with another recipe
@@ -32,7 +32,7 @@ from pathlib import Path
 
 from gssgd.bench.cost_cluster import Link, predict_step
 from gssgd.bench.devices import get_device
-from gssgd.bench.method_specs import method_spec
+from gssgd.bench.method_specs import MethodSpec, method_spec
 
 #: Run-name prefix -> the cell it measured.
 CELLS = {"mbit": "P = 4, 100 Mbit/s", "gbit": "P = 4, 1 Gbit/s", "p8": "P = 8, 100 Mbit/s"}
@@ -86,7 +86,7 @@ def _seed_ratios(rows: dict[str, dict]) -> dict:
     }
 
 
-def _advised_spec(method: str, d: int, density: float):
+def _advised_spec(method: str, d: int, density: float) -> MethodSpec:
     """The cost model's spec of a method as ttt_study.sh ran it (gs: ring, 16-bit tables)."""
     if method == "gs":
         return dataclasses.replace(method_spec("gs-backend", d, density), table_bytes=2)
@@ -114,7 +114,7 @@ def advise_check(data: dict) -> dict:
 
 
 def collect(root: Path) -> dict:
-    out: dict = {"links": {}, "gs_recipes": {}}
+    out: dict = {"cells": {}, "gs_recipes": {}}
     for key, label in CELLS.items():
         seeds = {}
         for run in sorted(root.glob(f"{key}-s*")):
@@ -128,7 +128,7 @@ def collect(root: Path) -> dict:
                 "command": data["_meta"]["command"],
                 "machine": data["_meta"]["machine"], "date": data["_meta"]["date"]}
         if seeds:
-            out["links"][label] = {"seeds": seeds, "methods": _aggregate(seeds)}
+            out["cells"][label] = {"seeds": seeds, "methods": _aggregate(seeds)}
     for run in sorted(root.glob("gs-*")):
         path = run / "results.json"
         if path.exists():
@@ -161,13 +161,13 @@ def _f(v: float | None, fmt: str) -> str:
 
 def markdown(summary: dict) -> str:
     md: list[str] = []
-    for label, link in summary["links"].items():
-        seeds = sorted(link["seeds"])
+    for label, cell in summary["cells"].items():
+        seeds = sorted(cell["seeds"])
         md += [f"### {label}, seeds {', '.join(seeds)}", "",
                "| method | s/step (median) | time to 90 % per seed | reached | MB to 90 % "
                "per seed | best acc. per seed | final acc. per seed |", "|" + "---|" * 7]
-        for m, a in link["methods"].items():
-            rows = [link["seeds"][s]["methods"].get(m) for s in seeds]
+        for m, a in cell["methods"].items():
+            rows = [cell["seeds"][s]["methods"].get(m) for s in seeds]
             times = " / ".join(_f(r and r["seconds_to_target"], "{:.0f} s") for r in rows)
             mbytes = " / ".join(
                 _f(r and r["bytes_to_target"] and r["bytes_to_target"] / 1e6, "{:.1f}")
@@ -179,7 +179,7 @@ def markdown(summary: dict) -> str:
         md += ["", "| seed | gs / dense (time to 90 %) | best rival | gs / best rival |",
                "|---|---|---|---|"]
         for s in seeds:
-            r = link["seeds"][s]["ratios"]
+            r = cell["seeds"][s]["ratios"]
             md.append(f"| {s} | {_f(r['gs_over_dense'], '{:.2f}')} | {r['best_rival'] or '-'} "
                       f"| {_f(r['gs_over_best_rival'], '{:.2f}')} |")
         md += ["", "`gssgd advise --device cpu` against the measured steps (predicted / measured "
@@ -187,7 +187,7 @@ def markdown(summary: dict) -> str:
                "| seed | " + " | ".join(METHODS) + " | advise's pick | measured fastest | "
                "pick / fastest |", "|" + "---|" * (len(METHODS) + 4)]
         for s in seeds:
-            a = link["seeds"][s]["advise"]
+            a = cell["seeds"][s]["advise"]
             cells = [(f"{a['methods'][m]['predicted']:.3f} / {a['methods'][m]['measured']:.3f} "
                       f"({a['methods'][m]['rel_error']:+.0%})") if m in a["methods"] else "-"
                      for m in METHODS]
@@ -210,18 +210,18 @@ def plot(summary: dict, path: Path) -> None:
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
-    links = list(summary["links"].items())
-    fig = Figure(figsize=(6 * max(1, len(links)), 4.2))
+    cells = list(summary["cells"].items())
+    fig = Figure(figsize=(6 * max(1, len(cells)), 4.2))
     FigureCanvasAgg(fig)
     colours = dict(zip(METHODS, ("black", "tab:blue", "tab:orange", "tab:green", "tab:red"), strict=True))
-    for i, (label, link) in enumerate(links):
-        ax = fig.add_subplot(1, len(links), i + 1)
-        for seed, run in sorted(link["seeds"].items()):
+    for i, (label, cell) in enumerate(cells):
+        ax = fig.add_subplot(1, len(cells), i + 1)
+        for seed, run in sorted(cell["seeds"].items()):
             for m, r in run["methods"].items():
                 xs = [t for _, t, _ in r["evaluations"]]
                 ys = [a for _, _, a in r["evaluations"]]
                 ax.plot(xs, ys, marker="o", ms=3, lw=1, color=colours[m],
-                        label=m if seed == min(link["seeds"]) else None)
+                        label=m if seed == min(cell["seeds"]) else None)
         ax.axhline(0.9, color="grey", ls=":", lw=1)
         ax.set_title(f"wide ResNet, MNIST, {label}")
         ax.set_xlabel("training clock (s)")
@@ -238,13 +238,13 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=Path("docs/results/ttt_wresnet"))
     args = parser.parse_args()
     summary = collect(args.dir)
-    if not summary["links"] and not summary["gs_recipes"]:
+    if not summary["cells"] and not summary["gs_recipes"]:
         raise SystemExit(f"no finished runs under {args.dir}: run scripts/ttt_study.sh first")
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
     text = markdown(summary)
     (args.out / "summary.md").write_text(text)
-    if summary["links"]:
+    if summary["cells"]:
         plot(summary, args.out / "ttt.png")
     print(text)
 

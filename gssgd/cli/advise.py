@@ -33,10 +33,10 @@ the model (gssgd.bench.cost_cluster):
   rounds and bytes are each method's own traffic formula; hidden = what overlaps backward
   (DDP's bucketed all-reduce for dense; nothing for the compressed methods, which select
   over the whole model after backward), all of it on an H200 (assumed), none on the cpu
-  device (measured: gloo's threads take the cores backward needs). fwd+bwd defaults to params times the device's
-  per-parameter constant (H200: ResNet-50's measured 32.8 ms at batch 64); give your own
-  with --compute-ms. Cluster links are taken to reach 90 % of their rate in every pattern
-  (an assumption; not measured on a cluster).
+  device (measured: gloo's threads take the cores backward needs). fwd+bwd defaults to
+  params times the device's per-parameter constant (H200: ResNet-50's measured 32.8 ms at
+  batch 64); give your own with --compute-ms. Cluster links are taken to reach 90 % of
+  their rate in every pattern (an assumption; not measured on a cluster).
 """
 
 #: Stand-in data of the shipped models for counting their parameters: MNIST-shaped images
