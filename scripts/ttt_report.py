@@ -13,7 +13,7 @@ over dense's and over the best rival's. The runs of gs alone with another recipe
 ``gssgd advise`` is checked on every run: each measured method's step predicted by the
 cluster model for the cpu device (``--device cpu --latency 1ms``, the run's P and link, and
 its measured forward + backward: the median over the run's methods of their compute, the
-step less the comm hook), gs as it ran (ring, 16-bit tables); the relative error of each
+step less the comm hook), gs as it ran (its all-reduce and table dtype); the relative error of each
 step and whether the model's fastest of the five was the measured fastest or within 10 %.
 
 The plot has one panel per cell: test accuracy against the training clock, one line per
@@ -30,9 +30,12 @@ import json
 import statistics
 from pathlib import Path
 
+import torch
+
 from gssgd.bench.cost_cluster import Link, predict_step
 from gssgd.bench.devices import get_device
 from gssgd.bench.method_specs import MethodSpec, method_spec
+from gssgd.train.metrics import read_metrics
 
 #: Run-name prefix -> the cell it measured.
 CELLS = {"mbit": "P = 4, 100 Mbit/s", "gbit": "P = 4, 1 Gbit/s", "p8": "P = 8, 100 Mbit/s"}
@@ -45,14 +48,10 @@ ADVISE_LATENCY_S = 1e-3
 
 def _bytes_to(run_dir: Path, step: int | None) -> float | None:
     """Bytes a worker had sent up to and including ``step``, from the run's metrics."""
-    path = run_dir / "metrics.jsonl"
-    if step is None or not path.exists():
+    if step is None:
         return None
-    for line in path.read_text().splitlines():
-        record = json.loads(line) if line.strip() else {}
-        if record.get("step") == step:
-            return record.get("bytes_sent_total")
-    return None
+    at_step = [r for r in read_metrics(run_dir / "metrics.jsonl") if r.get("step") == step]
+    return at_step[0].get("bytes_sent_total") if at_step else None
 
 
 def _row(result: dict) -> dict:
@@ -86,11 +85,16 @@ def _seed_ratios(rows: dict[str, dict]) -> dict:
     }
 
 
-def _advised_spec(method: str, d: int, density: float) -> MethodSpec:
-    """The cost model's spec of a method as ttt_study.sh ran it (gs: ring, 16-bit tables)."""
-    if method == "gs":
-        return dataclasses.replace(method_spec("gs-backend", d, density), table_bytes=2)
-    return method_spec(method, d, density)
+def _advised_spec(method: str, meta: dict) -> MethodSpec:
+    """The cost model's spec of a method as the run ran it: gs with the run's all-reduce
+    (``--allreduce backend``: the ``gs-backend`` variant) and table dtype."""
+    settings = meta["settings"]
+    if method != "gs":
+        return method_spec(method, meta["d"], meta["density"])
+    variant = "gs-backend" if settings.get("allreduce") == "backend" else "gs"
+    spec = method_spec(variant, meta["d"], meta["density"])
+    table_dtype = settings.get("table_dtype") or "float32"
+    return dataclasses.replace(spec, table_bytes=getattr(torch, table_dtype).itemsize)
 
 
 def advise_check(data: dict) -> dict:
@@ -102,7 +106,7 @@ def advise_check(data: dict) -> dict:
     cpu = get_device("cpu")
     out = {}
     for m, r in rows.items():
-        spec = _advised_spec(m, meta["d"], meta["density"])
+        spec = _advised_spec(m, meta)
         predicted = predict_step(spec, meta["workers"], link, cpu, fwdbwd_s=fwdbwd).total
         out[m] = {"predicted": predicted, "measured": r["seconds_per_step"],
                   "rel_error": predicted / r["seconds_per_step"] - 1.0}

@@ -1,7 +1,8 @@
-# Shared by the study scripts (scripts/*_study.sh): source it after setting DIR.
+# Shared by the study scripts (scripts/*_study.sh): source it from the repository root
+# after setting DIR.
 #
-#   DIR=runs/mystudy
-#   source "$(dirname "$0")/lib/study_run.sh"
+#   cd "$(dirname "$0")/.." && DIR=runs/mystudy
+#   source scripts/lib/study_run.sh
 #   execute NAME DONE_FILE COMMAND...
 #
 # Makes $DIR/logs and its status.tsv (one row per command run: name, exit status, seconds,
