@@ -34,6 +34,11 @@ Example::
 
 ``gssgd train --amp fp16`` does exactly this (``--amp bf16``: bfloat16 autocast, which has
 float32's range and needs no scaler).
+
+A hook that is not given the scaler keeps ``nonfinite="skip"``: every overflow becomes a
+zero update the scaler never sees, so its scale never goes down. The hook says so where it
+happens: the first skipped step warns once per ``HookState``, and the ``FloatingPointError``
+after ``max_consecutive_skips`` skipped steps names ``scaler=`` and ``use_scaler``.
 """
 
 from __future__ import annotations

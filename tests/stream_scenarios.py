@@ -4,10 +4,12 @@ Streaming gs (``HookState("gs", whole_model=True, overlap="stream")``) trains th
 of ``tests/ddp_scenarios.py`` in DDP next to a plain copy whose local gradients go through
 :class:`PartitionedReference`: the partitioned layout written out again from its
 definition (column split, per-region hashing, global top m*k, exact round, error
-feedback), independent of ``gssgd.ddp_stream`` and ``gssgd.partitioned_sketch``. Only the
-sums over ranks are collectives, the same ones the hook makes (the backend's all-reduce of
-each region, in bucket order; the exact round's recursive doubling), so the result must
-agree bit for bit.
+feedback), independent of ``gssgd.ddp.stream`` and ``gssgd.partitioned_sketch``: its hashes
+are those of ``tests/aggregators/reference.py`` (re-implemented from the documented scheme,
+not ``gssgd.hashing``), and its sums over ranks are plain ``torch.distributed`` calls, not
+gssgd's ``Communicator``. They are the sums the hook makes (the backend's all-reduce of
+each region, in bucket order; the exact round added up in recursive doubling's order), so
+the result must agree bit for bit.
 """
 
 from __future__ import annotations
@@ -19,9 +21,8 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from gssgd.comm import Communicator
 from gssgd.ddp import HookState, comm_hook
-from gssgd.hashing import signed_buckets, sketch_hash_params
+from tests.aggregators.reference import buckets_and_signs
 from tests.ddp_scenarios import batch, flat_grads, local_grads, make_model, mean_over_ranks, sgd
 
 #: DDP bucket caps (MB) and the layouts they give the MLP's 4010 parameters (8 tensors)
@@ -52,8 +53,35 @@ def split_columns(sizes: list[int], cols: int) -> list[int]:
     return out
 
 
+def sum_in_doubling_order(x: torch.Tensor) -> torch.Tensor:
+    """The sum over ranks of ``x`` in recursive doubling's order, from one all-gather: the
+    ranks past the largest power of two ``P2`` are added into rank ``r - P2``, then
+    neighbours at distance 1, 2, 4, ... are added pairwise (float addition commutes, so
+    every rank of a pair gets the same bits)."""
+    parts = [torch.empty_like(x) for _ in range(dist.get_world_size())]
+    dist.all_gather(parts, x.contiguous())
+    power = 1 << (len(parts).bit_length() - 1)
+    for r in range(power, len(parts)):
+        parts[r - power] = parts[r - power] + parts[r]
+    parts = parts[:power]
+    while len(parts) > 1:
+        parts = [parts[i] + parts[i + 1] for i in range(0, len(parts), 2)]
+    return parts[0]
+
+
+def signed_indices(n: int, seed: int, rows: int, cols: int) -> torch.Tensor:
+    """``h_r(i) + cols * [s_r(i) < 0]`` for coordinates ``0..n-1``: the column of a doubled
+    row ``(positive half | negative half)``, from the independent hashes."""
+    buckets, signs = buckets_and_signs(n, seed, rows, cols)
+    return torch.from_numpy(buckets + cols * (signs < 0))
+
+
 class PartitionedReference:
-    """Streaming gs's math on one rank: feed it the local gradient in bucket order."""
+    """Streaming gs's math on one rank: feed it the local gradient in bucket order.
+
+    ``opts``: HookState's options; ``exact=False`` keeps the sketch's own top k and their
+    estimates, ``allreduce="backend"`` sums the exact round with the backend's all-reduce.
+    """
 
     def __init__(self, sizes: list[int], opts: dict) -> None:
         self.sizes, self.d = sizes, sum(sizes)
@@ -61,24 +89,38 @@ class PartitionedReference:
         self.rows, self.m = opts["rows"], opts["candidates"]
         self.cols = split_columns(sizes, opts["cols"])
         self.rho = opts.get("momentum", 0.0)
-        self.params = sketch_hash_params(0, self.rows)
+        self.seed = opts.get("seed", 0)
+        self.exact = opts.get("exact", True)
+        self.backend = opts.get("allreduce", "recursive_doubling") == "backend"
         self.residual = torch.zeros(self.d)
         self.momentum = torch.zeros(self.d)
 
     def _region(self, x: torch.Tensor, cols: int) -> torch.Tensor:
         """Count Sketch of ``x`` into ``rows x cols``: each row's positive and negative
         contributions summed apart (a scatter-add into a doubled row), then subtracted."""
-        signed = signed_buckets(torch.arange(x.numel()), self.params, cols)
+        signed = signed_indices(x.numel(), self.seed, self.rows, cols)
         table = torch.zeros(self.rows, 2 * cols)
         for r in range(self.rows):
             table[r].scatter_add_(0, signed[r], x)
         return table[:, :cols] - table[:, cols:]
 
     def _estimates(self, table: torch.Tensor, n: int, cols: int) -> torch.Tensor:
-        signed = signed_buckets(torch.arange(n), self.params, cols)
+        signed = signed_indices(n, self.seed, self.rows, cols)
         doubled = torch.cat([table, -table], dim=1)
         values = torch.stack([doubled[r][signed[r]] for r in range(self.rows)])
         return values.median(dim=0).values
+
+    def _exact_sum(self, x: torch.Tensor) -> torch.Tensor:
+        if self.backend:
+            x = x.clone()
+            dist.all_reduce(x)
+            return x
+        return sum_in_doubling_order(x)
+
+    @staticmethod
+    def _top(values: torch.Tensor, k: int) -> torch.Tensor:
+        """Positions of the k largest ``|values|``, ties to the lower position."""
+        return torch.sort(values.abs(), descending=True, stable=True).indices[:k]
 
     def step(self, grad: torch.Tensor) -> torch.Tensor:
         world = dist.get_world_size()
@@ -94,14 +136,16 @@ class PartitionedReference:
             estimates.append(self._estimates(table, n, c))
             start += n
         est = torch.cat(estimates)
-        mk = min(self.m * self.k, self.d)
-        order = torch.sort(est.abs(), descending=True, stable=True).indices
-        candidates = torch.sort(order[:mk]).values
-        exact = Communicator().allreduce_recursive_doubling(acc[candidates])
-        keep = torch.sort(exact.abs(), descending=True, stable=True).indices[: self.k]
-        chosen = candidates[keep]
+        if self.exact:
+            candidates = torch.sort(self._top(est, min(self.m * self.k, self.d))).values
+            exact = self._exact_sum(acc[candidates])
+            keep = self._top(exact, self.k)
+            chosen, values = candidates[keep], exact[keep]
+        else:  # the sketch's own estimates
+            chosen = self._top(est, self.k)
+            values = est[chosen]
         update = torch.zeros(self.d)
-        update[chosen] = exact[keep] / world
+        update[chosen] = values / world
         acc[chosen] = 0
         self.residual = acc
         self.momentum[chosen] = 0
@@ -131,16 +175,19 @@ def _model_order(vec: torch.Tensor, layout: dict[int, list[int]], numels: list[i
     return torch.cat(out)
 
 
-def stream_against_reference(rank: int, cap: float, opts: dict, iters: int = ITERS) -> dict:
-    """``iters`` iterations of DDP + streaming hook and of the plain model + reference."""
+def _against_reference(
+    rank: int, cap: float, opts: dict, overlap: str, iters: int
+) -> tuple[dict, HookState, PartitionedReference | None]:
+    """``iters`` iterations of DDP + whole-model gs hook (``overlap``) and of the plain
+    model + reference: the lists of what each gave, the hook's state and the reference."""
     model, plain = make_model(), make_model()
     numels = [p.numel() for p in model.parameters()]
     ddp = DDP(model, bucket_cap_mb=cap)
-    state = HookState("gs", start_iter=START, whole_model=True, overlap="stream", **opts)
+    state = HookState("gs", start_iter=START, whole_model=True, overlap=overlap, **opts)
     layouts: dict[int, list[int]] = {}
     ddp.register_comm_hook(state, recording(layouts, model))
     ref: PartitionedReference | None = None
-    out: dict = {"got": [], "want": [], "stats": [], "layouts": [], "overlap": []}
+    out: dict = {"got": [], "want": [], "stats": [], "layouts": []}
     for t in range(iters):
         layouts.clear()
         x = batch(rank, t)
@@ -159,6 +206,13 @@ def stream_against_reference(rank: int, cap: float, opts: dict, iters: int = ITE
         out["stats"].append(dataclasses.asdict(state.last_stats))
         out["layouts"].append(dict(layouts))
         sgd(model, plain)
+    out["sizes"] = [sum(numels[i] for i in layouts[b]) for b in sorted(layouts)]
+    return out, state, ref
+
+
+def stream_against_reference(rank: int, cap: float, opts: dict, iters: int = ITERS) -> dict:
+    """``iters`` iterations of DDP + streaming hook and of the plain model + reference."""
+    out, state, ref = _against_reference(rank, cap, opts, "stream", iters)
     agg = state._aggregators[0]
     out["overlap"] = dataclasses.asdict(agg.last_overlap)
     out["residual"] = state.state_dict()["buckets"][0]["residual"]
@@ -171,23 +225,20 @@ def stream_against_reference(rank: int, cap: float, opts: dict, iters: int = ITE
 
 def one_bucket_equals_whole_model(rank: int) -> dict:
     """With a single bucket the partitioned layout is the unpartitioned sketch: streaming
-    gs and whole-model gs agree (tables summed the same way: allreduce='backend'; the
-    sketch's own estimates, exact=False, so no candidate order enters the comparison)."""
+    gs and whole-model gs both equal the independent reference of that one region (tables
+    summed the same way: allreduce='backend'; the sketch's own estimates, exact=False).
+
+    Returns:
+        per overlap ("none", "stream"): the stacked grads ``got`` and reference ``want``,
+        and the bucket ``sizes``.
+    """
     opts = {**SETTINGS["rows3"], "allreduce": "backend", "exact": False}
-    got = {}
+    out = {}
     for overlap in ("none", "stream"):
-        model = make_model()
-        ddp = DDP(model, bucket_cap_mb=LAYOUTS["one"])
-        state = HookState("gs", start_iter=START, whole_model=True, overlap=overlap, **opts)
-        ddp.register_comm_hook(state, comm_hook)
-        grads = []
-        for t in range(ITERS):
-            ddp.zero_grad()
-            ddp(batch(rank, t)).square().mean().backward()
-            grads.append(flat_grads(model))
-            sgd(model)
-        got[overlap] = torch.stack(grads)
-    return got
+        res, _, _ = _against_reference(rank, LAYOUTS["one"], opts, overlap, ITERS)
+        out[overlap] = {"got": torch.stack(res["got"]), "want": torch.stack(res["want"]),
+                        "sizes": res["sizes"]}
+    return out
 
 
 def resume(rank: int) -> dict:

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import pickle
 import traceback
+import warnings
 
 import pytest
 import torch
@@ -180,6 +181,57 @@ def half_gradients(rank: int, world: int) -> dict:
     return out
 
 
+#: (method, whole_model, extra HookState arguments) of the runs without ``scaler=``
+NO_SCALER = {
+    "topk-whole": ("topk", True, {}),
+    "topk-bucket": ("topk", False, {}),
+    "gs-stream": ("gs", True, {"overlap": "stream"}),
+}
+FIRST_OVERFLOW = 3  # every step from here on overflows on one rank
+MAX_SKIPS = 3
+
+
+def _without_scaler(rank: int, method: str, whole: bool, extra: dict) -> dict:
+    """float16 autocast and a GradScaler the hook is not given (``nonfinite="skip"``, the
+    default): one rank overflows at every step from FIRST_OVERFLOW on, until the hook's
+    ``max_consecutive_skips`` stops the run. The warnings, the error and the scales."""
+    world = dist.get_world_size()
+    model = make_model()
+    ddp = DDP(model, bucket_cap_mb=CAP_MB)
+    scaler = torch.amp.GradScaler("cpu", init_scale=INIT_SCALE)
+    opts = {**OPTIONS[method], **extra}
+    state = HookState(method, density=opts.pop("density", None), start_iter=1,
+                      whole_model=whole, model=model, max_consecutive_skips=MAX_SKIPS, **opts)
+    ddp.register_comm_hook(state, comm_hook)
+    optimizer = torch.optim.SGD(model.parameters(), lr=LR)
+    inject = {"on": False}
+    next(iter(model.parameters())).register_hook(
+        lambda g: g * float("inf") if inject["on"] else g)
+    out: dict = {"stopped": None, "scales": [], "skipped": []}
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        for step in range(FIRST_OVERFLOW + MAX_SKIPS + 2):
+            inject["on"] = step >= FIRST_OVERFLOW and rank == 1 % world
+            optimizer.zero_grad(set_to_none=True)
+            with torch.autocast("cpu", dtype=torch.float16):
+                loss = ddp(batch(rank, step)).float().square().mean()
+            try:
+                scaler.scale(loss).backward()
+            except Exception as exc:  # noqa: BLE001 - the test reads it
+                out["stopped"] = {"step": step, "type": type(exc).__name__, "text": str(exc)}
+                break
+            scaler.step(optimizer)
+            scaler.update()
+            out["scales"].append(scaler.get_scale())
+            out["skipped"].append(bool(state.last_stats.skipped))
+    out["warnings"] = [str(w.message) for w in seen if "gssgd" in str(w.message)]
+    return out
+
+
+def no_scaler_runs(rank: int, world: int) -> dict:
+    return {name: _guarded(_without_scaler, rank, *run) for name, run in NO_SCALER.items()}
+
+
 def all_scenarios(rank: int, world: int) -> dict:
     return {"overflow": overflow_runs(rank, world), "rescale": rescale_runs(rank, world),
             "half": half_gradients(rank, world)}
@@ -254,6 +306,47 @@ def test_16_bit_gradients_keep_float32_state_and_tables(ranks: list[dict], metho
             assert got["momentum"] == "torch.float32", (r, got)
         if method in ("sketched", "gs", "gs16"):
             assert got["table"] == "torch.float32", (r, got)  # gs16: float16 on the wire only
+
+
+@pytest.fixture(scope="module")
+def no_scaler() -> list[dict]:
+    results = run_workers(2, no_scaler_runs)
+    raise_worker_errors(results)
+    return results
+
+
+@pytest.mark.parametrize("run", list(NO_SCALER))
+def test_a_scaler_run_without_scaler_is_told_where_it_skips(
+    no_scaler: list[dict], run: str
+) -> None:
+    """Under a GradScaler the hook was not given, overflows become zero updates the scaler
+    never sees: the first skipped step warns once, and the error that stops the run after
+    max_consecutive_skips says how to give the hook the scaler."""
+    for r, res in enumerate(no_scaler):
+        got = res[run]
+        assert "error" not in got, got["error"]
+        # the trap itself: the steps were skipped and the scale never went down
+        assert got["skipped"] == [False] * FIRST_OVERFLOW + [True] * (MAX_SKIPS - 1), (r, got)
+        assert got["scales"] == [INIT_SCALE] * (FIRST_OVERFLOW + MAX_SKIPS - 1), (r, got)
+        assert len(got["warnings"]) == 1, (r, got["warnings"])  # once, at the first skip
+        text = got["warnings"][0]
+        assert f"iteration {FIRST_OVERFLOW}: the hook skipped a non-finite gradient" in text
+        assert "HookState(..., scaler=scaler) or state.use_scaler(scaler)" in text
+        assert f"max_consecutive_skips={MAX_SKIPS}" in text
+        stopped = got["stopped"]  # the error backward raised
+        assert stopped is not None and stopped["step"] == FIRST_OVERFLOW + MAX_SKIPS - 1, got
+        assert stopped["type"] == "FloatingPointError", stopped
+        assert f"{MAX_SKIPS} consecutive steps were skipped" in stopped["text"], stopped
+        assert "HookState(..., scaler=scaler) or state.use_scaler(scaler)" in stopped["text"]
+
+
+def test_no_scaler_advice_with_a_scaler_or_another_policy() -> None:
+    scaler = torch.amp.GradScaler("cpu")
+    assert HookState("topk", density=0.01)._scaler_advice() is not None
+    assert HookState("topk", density=0.01, scaler=scaler)._scaler_advice() is None
+    assert HookState("topk", density=0.01, nonfinite="raise")._scaler_advice() is None
+    assert HookState("topk", density=0.01, nonfinite="propagate")._scaler_advice() is None
+    assert HookState("topk", density=0.01).use_scaler(scaler)._scaler_advice() is None
 
 
 # ----------------------------------------------------------------------------- settings

@@ -7,13 +7,13 @@ import warnings
 import pytest
 import torch
 
-import gssgd.ddp as ddp
+import gssgd.ddp.recipe as recipe
 from gssgd.ddp import HookState
 
 
 @pytest.fixture()
 def fresh_warning(monkeypatch: pytest.MonkeyPatch):
-    monkeypatch.setattr(ddp, "_warned_momentum", False)
+    monkeypatch.setattr(recipe, "_warned_momentum", False)
     yield
 
 

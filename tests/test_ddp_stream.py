@@ -1,4 +1,4 @@
-"""Streaming gs in the DDP hook (gssgd.ddp_stream) and its partitioned table.
+"""Streaming gs in the DDP hook (gssgd.ddp.stream) and its partitioned table.
 
 Real gloo processes at P = 3 and 4 (a non-power of two among them) over several DDP bucket
 layouts, bitwise against tests/stream_scenarios.PartitionedReference; the layout rules and
@@ -8,13 +8,15 @@ the global recovery on one process.
 from __future__ import annotations
 
 import io
+import time
+from dataclasses import asdict
 from functools import cache
 
 import pytest
 import torch
+from torch.nn.parallel import DistributedDataParallel as DDP
 
-from gssgd.ddp import HookState
-from gssgd.ddp_stream import OverlapStats, stream_traffic
+from gssgd.ddp import HookState, OverlapStats, comm_hook, stream_traffic
 from gssgd.partitioned_sketch import PartitionedSketch, region_columns
 from gssgd.sketch import CountSketch
 from tests import stream_scenarios as scen
@@ -96,13 +98,114 @@ def test_stats_count_every_regions_traffic(world_size: int, run: str) -> None:
         assert stats["delivered_fraction"] is not None and stats["seconds_communicate"] > 0
     overlap = OverlapStats(**res["overlap"])
     assert overlap.regions == len(res["sizes"])
-    assert overlap.seconds_span >= 0 and 0 <= overlap.hidden_fraction <= 1
+    ready, started = overlap.bucket_ready, overlap.region_started
+    assert len(ready) == len(started) == overlap.regions and ready[0] == 0.0
+    for b in range(overlap.regions):  # each region is sent before the next bucket arrives
+        assert ready[b] <= started[b], (b, ready, started)
+        if b + 1 < overlap.regions:
+            assert started[b] <= ready[b + 1], (b, ready, started)
 
 
 def test_one_bucket_stream_is_whole_model_gs() -> None:
-    for ranks in results(3):
-        got = ranks["one-bucket"]
-        assert torch.equal(got["stream"], got["none"])
+    for r, ranks in enumerate(results(3)):
+        for overlap, res in ranks["one-bucket"].items():  # both against the reference
+            assert res["sizes"] == [4010], overlap
+            for t in range(scen.START, scen.ITERS):
+                assert torch.equal(res["got"][t], res["want"][t]), f"{overlap} rank {r} it {t}"
+
+
+# ------------------------------------------------------------------ overlap with backward
+#: Seconds the slow layer's backward sleeps: DDP's last bucket is ready at least this long
+#: after its first.
+SLEEP = 0.5
+MEASURED = 2  # streamed iterations measured, after one that builds the aggregator
+
+
+class _SlowBackward(torch.autograd.Function):
+    """The identity; while ``on``, its backward sleeps SLEEP seconds, then notes the time."""
+
+    on = False
+    woke: list[float] = []
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor) -> torch.Tensor:
+        return x.clone()
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor) -> torch.Tensor:
+        if _SlowBackward.on:
+            time.sleep(SLEEP)
+            _SlowBackward.woke.append(time.perf_counter())
+        return grad
+
+
+class _SlowNet(torch.nn.Module):
+    """Two layers with the slow backward between them: the last layer's gradients (DDP's
+    first buckets) are ready SLEEP seconds before the first layer's (its last bucket)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.first = torch.nn.Linear(16, 64)
+        self.last = torch.nn.Linear(64, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.last(_SlowBackward.apply(torch.tanh(self.first(x))))
+
+
+def _overlap_worker(rank: int, world_size: int) -> list[dict]:
+    """Streamed iterations of _SlowNet: when each region's all-reduce was called (seen from
+    outside the hook, on the aggregator's communicator), when the slow backward woke, and
+    the hook's own OverlapStats."""
+    torch.manual_seed(0)
+    ddp = DDP(_SlowNet(), bucket_cap_mb=0.0001)  # about one bucket per tensor
+    state = HookState("gs", density=0.05, start_iter=scen.START, whole_model=True,
+                      overlap="stream", rows=1, cols=400, candidates=2)
+    ddp.register_comm_hook(state, comm_hook)
+    calls: list[float] = []
+    out = []
+    for t in range(scen.START + 1 + MEASURED):
+        if t == scen.START + 1:  # the streaming aggregator exists: watch its all-reduces
+            comm = state._aggregators[0].comm
+            real = comm.allreduce_backend_async
+
+            def noted(tensor: torch.Tensor, real=real) -> torch.futures.Future[torch.Tensor]:
+                calls.append(time.perf_counter())
+                return real(tensor)
+
+            comm.allreduce_backend_async = noted
+        measured = t > scen.START
+        _SlowBackward.on = measured
+        calls.clear()
+        _SlowBackward.woke.clear()
+        ddp.zero_grad()
+        x = torch.randn(32, 16, generator=torch.Generator().manual_seed(100 * t + rank))
+        ddp(x).square().mean().backward()
+        if measured:
+            out.append({"calls": list(calls), "woke": list(_SlowBackward.woke),
+                        "overlap": asdict(state._aggregators[0].last_overlap)})
+    return out
+
+
+def test_streamed_all_reduces_start_before_the_last_bucket_is_ready() -> None:
+    """A backward that is slow on purpose between the last layer and the first: the regions
+    of the buckets ready before the slow part are all-reduced while it runs, not after the
+    last bucket (which waiting for every bucket, as overlap='none' does, would give)."""
+    ranks = run_workers(2, _overlap_worker)
+    raise_worker_errors(ranks)
+    for r, runs in enumerate(ranks):
+        assert len(runs) == MEASURED
+        for run in runs:
+            overlap = OverlapStats(**run["overlap"])
+            ready, started = overlap.bucket_ready, overlap.region_started
+            assert overlap.regions >= 2 and len(run["calls"]) == overlap.regions, (r, run)
+            assert len(run["woke"]) == 1, (r, run)
+            # the layout does what it is for: the last bucket comes SLEEP after the first
+            assert ready[-1] >= SLEEP, (r, ready)
+            # seen from outside: the first region's all-reduce was called well before the
+            # slow backward ended, and so before the last bucket could be ready
+            assert run["calls"][0] < run["woke"][0] - SLEEP / 2, (r, run)
+            # the hook's own record agrees
+            assert started[0] < ready[-1] - SLEEP / 2, (r, ready, started)
 
 
 # ------------------------------------------------------------------ checkpoints

@@ -23,6 +23,11 @@ as DDP hands the buckets over in index order):
 3. Every bucket's buffer receives its slice of the update and every pending future
    completes; DDP then writes ``param.grad``.
 
+The aggregator (:class:`StreamingGS`, steps 1-2) knows nothing of DDP; :func:`stream_hook`
+feeds it DDP's buckets on the runtime trunk of the hook state
+(:class:`~gssgd.ddp.core.HookCore`). ``overlap=`` is validated with the other settings
+(:func:`gssgd.ddp.settings.check_overlap`).
+
 Differences from whole-model gs, by design:
 
 * The regions are summed with the backend's all-reduce (ring, counted ``2(P-1)/P`` of
@@ -37,7 +42,8 @@ Differences from whole-model gs, by design:
   is refused with ``overlap="stream"``.
 
 The time the last bucket waits for the regions is the communication backward did not
-hide; :attr:`StreamingGS.last_overlap` reports it per iteration.
+hide; :attr:`StreamingGS.last_overlap` reports it per iteration, with when each bucket
+arrived and each region's all-reduce started.
 """
 
 from __future__ import annotations
@@ -45,8 +51,8 @@ from __future__ import annotations
 import json
 import os
 import time
-from dataclasses import asdict, dataclass
-from typing import TYPE_CHECKING, Any
+from dataclasses import asdict, dataclass, field
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -56,64 +62,21 @@ from gssgd.aggregators.base import state_dtype
 from gssgd.aggregators.gs import GlobalSketchSGD
 from gssgd.aggregators.options import GSOptions
 from gssgd.comm import Traffic, completed_future, new_future, recursive_doubling, ring_allreduce
+from gssgd.ddp.core import HookCore, Layout
 from gssgd.partitioned_sketch import PartitionedSketch, region_columns
 
-if TYPE_CHECKING:
-    from gssgd.ddp import HookState
-
 __all__ = [
-    "OVERLAP_MODES",
-    "STREAMING_METHODS",
+    "OVERLAP_LOG_ENV",
     "OverlapStats",
+    "StreamSession",
     "StreamingGS",
-    "check_overlap",
     "stream_hook",
+    "stream_traffic",
 ]
-
-#: The values of ``HookState(..., overlap=)`` and ``gssgd train --overlap``.
-OVERLAP_MODES: tuple[str, ...] = ("none", "stream")
-#: The methods ``overlap="stream"`` serves (it relies on the Count Sketch being linear).
-STREAMING_METHODS: tuple[str, ...] = ("gs",)
 
 #: When this environment variable holds a path prefix, every streamed iteration appends its
 #: :class:`OverlapStats` as a JSON line to ``PREFIX.rankR.jsonl`` (scripts/overlap_study.sh).
 OVERLAP_LOG_ENV = "GSSGD_OVERLAP_LOG"
-
-#: A bucket layout, one entry per parameter: ``[position in the model (-1 unbound), numel]``.
-_Layout = list[list[int]]
-
-
-def check_overlap(overlap: object, method: str, whole_model: bool, options: dict) -> None:
-    """Validate ``overlap`` against the method and mode (no process group needed).
-
-    Raises:
-        ValueError: an unknown value, or ``"stream"`` with anything but whole-model gs
-            without ``local_clip``; the message names the value and the fix.
-    """
-    if overlap not in OVERLAP_MODES:
-        raise ValueError(
-            f"overlap={overlap!r} is invalid: it must be one of {', '.join(OVERLAP_MODES)}. "
-            "'stream' all-reduces gs's sketch bucket by bucket during backward; 'none' "
-            "communicates after the last bucket."
-        )
-    if overlap == "none":
-        return
-    if method not in STREAMING_METHODS:
-        raise ValueError(
-            f"overlap='stream' is for method 'gs' only (got {method!r}): it relies on the "
-            "Count Sketch being linear. Use overlap='none' with other methods."
-        )
-    if not whole_model:
-        raise ValueError(
-            "overlap='stream' streams whole-model gs (one global selection); pass "
-            "whole_model=True (gssgd train: drop --per-bucket), or overlap='none'."
-        )
-    if options.get("local_clip") is not None:
-        raise ValueError(
-            f"local_clip={options['local_clip']!r} cannot be used with overlap='stream': "
-            "clipping needs the whole gradient's norm before the first bucket is sent. "
-            "Drop local_clip or use overlap='none'."
-        )
 
 
 @dataclass
@@ -124,11 +87,18 @@ class OverlapStats:
         regions: region all-reduces in the iteration.
         seconds_span: from the first region's start to the last region's completion.
         seconds_exposed: how long the last bucket waited for the regions (not hidden).
+        bucket_ready: per bucket, in index order, when DDP handed it to the hook (it is
+            ready, and so is every bucket before it), in seconds after the first bucket.
+        region_started: per bucket, when its region's all-reduce started, in seconds after
+            the first bucket. Streaming overlaps when a region starts before the last
+            bucket is ready: ``region_started[0] < bucket_ready[-1]``.
     """
 
     regions: int = 0
     seconds_span: float = 0.0
     seconds_exposed: float = 0.0
+    bucket_ready: list[float] = field(default_factory=list)
+    region_started: list[float] = field(default_factory=list)
 
     @property
     def hidden_fraction(self) -> float:
@@ -156,15 +126,23 @@ def stream_traffic(
 class _Iteration:
     """One compressed iteration in flight: what the buckets have delivered so far."""
 
-    def __init__(self, sketch: PartitionedSketch, candidates: int, d: int,
-                 like: torch.Tensor, state_dtype: torch.dtype, momentum: bool) -> None:
+    def __init__(
+        self,
+        sketch: PartitionedSketch,
+        candidates: int,
+        d: int,
+        like: torch.Tensor,
+        state_dtype: torch.dtype,
+        momentum: bool,
+    ) -> None:
         self.sketch, self.candidates = sketch, candidates
         self.grad = torch.empty(d, dtype=like.dtype, device=like.device)
         self.accumulated = torch.empty(d, dtype=state_dtype, device=like.device)
         self.momentum = torch.empty_like(self.accumulated) if momentum else None
         self.payloads: list[torch.Tensor] = []
         self.futures: list[torch.futures.Future[torch.Tensor]] = []
-        self.started: list[float] = []
+        self.arrived: list[float] = []  # when each bucket reached the hook
+        self.started: list[float] = []  # when each region's all-reduce started
         self.done: list[float] = []
         self.seconds_compress = 0.0
         self.next = 0  # the next region expected
@@ -186,8 +164,14 @@ class StreamingGS(GlobalSketchSGD):
         ValueError: fewer columns than buckets, or ``d != sum(sizes)``.
     """
 
-    def __init__(self, sizes: list[int], d: int, k: int, options: GSOptions,
-                 group: dist.ProcessGroup | None = None) -> None:
+    def __init__(
+        self,
+        sizes: list[int],
+        d: int,
+        k: int,
+        options: GSOptions,
+        group: dist.ProcessGroup | None = None,
+    ) -> None:
         if sum(sizes) != d:
             raise ValueError(f"the bucket sizes {sizes} sum to {sum(sizes)}, not d={d}")
         self.sizes = list(sizes)
@@ -231,6 +215,7 @@ class StreamingGS(GlobalSketchSGD):
         Raises:
             ValueError: a bucket out of order or of the wrong size.
         """
+        arrived = time.perf_counter()
         if self._it is None:
             self._it = self._begin_iteration(grad)
         it = self._it
@@ -242,6 +227,7 @@ class StreamingGS(GlobalSketchSGD):
                 "since it was recorded. Keep the model and bucket_cap_mb fixed, or use "
                 "overlap='none'."
             )
+        it.arrived.append(arrived)
         start = time.perf_counter()
         part = it.sketch.piece(index)
         it.grad[part].copy_(grad)
@@ -285,8 +271,8 @@ class StreamingGS(GlobalSketchSGD):
         self.step_k = self._warmup.k_at(self.steps)
         dtype = state_dtype(grad.dtype)  # the residual's
         sketch, candidates = self._sketch_of_step(torch.empty(0, dtype=dtype, device=grad.device))
-        return _Iteration(sketch, candidates, self.d, grad, dtype,  # type: ignore[arg-type]
-                          self.options.momentum > 0)
+        momentum = self.options.momentum > 0
+        return _Iteration(sketch, candidates, self.d, grad, dtype, momentum)  # type: ignore[arg-type]
 
     def finish(self) -> torch.Tensor:
         """After the last bucket: wait for the regions, select, exact round, update.
@@ -306,8 +292,13 @@ class StreamingGS(GlobalSketchSGD):
         for fut in it.futures:
             fut.wait()
         exposed = time.perf_counter() - wait_start
+        first = it.arrived[0]
         self.last_overlap = OverlapStats(
-            len(it.futures), max(it.done + [wait_start]) - it.started[0], exposed
+            len(it.futures),
+            max(it.done + [wait_start]) - it.started[0],
+            exposed,
+            bucket_ready=[t - first for t in it.arrived],
+            region_started=[t - first for t in it.started],
         )
         self._log_overlap()
         regions = self.comm.take_stats()
@@ -315,8 +306,9 @@ class StreamingGS(GlobalSketchSGD):
         skipped = self._begin(it.grad)  # the non-finite flag and policy, as one step
         if skipped is not None:
             for name in ("bytes_sent", "bytes_received", "messages", "rounds"):
-                setattr(self.last_stats, name,
-                        getattr(self.last_stats, name) + getattr(regions, name))
+                setattr(
+                    self.last_stats, name, getattr(self.last_stats, name) + getattr(regions, name)
+                )
             self.last_stats.seconds_communicate += regions.seconds
             return skipped
         self.comm.stats.add(regions)
@@ -325,7 +317,9 @@ class StreamingGS(GlobalSketchSGD):
         with self._timed("decompress"):
             for b, payload in enumerate(it.payloads):
                 if payload.dtype != accumulated.dtype:
-                    summed.region_table(b).copy_(payload.to(accumulated.dtype).mul_(self.world_size))
+                    summed.region_table(b).copy_(
+                        payload.to(accumulated.dtype).mul_(self.world_size)
+                    )
         if it.momentum is not None:
             self.momentum_buffer = it.momentum
 
@@ -354,8 +348,8 @@ class StreamSession:
     the bucket layout recorded in the last dense iteration and the buckets in flight."""
 
     def __init__(self) -> None:
-        self.recording: dict[int, _Layout] = {}
-        self.recorded: list[_Layout] | None = None
+        self.recording: dict[int, Layout] = {}
+        self.recorded: list[Layout] | None = None
         self.pending: list[tuple[torch.Tensor, torch.futures.Future[torch.Tensor]]] = []
 
     def fail_pending(self, exc: BaseException) -> None:
@@ -365,14 +359,14 @@ class StreamSession:
         self.pending = []
 
 
-def _session(state: HookState) -> StreamSession:
+def _session(state: HookCore) -> StreamSession:
     session = getattr(state, "_stream", None)
     if session is None:
         session = state._stream = StreamSession()
     return session
 
 
-def _aggregator(state: HookState, layouts: list[_Layout]) -> StreamingGS:
+def _aggregator(state: HookCore, layouts: list[Layout]) -> StreamingGS:
     """The streaming aggregator (created on first use, with any loaded state)."""
     agg = state._aggregators.get(0)
     flat = [entry for layout in layouts for entry in layout]
@@ -402,7 +396,7 @@ def _aggregator(state: HookState, layouts: list[_Layout]) -> StreamingGS:
     return agg
 
 
-def stream_hook(state: HookState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
+def stream_hook(state: HookCore, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
     """:func:`gssgd.ddp.comm_hook` for ``overlap="stream"`` (see the module docstring).
 
     Dense iterations (``iter < start_iter``, and a process's first two iterations) average
@@ -438,7 +432,7 @@ def stream_hook(state: HookState, bucket: dist.GradBucket) -> torch.futures.Futu
                 "bucket_cap_mb fixed, or use overlap='none'."
             )
         agg = _aggregator(state, session.recorded)
-        if index == 0 and hasattr(state, "_follow_loss_scale"):
+        if index == 0:
             state._follow_loss_scale()  # a GradScaler's units for the residual (gssgd.amp)
         agg.add_bucket(index, buffer)
         if not bucket.is_last():

@@ -1,0 +1,356 @@
+"""The trunk every mode of the hook shares: a :class:`HookCore` holds the settings and the
+runtime state of :class:`~gssgd.ddp.HookState` (aggregators, layouts, the iteration's
+statistics, buckets waiting for the last) and the pieces the modes are built from.
+
+Per-bucket mode (:mod:`gssgd.ddp.per_bucket`), whole-model mode
+(:mod:`gssgd.ddp.whole_model`) and streaming gs (:mod:`gssgd.ddp.stream`) drive these
+pieces; :class:`~gssgd.ddp.HookState` adds construction, model binding, checkpoints and the
+scaler on top. Nothing here imports those modules, so imports only point down.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+import warnings
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from gssgd.aggregators import Aggregator, StepStats, make_aggregator
+from gssgd.aggregators.base import _all_finite
+from gssgd.amp import LossScaleFollower
+from gssgd.comm import Communicator, new_future
+from gssgd.ddp.settings import HookSettings
+
+__all__ = ["WHOLE_MODEL", "HookCore", "IterationStats", "Layout", "Pending", "layout_str"]
+
+#: Key of the single aggregator in whole-model mode (in ``state_dict()["buckets"]``).
+WHOLE_MODEL = 0
+
+#: A layout, one entry per parameter: ``[position in the model (-1 when no model is bound), numel]``.
+Layout = list[list[int]]
+
+
+def layout_str(layout: Layout) -> str:
+    if all(pos >= 0 for pos, _ in layout):
+        return "parameters " + str([pos for pos, _ in layout])
+    return "unbound parameters of sizes " + str([n for _, n in layout])
+
+
+@dataclass
+class Pending:
+    """A bucket whose future waits for the last bucket (whole-model mode)."""
+
+    index: int
+    params: list[torch.Tensor]
+    grads: list[torch.Tensor]
+    buffer: torch.Tensor
+    future: torch.futures.Future[torch.Tensor] | None
+
+
+class IterationStats:
+    """Sums the StepStats of one iteration's aggregator steps and dense all-reduces."""
+
+    def __init__(self) -> None:
+        self.total = StepStats()
+        self._fraction_sum = 0.0
+        self._fraction_weight = 0
+
+    def add(self, stats: StepStats) -> None:
+        t = self.total
+        for f in dataclasses.fields(StepStats):
+            if f.name not in ("skipped", "delivered_fraction"):
+                setattr(t, f.name, getattr(t, f.name) + getattr(stats, f.name))
+        t.skipped = t.skipped or stats.skipped
+        if stats.delivered_fraction is not None:
+            self._fraction_sum += stats.delivered_fraction * stats.d
+            self._fraction_weight += stats.d
+            t.delivered_fraction = self._fraction_sum / self._fraction_weight
+
+
+class HookCore:
+    """The settings and runtime state of a hook, and the pieces every mode shares.
+
+    Attributes:
+        settings: the validated :class:`~gssgd.ddp.settings.HookSettings`.
+        group: the process group (None: the default group).
+        iter: the number of DDP iterations this state has seen (saved in checkpoints).
+        last_stats: the summed :class:`~gssgd.StepStats` of the last iteration.
+    """
+
+    settings: HookSettings
+    group: dist.ProcessGroup | None
+
+    def _reset(self) -> None:
+        """Empty runtime state: no aggregators, no binding, iteration 0."""
+        self.iter = 0
+        self.last_stats = StepStats()
+        self._aggregators: dict[int, Aggregator] = {}
+        self._layouts: dict[int, Layout] = {}  # layout each live or saved residual is for
+        self._saved: dict[int, dict[str, Any]] = {}  # loaded states not yet given an aggregator
+        self._positions: dict[int, int] = {}  # id(parameter) -> position in the bound model
+        self._bound: list[torch.Tensor] = []  # keeps the bound parameters (and their ids) alive
+        self._pending: list[Pending] = []
+        self._stats: IterationStats | None = None
+        self._session_iters = 0  # iterations seen in this process (not saved)
+        self._comm: Communicator | None = None  # the warm-up's accounted all-reduce
+        self._grad_views: bool | None = None  # DDP's gradient_as_bucket_view, once seen
+        self._stream: Any = None  # overlap="stream": gssgd.ddp.stream's session
+        self._loss_scale = LossScaleFollower()  # the scaler's scale the residuals are in
+        self._scale_followed_at = -1  # the iteration whose loss scale was last followed
+        self._warned_skip = False  # the skipped-step advice of _end_iteration, given once
+
+    # ------------------------------------------------------------------ settings
+    @property
+    def method(self) -> str:
+        return self.settings.method
+
+    @property
+    def density(self) -> float | None:
+        return self.settings.density
+
+    @property
+    def start_iter(self) -> int:
+        return self.settings.start_iter
+
+    @property
+    def whole_model(self) -> bool:
+        return self.settings.whole_model
+
+    @property
+    def options(self) -> dict[str, Any]:
+        return dict(self.settings.options)
+
+    @property
+    def overlap(self) -> str:
+        return self.settings.overlap
+
+    # ------------------------------------------------------------------ hook pieces
+    def _compressing(self) -> bool:
+        """Whether this iteration is compressed (the same answer for every bucket of it)."""
+        if self.iter < self.start_iter:
+            return False
+        # In a process's first DDP iteration the buckets have their pre-rebuild layout;
+        # only whole-model mode in model order does not depend on it.
+        return self._session_iters >= 1 or (self.whole_model and bool(self._positions))
+
+    def _waits_for_iteration(self) -> bool:
+        """Per-bucket mode under ``nonfinite="propagate"`` waits for the last bucket: an
+        overflow in any bucket must leave every bucket's residual untouched."""
+        return self.settings.options.get("nonfinite") == "propagate"
+
+    def _follow_loss_scale(self) -> None:
+        """Once per iteration, before any aggregator steps: bring every residual and
+        momentum to the scaler's current loss scale (:class:`~gssgd.amp.LossScaleFollower`)."""
+        if self._scale_followed_at == self.iter:
+            return
+        self._scale_followed_at = self.iter
+        self._loss_scale.follow(list(self._aggregators.values()), list(self._saved.values()))
+
+    def _scaler_advice(self) -> str | None:
+        """What a hook that zeroes non-finite steps (``nonfinite="skip"``, the default
+        without a scaler) tells a run that may be under a ``torch.amp.GradScaler`` it was
+        not given; None when it has a scaler or another ``nonfinite`` policy."""
+        if self._loss_scale.scaler is not None:
+            return None
+        if self.settings.options.get("nonfinite", "skip") != "skip":
+            return None
+        return (
+            "If this run uses a torch.amp.GradScaler, give it to the hook: "
+            "HookState(..., scaler=scaler) or state.use_scaler(scaler). Without it every "
+            "overflow becomes a zero update (nonfinite='skip'), so the scaler never sees it "
+            "and never lowers its scale."
+        )
+
+    def _nonfinite_ranks(self, buffers: list[torch.Tensor]) -> list[int]:
+        """The ranks on which any of ``buffers`` holds NaN/Inf (one 4-byte all-gather)."""
+        if self._comm is None:
+            self._comm = Communicator(self.group)
+        bad = torch.tensor(
+            [0 if all(_all_finite(b) for b in buffers) else 1],
+            dtype=torch.int32,
+            device=buffers[0].device,
+        )
+        flags = self._comm.allgather_backend(bad) if self._comm.world_size > 1 else [bad]
+        counted = self._comm.take_stats()
+        self._iteration_stats().add(
+            StepStats(
+                bytes_sent=counted.bytes_sent,
+                bytes_received=counted.bytes_received,
+                messages=counted.messages,
+                rounds=counted.rounds,
+                seconds_communicate=counted.seconds,
+            )
+        )
+        return [r for r, flag in enumerate(flags) if int(flag)]
+
+    def _iteration_stats(self) -> IterationStats:
+        if self._stats is None:
+            self._stats = IterationStats()
+        return self._stats
+
+    def _end_iteration(self) -> None:
+        self.last_stats = self._iteration_stats().total
+        self._stats = None
+        self.iter += 1
+        self._session_iters += 1
+        if self.last_stats.skipped and not self._warned_skip:
+            self._warn_skipped()
+
+    def _warn_skipped(self) -> None:
+        """The first step this hook skipped for a non-finite gradient without a scaler:
+        say once (per state) what a GradScaler run must do."""
+        advice = self._scaler_advice()
+        if advice is None:
+            return
+        self._warned_skip = True
+        limit = self.settings.options.get("max_consecutive_skips", 100)
+        warnings.warn(
+            f"gssgd: iteration {self.iter - 1}: the hook skipped a non-finite gradient (NaN "
+            f"or Inf) and returned a zero update. {advice} After max_consecutive_skips="
+            f"{limit} skipped steps in a row every rank stops.",
+            UserWarning,
+            stacklevel=2,
+        )
+
+    def _layout(self, params: list[torch.Tensor]) -> Layout:
+        return [[self._positions.get(id(p), -1), p.numel()] for p in params]
+
+    def _aggregator(self, index: int, layout: Layout, d: int, where: str) -> Aggregator:
+        """The aggregator of bucket ``index`` (created on first use, with any loaded state).
+
+        Raises:
+            ValueError: the layout differs from the one its residual was built for, or an
+                explicit k exceeds ``d``.
+        """
+        agg = self._aggregators.get(index)
+        known = self._layouts.get(index)
+        if known is not None and known != layout:
+            if agg is not None:
+                raise ValueError(
+                    f"{where} changed from {layout_str(known)} to {layout_str(layout)} "
+                    "after compression had started (did DDP rebuild its buckets?). Start "
+                    "compression after DDP's bucket rebuild (start_iter >= 1; with "
+                    "static_graph=True DDP rebuilds after iteration 1, so start_iter >= 2), or "
+                    "use whole_model=True with model=..., whose order does not depend on buckets."
+                )
+            hint = (
+                "call state.bind(model) first (it was saved in model order)"
+                if any(pos >= 0 for pos, _ in known) and all(pos < 0 for pos, _ in layout)
+                else "resume with the same model and bucket_cap_mb (with static_graph=True DDP "
+                "keeps its first layout through a process's first two iterations, so a "
+                "per-bucket state cannot resume there), or use whole_model=True with "
+                "model=..., whose order does not depend on the bucket layout"
+            )
+            raise ValueError(
+                f"{where} holds {layout_str(layout)}, but its saved residual is for "
+                f"{layout_str(known)}; {hint}."
+            )
+        if agg is None:
+            self.settings.check_k(d, where)
+            agg = make_aggregator(
+                self.method, d, density=self.density, group=self.group, **self.settings.options
+            )
+            if index in self._saved:
+                agg.load_state_dict(self._saved.pop(index))
+            self._aggregators[index] = agg
+            self._layouts[index] = layout
+        return agg
+
+    def _allreduce_mean(self, buffer: torch.Tensor) -> torch.futures.Future[torch.Tensor]:
+        """Warm-up: the plain average by the backend's all-reduce (through the accounted
+        :class:`~gssgd.comm.Communicator`, counted as a ring), chained on its future."""
+        if self._comm is None:
+            self._comm = Communicator(self.group)
+        comm = self._comm
+        buffer.div_(comm.world_size)  # before the sum, as DDP's own hook does (no fp16 overflow)
+        start = time.perf_counter()
+        fut = comm.allreduce_backend_async(buffer)
+        counted = comm.take_stats()
+        totals = self._iteration_stats()
+        totals.add(
+            StepStats(
+                bytes_sent=counted.bytes_sent,
+                bytes_received=counted.bytes_received,
+                messages=counted.messages,
+                rounds=counted.rounds,
+                k=buffer.numel(),
+                d=buffer.numel(),
+            )
+        )
+
+        def done(fut: torch.futures.Future[torch.Tensor]) -> torch.Tensor:
+            totals.total.seconds_communicate += time.perf_counter() - start
+            return fut.value()
+
+        return fut.then(done)
+
+    def _note_grad_views(self, bucket: dist.GradBucket) -> None:
+        """Learn once whether DDP's ``.grad`` tensors are views of its buckets
+        (``gradient_as_bucket_view=True``), from a parameter autograd gave a gradient."""
+        if self._grad_views is not None:
+            return
+        storage = bucket.buffer().untyped_storage().data_ptr()
+        for p in bucket.parameters():
+            if p.grad is not None:
+                self._grad_views = p.grad.untyped_storage().data_ptr() == storage
+                return
+
+    def _hand_over_unused(
+        self, params: list[torch.Tensor], views: list[torch.Tensor], update: torch.Tensor
+    ) -> None:
+        """Give the parameters no rank used in this iteration their update in ``.grad``.
+
+        With ``find_unused_parameters=True`` (or ``static_graph=True``) DDP writes the
+        hook's result into ``param.grad`` only for parameters some rank used in the
+        iteration; the others keep their ``.grad`` (None after ``zero_grad()``). A dense
+        average is zero there, but a sparse method may deliver error-feedback residual to
+        such a parameter (gradient kept from an earlier step that used it), and its
+        aggregator has already taken that mass out of the residual: dropped by DDP, it
+        would be lost. So every parameter without a ``.grad`` when its bucket is reduced
+        (autograd gave it none since the last ``zero_grad()``: unused on this rank) and with
+        a non-zero update gets it here: a copy, or, with ``gradient_as_bucket_view=True``,
+        the bucket's view (which DDP fills with the result and requires). Where another
+        rank used the parameter, DDP then writes the same values again. A ``.grad`` zeroed
+        with ``zero_grad(set_to_none=False)`` does not look unused, and keeps DDP's rule.
+
+        Args:
+            params: the parameters of the update, in its order.
+            views: their gradients' views into DDP's bucket buffers, in the same order.
+            update: their averaged update, flat (what the hook returns for them).
+        """
+        offset = 0
+        for p, view in zip(params, views, strict=True):
+            n = p.numel()
+            if p.grad is None and self._grad_views is not None:
+                piece = update[offset : offset + n]
+                if bool(piece.count_nonzero()):  # a device sync, for unused parameters only
+                    p.grad = view.view_as(p) if self._grad_views else piece.clone().view_as(p)
+            offset += n
+
+    # ------------------------------------------------------------------ waiting buckets
+    def _defer(self, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
+        """Whole-model mode, a bucket before the last: stash it, return a pending future."""
+        index = bucket.index()
+        if any(p.index == index for p in self._pending):  # a backward was abandoned
+            self._fail_pending(RuntimeError("an earlier backward pass did not finish"))
+            self._stats = None
+        buffer = bucket.buffer()
+        fut = new_future(buffer.device)
+        self._pending.append(Pending(index, bucket.parameters(), bucket.gradients(), buffer, fut))
+        return fut
+
+    def _fail_pending(self, exc: BaseException) -> None:
+        for p in self._pending:
+            if p.future is not None and not p.future.done():
+                p.future.set_exception(exc)
+        self._pending = []
+
+    def _complete_pending(self) -> None:
+        """Complete every waiting bucket's future with its (updated) buffer."""
+        for e in self._pending:
+            e.future.set_result(e.buffer)  # type: ignore[union-attr]
+        self._pending = []

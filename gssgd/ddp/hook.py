@@ -1,0 +1,91 @@
+"""The DDP communication hook itself: :func:`comm_hook` routes each bucket to its mode.
+
+Dense warm-up (:meth:`~gssgd.ddp.core.HookCore._allreduce_mean`), per-bucket mode
+(:mod:`gssgd.ddp.per_bucket`), whole-model mode (:mod:`gssgd.ddp.whole_model`) or
+streaming gs (:mod:`gssgd.ddp.stream`); the algorithm is described in :mod:`gssgd.ddp`.
+"""
+
+# No ``from __future__ import annotations`` here: DDP's register_comm_hook compares the
+# hook's ``bucket`` and return annotations with dist.GradBucket and
+# torch.futures.Future[torch.Tensor] as objects, and rejects them as strings.
+import torch
+import torch.distributed as dist
+
+from gssgd.ddp import per_bucket, whole_model
+from gssgd.ddp.state import HookState
+from gssgd.ddp.stream import stream_hook
+
+__all__ = ["comm_hook"]
+
+
+def comm_hook(state: HookState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
+    r"""DDP communication hook that averages gradients with a gssgd aggregator.
+
+    Runs the aggregator ``state.method`` (dense all-reduce, local Top-k, global Top-k,
+    Sketched-SGD or gs-SGD; see :mod:`gssgd.aggregators`) inside DDP's backward pass:
+
+    1. For ``state.iter < state.start_iter``: average the bucket with a plain all-reduce.
+    2. Per-bucket mode: ``update = agg.step(bucket.buffer())`` with the bucket's own
+       aggregator (error feedback per bucket).
+    3. Whole-model mode: defer buckets until the last one, then run one ``agg.step`` on
+       the concatenated gradient in model order and hand each bucket its part.
+    4. At the last bucket, count the iteration and publish ``state.last_stats``.
+
+    Every rank gets bitwise the same update, so the replicas stay identical.
+
+    Args:
+        state: the :class:`HookState` holding the settings, residuals and statistics.
+        bucket: the gradient bucket DDP hands over (a flat 1-D buffer of several
+            parameters' gradients).
+
+    Returns:
+        A future holding the averaged gradient of the bucket (in whole-model mode, the
+        futures of buckets before the last complete at the last bucket).
+
+    Raises:
+        ValueError: a bucket is smaller than an explicit ``k``, its layout differs from the
+            one a loaded residual was saved for, or the ranks disagree on the settings.
+        FloatingPointError: a non-finite gradient under ``nonfinite="raise"``, or
+            ``max_consecutive_skips`` skipped steps in a row (without a scaler, the message
+            says how to give the hook a GradScaler).
+
+    Example::
+        >>> # xdoctest: +SKIP
+        >>> from gssgd.ddp import HookState, comm_hook
+        >>> state = HookState("gs", density=0.01, start_iter=10)
+        >>> ddp_model.register_comm_hook(state, comm_hook)
+        >>> for x, y in loader:
+        ...     optimizer.zero_grad()
+        ...     loss_fn(ddp_model(x), y).backward()  # grads are gs-SGD's averaged update
+        ...     optimizer.step()
+    """
+    try:
+        return _route(state, bucket)
+    except FloatingPointError as exc:
+        advice = state._scaler_advice()  # skipped steps without a scaler: maybe a GradScaler's
+        if advice is None:
+            raise
+        raise FloatingPointError(f"{exc} {advice}") from exc
+
+
+def _route(state: HookState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
+    """:func:`comm_hook`'s steps 1-4 for one bucket."""
+    state._follow_loss_scale()  # residuals in the scaler's current units (once an iteration)
+    if state.overlap == "stream":
+        return stream_hook(state, bucket)  # gssgd.ddp.stream: sketch regions during backward
+    state._note_grad_views(bucket)  # for parameters no rank used (find_unused_parameters)
+    if not state._compressing():
+        fut = state._allreduce_mean(bucket.buffer())
+    else:
+        waits = state.whole_model or state._waits_for_iteration()
+        if not waits:
+            fut = per_bucket.step(state, bucket)
+        elif not bucket.is_last():
+            return state._defer(bucket)  # completed by the last bucket of this iteration
+        elif state.whole_model:
+            fut = whole_model.step(state, bucket)
+        else:
+            fut = per_bucket.iteration(state, bucket)
+    if bucket.is_last():
+        state._end_iteration()
+    return fut

@@ -1,0 +1,61 @@
+"""Per-bucket mode (``whole_model=False``): bucket ``i`` has its own aggregator with
+``d = bucket.numel()`` (k is resolved per bucket from ``density``), created the first time
+the bucket is compressed, and its residual stays in that aggregator.
+
+:func:`step` averages a bucket as soon as DDP hands it over. Under
+``nonfinite="propagate"`` (the default with a GradScaler) the buckets wait for the last one
+instead (:meth:`~gssgd.ddp.core.HookCore._defer`) and :func:`iteration` steps them all, so
+no bucket's state moves on a step the scaler skips.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+from gssgd.comm import completed_future
+from gssgd.ddp.core import HookCore, Pending
+
+__all__ = ["iteration", "step"]
+
+
+def step(state: HookCore, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
+    """Per-bucket mode: the bucket's own aggregator averages it."""
+    index = bucket.index()
+    buffer = bucket.buffer()
+    layout = state._layout(bucket.parameters())
+    agg = state._aggregator(index, layout, buffer.numel(), f"bucket {index}")
+    update = agg.step(buffer)
+    state._hand_over_unused(bucket.parameters(), bucket.gradients(), update)
+    state._iteration_stats().add(agg.last_stats)
+    return completed_future(update)
+
+
+def iteration(state: HookCore, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
+    """Per-bucket mode under ``nonfinite="propagate"``, the last bucket.
+
+    Steps: (1) every rank learns whether any bucket of the iteration is non-finite on
+    any rank; (2) if so, every bucket's aggregator applies its non-finite policy (an
+    all-NaN bucket, state untouched); else each steps in bucket order; (3) the updates
+    go into the buckets' buffers and every pending future completes.
+    """
+    this = Pending(bucket.index(), bucket.parameters(), bucket.gradients(), bucket.buffer(), None)
+    entries = sorted([*state._pending, this], key=lambda p: p.index)
+    try:
+        aggs = [
+            state._aggregator(
+                e.index, state._layout(e.params), e.buffer.numel(), f"bucket {e.index}"
+            )
+            for e in entries
+        ]
+        bad_ranks = state._nonfinite_ranks([e.buffer for e in entries])
+        for e, agg in zip(entries, aggs, strict=True):
+            update = agg.nonfinite_step(e.buffer, bad_ranks) if bad_ranks else agg.step(e.buffer)
+            state._iteration_stats().add(agg.last_stats)
+            e.buffer.copy_(update)
+            state._hand_over_unused(e.params, e.grads, update)
+    except BaseException as exc:
+        state._fail_pending(exc)
+        raise
+    state._complete_pending()
+    return completed_future(this.buffer)

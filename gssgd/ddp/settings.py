@@ -1,0 +1,130 @@
+"""The hook's tuned settings (:class:`HookSettings`), validated before any process group is
+touched, and the values of ``overlap=`` (:data:`OVERLAP_MODES`, :func:`check_overlap`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from gssgd.aggregators import AGGREGATORS, build_options
+
+__all__ = ["OVERLAP_MODES", "STREAMING_METHODS", "HookSettings", "check_overlap", "is_int"]
+
+#: The values of ``HookState(..., overlap=)`` and ``gssgd train --overlap``.
+OVERLAP_MODES: tuple[str, ...] = ("none", "stream")
+#: The methods ``overlap="stream"`` serves (it relies on the Count Sketch being linear).
+STREAMING_METHODS: tuple[str, ...] = ("gs",)
+
+
+def is_int(value: object) -> bool:
+    """An ``int`` that is not a ``bool``."""
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def check_overlap(overlap: object, method: str, whole_model: bool, options: dict) -> None:
+    """Validate ``overlap`` against the method and mode (no process group needed).
+
+    Raises:
+        ValueError: an unknown value, or ``"stream"`` with anything but whole-model gs
+            without ``local_clip``; the message names the value and the fix.
+    """
+    if overlap not in OVERLAP_MODES:
+        raise ValueError(
+            f"overlap={overlap!r} is invalid: it must be one of {', '.join(OVERLAP_MODES)}. "
+            "'stream' all-reduces gs's sketch bucket by bucket during backward; 'none' "
+            "communicates after the last bucket."
+        )
+    if overlap == "none":
+        return
+    if method not in STREAMING_METHODS:
+        raise ValueError(
+            f"overlap='stream' is for method 'gs' only (got {method!r}): it relies on the "
+            "Count Sketch being linear. Use overlap='none' with other methods."
+        )
+    if not whole_model:
+        raise ValueError(
+            "overlap='stream' streams whole-model gs (one global selection); pass "
+            "whole_model=True (gssgd train: drop --per-bucket), or overlap='none'."
+        )
+    if options.get("prefilter") is not None:
+        raise ValueError(
+            f"prefilter={options['prefilter']!r} cannot be used with overlap='stream': the "
+            "pre-filter needs the whole gradient's top coordinates before the first bucket "
+            "is sketched. Drop prefilter or use overlap='none'."
+        )
+    if options.get("local_clip") is not None:
+        raise ValueError(
+            f"local_clip={options['local_clip']!r} cannot be used with overlap='stream': "
+            "clipping needs the whole gradient's norm before the first bucket is sent. "
+            "Drop local_clip or use overlap='none'."
+        )
+
+
+@dataclass(frozen=True)
+class HookSettings:
+    """The tuned settings of a :class:`~gssgd.ddp.HookState`, validated once at construction.
+
+    Attributes:
+        method: one of :data:`gssgd.AGGREGATORS`.
+        density: fraction of coordinates sent per vector (bucket or whole model), or None.
+        start_iter: the first compressed iteration (>= 1); earlier ones all-reduce densely.
+        whole_model: compress the whole gradient as one vector instead of bucket by bucket.
+        options: the method's options (``k``, ``rows``, ``cols``, ``momentum``, ...).
+        overlap: "none", or "stream" (whole-model gs only) to all-reduce the sketch bucket
+            by bucket during backward (:mod:`gssgd.ddp.stream`).
+
+    Raises:
+        ValueError: any setting out of range, naming the value, the range and the fix.
+    """
+
+    method: str
+    density: float | None = None
+    start_iter: int = 2
+    whole_model: bool = False
+    options: dict[str, Any] = field(default_factory=dict)
+    overlap: str = "none"
+
+    def __post_init__(self) -> None:
+        if self.method not in AGGREGATORS:
+            raise ValueError(
+                f"method={self.method!r} is invalid: it must be one of "
+                f"{', '.join(AGGREGATORS)}. For example HookState('gs', density=0.01)."
+            )
+        if not is_int(self.start_iter) or self.start_iter < 1:
+            raise ValueError(
+                f"start_iter={self.start_iter!r} is invalid: it must be an integer >= 1, "
+                "because DDP rebuilds its buckets after iteration 0 and compression must "
+                "start on the rebuilt layout. Use start_iter=2 (the default) or more."
+            )
+        if not isinstance(self.whole_model, bool):
+            raise ValueError(
+                f"whole_model={self.whole_model!r} is invalid: it must be True or False."
+            )
+        k = self.options.get("k")
+        if k is not None and (not is_int(k) or k < 1):
+            raise ValueError(
+                f"k={k!r} is invalid: it must be an integer >= 1 (and at most the length of "
+                "every compressed vector). Or give density= instead."
+            )
+        # Validate density and every option against a dummy length that admits k; k is
+        # resolved again for each vector's real length when it is first compressed.
+        build_options(self.method, k if k is not None else 1, self.density, **self.options)
+        check_overlap(self.overlap, self.method, self.whole_model, self.options)
+
+    def check_k(self, d: int, where: str) -> None:
+        """Raise a clear error when an explicit ``k`` exceeds the vector length ``d``.
+
+        Raises:
+            ValueError: ``k > d``.
+        """
+        k = self.options.get("k")
+        if k is not None and k > d:
+            raise ValueError(
+                f"k={k} is larger than {where}, which holds d={d} gradient elements; k must "
+                f"be in [1, {d}]. Give density= (k is then resolved per vector), a smaller k, "
+                + (
+                    "or a larger bucket_cap_mb / whole_model=True."
+                    if not self.whole_model
+                    else "or compress a larger model."
+                )
+            )
