@@ -338,19 +338,42 @@ class CountSketch:
         """
         _check_int("k", k, 1, self.d, "the number of heavy coordinates to recover")
         if not bool(torch.isfinite(self.table).all()):
-            est = self.query()
-            idx = topk_indices(_nonfinite_first(est.abs()), k, ordered)
-            return idx, est[idx]
+            return self._rank_all(k, ordered, nonfinite_first=True)
         # Sample every stride-th coordinate, sparsely enough to be cheap yet holding a few
         # dozen of the k heaviest; with k above d/16 screening cannot pay, estimate all.
         stride = min(16, self.d // (8 * k))
         if self.d < 1024 or stride < 2:
-            est = self.query()
-            idx = topk_indices(est.abs(), k, ordered)
-            return idx, est[idx]
+            return self._rank_all(k, ordered)
         fused = kernels.use_kernels(self.table)  # screening and queries in Triton kernels
         if self._by_bucket is not None and not fused:
             return self._heavy_hitters_one_row(k, ordered)
+        tau = self._sample_threshold(k, stride, fused)
+        cand, est = self._screen(tau, fused)
+        est_abs = est.abs()
+        if int((est_abs >= tau).sum()) < k:  # too few survivors reach tau: rank all d
+            return self._rank_all(k, ordered)
+        keep = topk_indices(est_abs, k, ordered)
+        return cand[keep], est[keep]
+
+    def _rank_all(
+        self, k: int, ordered: bool, nonfinite_first: bool = False
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``heavy_hitters`` by estimating all ``d`` coordinates and ranking them.
+
+        ``nonfinite_first``: a NaN or infinite ``|estimate|`` ranks as the largest (ties
+        among them to the lower index), for tables holding non-finite buckets.
+        """
+        est = self.query()
+        score = est.abs()
+        if nonfinite_first:
+            score = _nonfinite_first(score)
+        idx = topk_indices(score, k, ordered)
+        return idx, est[idx]
+
+    def _sample_threshold(self, k: int, stride: int, fused: bool) -> torch.Tensor:
+        """Step 1 of ``heavy_hitters``: ``tau``, a little below the k-th largest
+        ``|estimate|`` as seen in the estimates of every ``stride``-th coordinate (a 0-d
+        tensor in the table's dtype)."""
         if fused:  # in range by construction: no index check (it would sync the GPU)
             sample = torch.arange(0, self.d, stride, device=self.device)
             sample_abs = kernels.query(self.table, self._params, self.d, sample).abs()
@@ -364,28 +387,29 @@ class CountSketch:
                 )
             sample_abs = self._estimates(sample_buckets, self._doubled()).abs()
         want = min(sample_abs.numel(), 2 * -(-k // stride) + 16)
-        tau = torch.topk(sample_abs, want, sorted=False).values.min()
+        return torch.topk(sample_abs, want, sorted=False).values.min()
+
+    def _screen(self, tau: torch.Tensor, fused: bool) -> tuple[torch.Tensor, torch.Tensor]:
+        """Steps 2 and 3 of ``heavy_hitters``: the coordinates with a bucket of
+        ``|value| >= tau`` in a majority of rows (ascending) and their estimates."""
         majority = (self.rows + 1) // 2
         if fused:  # candidates lie in [0, d) by construction: queried without a check
             cand = kernels.candidates(self.table, self._params, self.d, tau, majority)
-            est = kernels.query(self.table, self._params, self.d, cand)
-        else:
-            heavy = torch.cat([self.table.abs() >= tau] * 2, dim=1).to(torch.uint8)
-            survivors = []
-            for part, buckets in self._chunks(None, for_gather=True):
-                votes = heavy[0].index_select(0, buckets[0])
-                for r in range(1, self.rows):
-                    votes += heavy[r].index_select(0, buckets[r])
-                survivors.append(torch.nonzero(votes >= majority).flatten() + part.start)
-            cand = torch.cat(survivors)
-            est = self.query(cand) if cand.numel() else cand.to(self.table.dtype)
-        est_abs = est.abs()
-        if int((est_abs >= tau).sum()) < k:
-            est = self.query()
-            idx = topk_indices(est.abs(), k, ordered)
-            return idx, est[idx]
-        keep = topk_indices(est_abs, k, ordered)
-        return cand[keep], est[keep]
+            return cand, kernels.query(self.table, self._params, self.d, cand)
+        cand = self._screen_torch(tau, majority)
+        return cand, self.query(cand) if cand.numel() else cand.to(self.table.dtype)
+
+    def _screen_torch(self, tau: torch.Tensor, majority: int) -> torch.Tensor:
+        """The screening of :meth:`_screen` on the torch path: per chunk of coordinates,
+        count the rows whose bucket reaches ``tau`` (one byte gather per row, no medians)."""
+        heavy = torch.cat([self.table.abs() >= tau] * 2, dim=1).to(torch.uint8)
+        survivors = []
+        for part, buckets in self._chunks(None, for_gather=True):
+            votes = heavy[0].index_select(0, buckets[0])
+            for r in range(1, self.rows):
+                votes += heavy[r].index_select(0, buckets[r])
+            survivors.append(torch.nonzero(votes >= majority).flatten() + part.start)
+        return torch.cat(survivors)
 
     def _heavy_hitters_one_row(self, k: int, ordered: bool) -> tuple[torch.Tensor, torch.Tensor]:
         """``heavy_hitters`` of a one-row sketch with cached hashes, in O(cols + candidates).

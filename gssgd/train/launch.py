@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import multiprocessing.util
 import os
 import pickle
 import sys
@@ -360,15 +361,25 @@ def _leave(rank: int) -> bool:
 
 
 def _exit_worker(rank: int, code: int) -> NoReturn:
-    """End a spawned worker: leave the group (:func:`_leave`), flush, ``os._exit(code)``.
+    """End a spawned worker: leave the group (:func:`_leave`), release its multiprocessing
+    objects, flush, ``os._exit(code)``.
 
     ``os._exit`` comes last, after the group is gone: it skips interpreter finalization,
     where any gloo thread still finishing work would need the GIL and abort the process
     (``terminate called without an active exception``). Files the run writes are flushed
     or closed by then (metrics lines are flushed one by one, checkpoints written atomically).
+
+    It also skips multiprocessing's own exit handlers, so they run here first (the
+    finalizers a worker process runs when its target returns, priority >= 0): among them
+    the unlinking of named semaphores that libraries made in the worker (tqdm's write
+    lock, numcodecs' blosc lock when reading MNIST). Left alone, they were registered with
+    the parent's resource tracker, which reported them as "leaked semaphore objects" when
+    the parent exited.
     """
     if not _leave(rank):
         code = code or 1
+    with contextlib.suppress(Exception):  # a cleanup that fails must not change the status
+        multiprocessing.util._run_finalizers(0)
     for stream in (sys.stdout, sys.stderr):
         with contextlib.suppress(Exception):  # a closed stream holds nothing back
             stream.flush()

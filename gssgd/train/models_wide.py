@@ -48,7 +48,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from gssgd.train.models import resnet_trunk
+from gssgd.train.resnet_parts import resnet_trunk
 
 __all__ = ["CharGPT", "WideResNet"]
 

@@ -72,7 +72,8 @@ def test_library_works_without_triton(tmp_path: Path) -> None:
         assert not kernels.available()
         sk = gssgd.CountSketch(5000, rows=5, cols=4096, seed=0)
         x = torch.zeros(5000); x[[3, 4000]] = torch.tensor([9.0, -7.0])
-        sk.accumulate(x)
+        sk.accumulate(x); sk.accumulate(x)  # twice: the second adds onto a non-zero table
+        assert sk.query(torch.tensor([3, 4000])).tolist() == [18.0, -14.0]
         assert sk.heavy_hitters(2)[0].tolist() == [3, 4000]
         os.environ["GSSGD_KERNELS"] = "on"
         try:

@@ -31,37 +31,56 @@ def _vector(d: int, seed: int = 0, dtype=torch.float32) -> torch.Tensor:
     return torch.randn(d, generator=gen).to(dtype)
 
 
+def _prefill(ref: CountSketch, seed: int = 9) -> torch.Tensor:
+    """Put random non-zero values in ``ref``'s table and return a copy of them: a kernel
+    must add onto what a table holds, so every accumulate test starts from such a table."""
+    gen = torch.Generator().manual_seed(seed)
+    ref.table.copy_(torch.randn(ref.rows, ref.cols, generator=gen).to(ref.table.dtype))
+    assert ref.table.ne(0).all()
+    return ref.table.clone()
+
+
+#: accumulations per test: at least two, so that overwriting the table instead of adding to
+#: it (or adding only the last vector) fails.
+ACCUMULATIONS = (0, 1)
+
+
 @pytest.mark.parametrize("rows", [1, 3, 5])
 @pytest.mark.parametrize(("d", "cols"), SHAPES)
 def test_accumulate_matches_torch_table(device: torch.device, rows: int, d: int, cols: int) -> None:
     ref = _reference(d, rows, cols)
-    table = torch.zeros(rows, cols, device=device)
-    for seed in (0, 1):  # twice: the kernel adds onto what the table holds
+    start = _prefill(ref)
+    table = start.clone().to(device)  # .to alone is no copy on the CPU
+    for seed in ACCUMULATIONS:  # the kernel adds onto what the table holds
         vec = _vector(d, seed)
         ref.accumulate(vec)
         sketch_ops.sketch_accumulate(table, vec.to(device), ref._params)
     torch.testing.assert_close(table.cpu(), ref.table, rtol=1e-5, atol=1e-5)
-    if d < cols:  # empty buckets stay exactly zero
-        assert torch.equal(table.cpu() == 0, ref.table == 0)
+    if d < cols:  # empty buckets keep exactly what they held
+        untouched = ref.table == start
+        assert untouched.any()
+        assert torch.equal(table.cpu() == start, untouched)
 
 
 @pytest.mark.parametrize("vec_dtype", HALF)
 def test_accumulate_16bit_vector_into_float32_table(device: torch.device, vec_dtype) -> None:
     ref = _reference(3001, 3, 97)
-    vec = _vector(3001, dtype=vec_dtype)
-    ref.accumulate(vec)
-    table = torch.zeros(3, 97, device=device)
-    sketch_ops.sketch_accumulate(table, vec.to(device), ref._params)
+    table = _prefill(ref).to(device)
+    for seed in ACCUMULATIONS:
+        vec = _vector(3001, seed, dtype=vec_dtype)
+        ref.accumulate(vec)
+        sketch_ops.sketch_accumulate(table, vec.to(device), ref._params)
     torch.testing.assert_close(table.cpu(), ref.table, rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize("dtype", [*HALF, torch.float64])
 def test_accumulate_into_other_table_dtypes(device: torch.device, dtype) -> None:
     ref = _reference(3001, 3, 97, dtype=dtype)
-    vec = _vector(3001)
-    ref.accumulate(vec)
-    table = torch.zeros(3, 97, dtype=dtype, device=device)
-    sketch_ops.sketch_accumulate(table, vec.to(device), ref._params)
+    table = _prefill(ref).to(device)
+    for seed in ACCUMULATIONS:
+        vec = _vector(3001, seed)
+        ref.accumulate(vec)
+        sketch_ops.sketch_accumulate(table, vec.to(device), ref._params)
     assert table.dtype == dtype
     # 16-bit: the torch path rounds every partial sum, the kernel once at the end
     tol = 1e-12 if dtype == torch.float64 else 0.05 * float(ref.table.abs().max())
@@ -70,12 +89,15 @@ def test_accumulate_into_other_table_dtypes(device: torch.device, dtype) -> None
 
 def test_accumulate_into_strided_table(device: torch.device) -> None:
     ref = _reference(3001, 3, 97)
-    vec = _vector(3001)
-    ref.accumulate(vec)
-    wide = torch.zeros(3, 200, device=device)
-    sketch_ops.sketch_accumulate(wide[:, :97], vec.to(device), ref._params)
+    start = _prefill(ref)
+    wide = torch.full((3, 200), 7.0, device=device)
+    wide[:, :97] = start.to(device)
+    for seed in ACCUMULATIONS:
+        vec = _vector(3001, seed)
+        ref.accumulate(vec)
+        sketch_ops.sketch_accumulate(wide[:, :97], vec.to(device), ref._params)
     torch.testing.assert_close(wide[:, :97].cpu(), ref.table, rtol=1e-5, atol=1e-5)
-    assert not wide[:, 97:].any()
+    assert wide[:, 97:].eq(7.0).all()  # the rest of the storage is left alone
 
 
 def _filled(d: int, rows: int, cols: int, dtype=torch.float32) -> CountSketch:
@@ -171,15 +193,18 @@ def test_count_sketch_heavy_hitters_same_with_kernels(
 ) -> None:
     vec = _vector(d, seed=5)
     vec[torch.arange(0, d, max(1, d // k))] *= 30  # some heavy coordinates
+    noise = 0.1 * _vector(d, seed=6)  # sketched first: the second accumulate adds onto it
     monkeypatch.setenv("GSSGD_KERNELS", "off")
     ref = CountSketch(d, rows=rows, cols=cols, seed=11, cache_hashes=cache)
-    ref.accumulate(vec)
+    for part in (noise, vec):
+        ref.accumulate(part)
     want_idx, want_est = ref.heavy_hitters(k)
     want_set = ref.heavy_hitters(k, ordered=False)[0]
 
     monkeypatch.setenv("GSSGD_KERNELS", "on")
     sk = CountSketch(d, rows=rows, cols=cols, seed=11, device=device, cache_hashes=cache)
-    sk.accumulate(vec.to(device))
+    for part in (noise, vec):
+        sk.accumulate(part.to(device))
     torch.testing.assert_close(sk.table.cpu(), ref.table, rtol=1e-5, atol=1e-5)
     sk = sk.with_table(ref.table.to(device))  # the same table: selections must agree exactly
     idx, est = sk.heavy_hitters(k)
