@@ -59,8 +59,10 @@ class RandomK(Aggregator):
     options: RandomKOptions
 
     @classmethod
-    def traffic(cls, d: int, k: int, options: RandomKOptions, world_size: int) -> Traffic:
-        """The non-finite flag, then a ring all-reduce of k float32 values."""
+    def traffic(
+        cls, d: int, k: int, options: RandomKOptions, world_size: int, *, step: int | None = None
+    ) -> Traffic:
+        """The non-finite flag, then a ring all-reduce of k float32 values (at every step)."""
         return cls.control_traffic(world_size) + ring_allreduce(4 * k, world_size)
 
     def step(self, grad: torch.Tensor) -> torch.Tensor:

@@ -7,7 +7,7 @@ Usage (from the repository root; about 1-2 minutes):
 
 Writes to ``--out``:
 
-* ``check.json``: the leave-one-run-out check of :mod:`gssgd.bench.cost_check` over the
+* ``check.json``: the leave-one-run-out check of :mod:`gssgd.costmodel.check` over the
   ``gssgd bench comm`` runs made with the current default sketch (docs/results/grid and
   docs/results/comm_*_default): every point's measured and predicted step, the summary, the
   recommendation per run, and the model fitted on all runs;
@@ -17,7 +17,9 @@ Writes to ``--out``:
 * ``win_map.md`` (the tables) and ``win_map.png`` (the plot).
 
 The check's summary is what ``gssgd advise`` prints as the model's error
-(:data:`gssgd.bench.cost_advice.MEASURED_ERROR`); update it there when this changes.
+(:data:`gssgd.costmodel.advice.MEASURED_ERROR`); update it there when this changes (a test
+recomputes it from the runs, :func:`gssgd.costmodel.check.measured_error`, and fails until
+it is).
 """
 
 from __future__ import annotations
@@ -26,17 +28,18 @@ import argparse
 import json
 from pathlib import Path
 
-from gssgd.bench.anchors import H200_ANCHOR
-from gssgd.bench.cost_advice import advise
-from gssgd.bench.cost_check import (
+from gssgd.costmodel.advice import advise
+from gssgd.costmodel.anchors import H200_ANCHOR
+from gssgd.costmodel.check import (
     ADVISE_EXCLUDES,
+    check_runs,
     fit_cells,
     held_out_errors,
     recommendation_check,
 )
-from gssgd.bench.cost_cluster import Link, StepTime
-from gssgd.bench.cost_fit import error_summary, load_measurements
-from gssgd.bench.devices import get_device
+from gssgd.costmodel.cluster import Link, StepTime
+from gssgd.costmodel.devices import get_device
+from gssgd.costmodel.fit import error_summary, load_measurements
 
 RESULTS = Path("docs/results")
 #: The models of the map: name -> (parameters, measured fwd+bwd seconds or None: estimated).
@@ -51,13 +54,8 @@ LATENCY_S = 20e-6
 DENSITY = 0.001
 
 
-def check_runs() -> list[Path]:
-    """The bench comm runs made with the current default sketch."""
-    return sorted((RESULTS / "grid").glob("comm_*")) + sorted(RESULTS.glob("comm_*_default"))
-
-
 def run_check(out: Path) -> dict:
-    runs = check_runs()
+    runs = check_runs(RESULTS)
     ms = [m for r in runs for m in load_measurements(r)]
     rows = held_out_errors(ms)
     recs = recommendation_check(rows)

@@ -44,8 +44,8 @@ from typing import Any
 import matplotlib
 
 from gssgd.aggregators.options import DEFAULT_ROWS, default_candidates, default_sketch_cols
-from gssgd.bench.cost_model import MethodSpec, traffic
 from gssgd.bench.report import splice_markdown
+from gssgd.costmodel import MethodSpec, traffic
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
@@ -223,7 +223,7 @@ def run_shape(r: dict) -> tuple[int, int, int] | None:
 
     Flags given on the command line are taken as they are; the defaults are the old ones for
     :data:`OLD_DEFAULT_RUNS` and the current ones otherwise. The byte count that shape
-    implies (:func:`gssgd.bench.cost_model.traffic`) is checked against the run's plainest
+    implies (:func:`gssgd.costmodel.traffic`) is checked against the run's plainest
     step, so a wrong guess stops the report instead of mislabelling a row.
     """
     k, d, p = r.get("k"), r.get("d"), r.get("workers")

@@ -32,9 +32,9 @@ from pathlib import Path
 
 import torch
 
-from gssgd.bench.cost_cluster import Link, predict_step
-from gssgd.bench.devices import get_device
-from gssgd.bench.method_specs import MethodSpec, method_spec
+from gssgd.costmodel.cluster import Link, predict_step
+from gssgd.costmodel.devices import get_device
+from gssgd.costmodel.method_specs import MethodSpec, method_spec
 from gssgd.train.metrics import read_metrics
 
 #: Run-name prefix -> the cell it measured.

@@ -18,8 +18,8 @@ import torch
 import torch.distributed as dist
 
 import gssgd
-from gssgd.bench.cost_model import CostModel, method_spec, traffic
 from gssgd.cli.main import main
+from gssgd.costmodel import CostModel, method_spec, traffic
 from gssgd.methods import (
     BENCH_VARIANTS,
     METHODS,

@@ -137,7 +137,9 @@ class Aggregator:
         raise NotImplementedError
 
     @classmethod
-    def traffic(cls, d: int, k: int, options: CommonOptions, world_size: int) -> Traffic:
+    def traffic(
+        cls, d: int, k: int, options: CommonOptions, world_size: int, *, step: int | None = None
+    ) -> Traffic:
         """What one step after the first moves on ``world_size`` ranks, without running it.
 
         The message pattern of ``step`` as :mod:`gssgd.comm` formulas, control messages
@@ -146,13 +148,28 @@ class Aggregator:
         ``last_stats`` reports (tests check this for every method), and the cost model reads
         it. A subclass that does not override it cannot be predicted by the cost model.
 
+        ``step`` is the 0-based aggregation step: during a density warm-up it fixes the
+        step's k (:meth:`k_at_step`) and, for the sketching methods, its larger sketch; None
+        (the default) is the steady state, after any warm-up. The first step also moves
+        the rank-agreement check (an all-gather of one int64 per agreement field), which
+        this leaves out.
+
         Raises:
             NotImplementedError: the method does not describe its traffic.
         """
         raise NotImplementedError(
             f"{cls.__name__} does not describe its traffic; override the classmethod "
-            "traffic(d, k, options, world_size) to let the cost model predict it."
+            "traffic(d, k, options, world_size, *, step=None) to let the cost model predict it."
         )
+
+    @staticmethod
+    def k_at_step(d: int, k: int, options: CommonOptions, step: int | None) -> int:
+        """The k that aggregation step ``step`` sends under the options' density warm-up
+        (``k`` itself after the warm-up, without one, or for ``step=None``)."""
+        if step is None:
+            return k
+        steps = getattr(options, "warmup_steps", 0)
+        return DensityWarmup(d, k, steps, getattr(options, "warmup_density", 1.0)).k_at(step)
 
     @staticmethod
     def control_traffic(world_size: int) -> Traffic:

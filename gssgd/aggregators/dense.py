@@ -33,8 +33,10 @@ class DenseAllReduce(Aggregator):
     options: DenseOptions
 
     @classmethod
-    def traffic(cls, d: int, k: int, options: DenseOptions, world_size: int) -> Traffic:
-        """A ring all-reduce of the ``d`` payload values."""
+    def traffic(
+        cls, d: int, k: int, options: DenseOptions, world_size: int, *, step: int | None = None
+    ) -> Traffic:
+        """A ring all-reduce of the ``d`` payload values, the same at every step."""
         payload = d * options.dtype.itemsize
         return cls.control_traffic(world_size) + ring_allreduce(payload, world_size)
 

@@ -5,7 +5,8 @@ an all-reduce yields the sketch of the global accumulated gradient on every rank
 
 Steps (per rank p, each step):
     1. Accumulate: ``a_p = e_p + u_p``.
-    2. Compress: Count-Sketch ``a_p`` with hashes every rank derives from the same seed.
+    2. Compress: Count-Sketch ``a_p`` with hashes every rank derives from the same seed
+       (with ``prefilter`` f: only this rank's ``f * k`` largest coordinates of it).
     3. Communicate: all-reduce the tables (recursive doubling: log2(P) rounds of rows*cols
        numbers and no indices; or the backend's ring all-reduce).
     4. Recover: every rank takes the same top ``m*k`` candidates by |estimate| from the
@@ -56,16 +57,20 @@ class GlobalSketchSGD(Aggregator):
     options: GSOptions
 
     @classmethod
-    def traffic(cls, d: int, k: int, options: GSOptions, world_size: int) -> Traffic:
+    def traffic(
+        cls, d: int, k: int, options: GSOptions, world_size: int, *, step: int | None = None
+    ) -> Traffic:
         """The table all-reduce (``rows * cols`` entries of ``table_dtype``), then, with
         ``exact``, the all-reduce of the ``m * k`` candidates' values; no indices. Either
-        by recursive doubling or, with ``allreduce="backend"``, the ring. The collapse
-        guard's audits (a dense all-reduce at step 20, then every 200 steps) are left out."""
+        by recursive doubling or, with ``allreduce="backend"``, the ring. A warm-up step
+        uses its own k and larger sketch. The collapse guard's audits (a dense all-reduce
+        at step 20, then every 200 steps) and its growing the sketch are left out."""
         reduce = ring_allreduce if options.allreduce == "backend" else recursive_doubling
-        table = options.rows * options.cols * options.table_dtype.itemsize
+        cols, candidates = options.shape_at(d, k, cls.k_at_step(d, k, options, step))
+        table = options.rows * cols * options.table_dtype.itemsize
         out = cls.control_traffic(world_size) + reduce(table, world_size)
         if options.exact:
-            out = out + reduce(options.num_candidates(k, d) * 4, world_size)
+            out = out + reduce(candidates * 4, world_size)
         return out
 
     def __init__(self, *args, **kwargs) -> None:
@@ -146,12 +151,23 @@ class GlobalSketchSGD(Aggregator):
         with self._timed("compress"):
             accumulated = self._error_compensated(grad)
             sketch, num_candidates = self._sketch_of_step(accumulated)
-            sketch.accumulate(accumulated)
+            sketch.accumulate(self._prefiltered(accumulated, k))
 
         summed = sketch.with_table(self._sum_tables(sketch.table))
 
         update, delivered = self._recover_and_update(accumulated, summed, k, num_candidates)
         return self._finish(update, delivered_fraction=delivered)
+
+    def _prefiltered(self, accumulated: torch.Tensor, k: int) -> torch.Tensor:
+        """What this rank sketches: ``a_p``, or with ``prefilter`` f only its ``f * k``
+        largest coordinates (the rest zero)."""
+        f = self.options.prefilter
+        if f is None or f * k >= self.d:
+            return accumulated
+        keep = topk_indices(accumulated.abs(), f * k)
+        part = torch.zeros_like(accumulated)
+        part[keep] = accumulated[keep]
+        return part
 
     def _candidates(self, summed: Any, num_candidates: int) -> torch.Tensor:
         """The ``num_candidates`` heaviest coordinates of the summed sketch, sorted by index:

@@ -51,9 +51,12 @@ class GlobalTopk(Aggregator):
     options: TopkOptions
 
     @classmethod
-    def traffic(cls, d: int, k: int, options: TopkOptions, world_size: int) -> Traffic:
+    def traffic(
+        cls, d: int, k: int, options: TopkOptions, world_size: int, *, step: int | None = None
+    ) -> Traffic:
         """Recursive doubling of (index, value) lists; a folded rank also gets k survival
-        flags (uint8) back with the final list."""
+        flags (uint8) back with the final list (the step's k)."""
+        k = cls.k_at_step(d, k, options, step)
         pair = k * (index_dtype(d).itemsize + 4)
         return cls.control_traffic(world_size) + recursive_doubling(pair, world_size, k)
 

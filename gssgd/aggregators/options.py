@@ -263,6 +263,15 @@ class SketchedOptions(TopkOptions):
         """``m * k`` candidates, capped at ``d``."""
         return min(self.candidates * k, d)
 
+    def shape_at(self, d: int, k: int, step_k: int) -> tuple[int, int]:
+        """Columns and candidates of a step that sends ``step_k``: the options' own (``cols``
+        resolved, ``m * k`` candidates) when ``step_k == k``, else :meth:`warmup_shape`'s."""
+        cols, candidates = self.cols, self.num_candidates(k, d)
+        assert cols is not None, "resolve the options first (gssgd.aggregators.build_options)"
+        if step_k == k:
+            return cols, candidates
+        return self.warmup_shape(d, k, step_k, cols, candidates)
+
     def warmup_shape(
         self, d: int, k: int, step_k: int, cols: int, candidates: int
     ) -> tuple[int, int]:
@@ -328,12 +337,19 @@ class GSOptions(SketchedOptions):
             exact round, the update and the residuals stay in the gradient's dtype.
             float16 overflows past 65504 per bucket (of the mean over ranks); bfloat16
             does not, at a coarser rounding.
+        prefilter: None (default: sketch all of ``a_p``), or f >= 1: each rank sketches only
+            its own ``f * k`` largest coordinates of ``a_p`` (a local pre-filter). The
+            summed sketch then holds at most ``P * f * k`` coordinates instead of the whole
+            gradient's tail, so a narrow table recovers the heavy ones more cleanly; the
+            exact round still sums all of ``a_p`` at the candidates, so no mass is lost.
+            Costs a local top-``f*k`` selection per step.
     """
 
     exact: bool = True
     allreduce: str = "recursive_doubling"
     guard: str = "grow"
     table_dtype: torch.dtype = torch.float32
+    prefilter: int | None = None
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -355,3 +371,9 @@ class GSOptions(SketchedOptions):
                 "it must be torch.float32, torch.float16 or torch.bfloat16",
                 "Use torch.float16 to halve the sketch's bytes.",
             )
+        if self.prefilter is not None and (
+            isinstance(self.prefilter, bool) or not isinstance(self.prefilter, int)
+            or self.prefilter < 1
+        ):
+            raise _bad("prefilter", self.prefilter, "it must be an integer >= 1 (a multiple of k)",
+                       "Use 8, or leave it out to sketch the whole vector.")

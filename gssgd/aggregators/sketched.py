@@ -38,12 +38,15 @@ class SketchedSGD(Aggregator):
     options: SketchedOptions
 
     @classmethod
-    def traffic(cls, d: int, k: int, options: SketchedOptions, world_size: int) -> Traffic:
+    def traffic(
+        cls, d: int, k: int, options: SketchedOptions, world_size: int, *, step: int | None = None
+    ) -> Traffic:
         """Four star phases through rank 0: sketches in, candidate indices out, candidate
-        values in, the final (index, value) list out."""
+        values in, the final (index, value) list out (the step's k and sketch shape)."""
         p, i, v = world_size, index_dtype(d).itemsize, 4
-        table = options.rows * options.cols * v
-        c = options.num_candidates(k, d)
+        k_t = cls.k_at_step(d, k, options, step)
+        cols, c = options.shape_at(d, k, k_t)
+        k, table = k_t, options.rows * cols * v
         return (
             cls.control_traffic(p)
             + star(table, 0, p)

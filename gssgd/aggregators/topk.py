@@ -32,8 +32,12 @@ class LocalTopk(Aggregator):
     options: TopkOptions
 
     @classmethod
-    def traffic(cls, d: int, k: int, options: TopkOptions, world_size: int) -> Traffic:
-        """An all-gather of k indices, then one of k values."""
+    def traffic(
+        cls, d: int, k: int, options: TopkOptions, world_size: int, *, step: int | None = None
+    ) -> Traffic:
+        """An all-gather of k indices, then one of k values (the step's k: see
+        :meth:`~gssgd.aggregators.base.Aggregator.traffic`)."""
+        k = cls.k_at_step(d, k, options, step)
         index_bytes = index_dtype(d).itemsize
         return (
             cls.control_traffic(world_size)

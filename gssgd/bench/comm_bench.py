@@ -8,7 +8,7 @@ for every method, on a fixed synthetic gradient per rank, so that the only diffe
 between methods are their compression and their message patterns.
 
 Steps:
-    1. The parent resolves the methods (:func:`gssgd.bench.cost_model.method_spec`), writes
+    1. The parent resolves the methods (:func:`gssgd.costmodel.method_spec`), writes
        the configuration to ``DIR/workers/config.json`` and starts P worker processes of
        this module (``python -m gssgd.bench.comm_bench --config ... --out ...``):
        on loopback (``--link none``: rendezvous on 127.0.0.1) or each inside its own
@@ -41,7 +41,7 @@ failing rank's traceback) is raised as :class:`WorkerError`. A stall ends at the
 ``seconds_communicate``, ``seconds_decompress``, ``seconds_other`` and ``speedup_of_gs``
 (this method's seconds / gs's: gs's speed-up over it; None when gs was not run), plus
 ``*_max_per_step``, ``*_per_rank``, ``rounds``, ``messages``, ``seconds_per_step_all``
-and the method's ``spec`` (what :mod:`gssgd.bench.cost_model` needs). ``_meta`` holds the
+and the method's ``spec`` (what :mod:`gssgd.costmodel` needs). ``_meta`` holds the
 command line, P, d, k, density, link, threads, versions, machine, date and the probes.
 
 Interpreting the numbers: on a machine with fewer cores than workers, compute times are
@@ -70,15 +70,15 @@ from typing import TYPE_CHECKING, Any
 
 from gssgd.aggregators import build_options
 from gssgd.aggregators.options import DEFAULT_ROWS
-from gssgd.bench.cost_model import (
+from gssgd.bench.netns import EmulatedCluster, have_root, parse_link_rate
+from gssgd.bench.workers import WorkerError, namespaces_or_loopback, run_ranks
+from gssgd.costmodel import (
     DEFAULT_METHODS,
     VARIANTS,
     CostModel,
     MethodSpec,
     method_spec,
 )
-from gssgd.bench.netns import EmulatedCluster, have_root, parse_link_rate
-from gssgd.bench.workers import WorkerError, namespaces_or_loopback, run_ranks
 
 if TYPE_CHECKING:
     import torch
@@ -111,7 +111,7 @@ class CommBenchConfig:
         d: gradient length.
         density: fraction of coordinates the sparse methods send (k = round(density*d)).
         link: every worker's link rate ("100mbit", "1gbit", ...) or "none" for loopback.
-        methods: benchmark method names (keys of :data:`gssgd.bench.cost_model.VARIANTS`).
+        methods: benchmark method names (keys of :data:`gssgd.costmodel.VARIANTS`).
         repeats: timed steps per method; warmup: untimed steps before them.
         rows, cols, candidates: sketch shape and m (None: the aggregators' defaults).
         threads: torch intra-op threads per worker.

@@ -3,7 +3,7 @@
 :class:`EmulatedCluster` builds the namespaces, cables, bridge and qdiscs, runs the
 workers inside them and tears everything down on every path. The topology, why it is
 built this way and how to use it are described in the docstring of
-:mod:`gssgd.bench.netns`; the link shapes are in :mod:`gssgd.bench.link_rate` and the
+:mod:`gssgd.bench.netns`; the link shapes are in :mod:`gssgd.costmodel.link_rate` and the
 host-side commands, names and leftover cleanup in :mod:`gssgd.bench.netns_host`.
 """
 
@@ -22,7 +22,6 @@ from collections.abc import Mapping, Sequence
 from types import FrameType
 from typing import Any
 
-from gssgd.bench.link_rate import LinkShape, _format_rate, parse_link_rate
 from gssgd.bench.netns_host import (
     _IFNAMSIZ,
     _TAG_DIGITS,
@@ -36,6 +35,7 @@ from gssgd.bench.netns_host import (
     cleanup_leftovers,
     require_root,
 )
+from gssgd.costmodel.link_rate import LinkShape, _format_rate, parse_link_rate
 
 __all__ = ["DEFAULT_SUBNET", "EmulatedCluster"]
 

@@ -25,7 +25,7 @@ paths run, the kernel's output checked against the torch path's (same table up t
 rounding, same indices, same estimates bit for bit). Without CUDA only the torch path runs,
 timed by ``time.perf_counter``, and the report says so.
 
-The measured H200 numbers of the naive torch implementations (:mod:`gssgd.bench.anchors`, torch
+The measured H200 numbers of the naive torch implementations (:mod:`gssgd.costmodel.anchors`, torch
 2.11, 5 rows × 10·k, 2026-11-29) are printed beside the d they were measured at, with the
 issue's targets (:data:`TARGETS_MS`).
 """
@@ -46,7 +46,7 @@ import torch
 from gssgd import kernels
 from gssgd._select import exact_topk_indices, sampled_topk_indices
 from gssgd.aggregators.options import default_candidates, resolve_k
-from gssgd.bench.anchors import H200_ANCHOR, RESNET50_D
+from gssgd.costmodel.anchors import H200_ANCHOR, RESNET50_D
 from gssgd.sketch import CountSketch
 
 __all__ = [

@@ -12,15 +12,15 @@ from typing import Any
 
 from gssgd.aggregators.options import DEFAULT_ROWS
 from gssgd.bench import report
-from gssgd.bench.cost_fit import (
+from gssgd.costmodel.fit import (
     Measurement,
     calibrate,
     error_summary,
     load_measurements,
     prediction_errors,
 )
-from gssgd.bench.cost_predict import CostModel
-from gssgd.bench.method_specs import VARIANTS, MethodSpec, method_spec
+from gssgd.costmodel.method_specs import VARIANTS, MethodSpec, method_spec
+from gssgd.costmodel.predict import CostModel
 from gssgd.methods import get_method
 
 __all__ = ["PREDICTION_DS", "PREDICTION_RATES", "PREDICTION_WORKERS", "model_report"]
@@ -69,7 +69,7 @@ def model_report(
         workers: P of the time-vs-d predictions.
         rates: link rates (bit/s) of the predictions.
         fit_alpha: fit alpha rather than take the runs' latency probes (see
-            :func:`gssgd.bench.cost_fit.calibrate`).
+            :func:`gssgd.costmodel.fit.calibrate`).
         overrides: values of ``alpha``, ``beta0`` or ``eta`` to use instead of the fitted
             ones, for what-if predictions (e.g. a 20 us network: ``{"alpha": 2e-5}``);
             the errors on measured points are those of the calibrated model.

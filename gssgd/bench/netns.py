@@ -70,7 +70,7 @@ its namespaces behind; the next cluster removes them (:func:`cleanup_leftovers`)
 
 Where things live: this module only re-exports; the code is in
 
-- :mod:`gssgd.bench.link_rate`: :func:`parse_link_rate` and :class:`LinkShape`;
+- :mod:`gssgd.costmodel.link_rate`: :func:`parse_link_rate` and :class:`LinkShape`;
 - :mod:`gssgd.bench.netns_host`: :func:`have_root`, :func:`require_root`, the
   ``ip`` commands, the pid-carrying names and :func:`cleanup_leftovers`;
 - :mod:`gssgd.bench.emulated_cluster`: :class:`EmulatedCluster`.
@@ -80,13 +80,13 @@ from __future__ import annotations
 
 # Imports written `X as X` are kept only so that code which imported X from here still can.
 from gssgd.bench.emulated_cluster import DEFAULT_SUBNET, EmulatedCluster
-from gssgd.bench.link_rate import LinkShape, parse_link_rate
 from gssgd.bench.netns_host import DEFAULT_PREFIX, cleanup_leftovers, have_root, require_root
 from gssgd.bench.netns_host import ROOT_MESSAGE as ROOT_MESSAGE
 from gssgd.bench.netns_host import _instance_tag as _instance_tag
 from gssgd.bench.netns_host import _list_namespaces as _list_namespaces
 from gssgd.bench.netns_host import _owner_pid as _owner_pid
 from gssgd.bench.netns_host import _pid_alive as _pid_alive
+from gssgd.costmodel.link_rate import LinkShape, parse_link_rate
 
 __all__ = [
     "DEFAULT_PREFIX",

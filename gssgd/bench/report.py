@@ -305,7 +305,7 @@ def error_table(rows: Sequence[Any], title: str) -> str:
     """Measured vs predicted seconds per step, with the relative error, one row per point.
 
     Args:
-        rows: :class:`gssgd.bench.cost_model.ErrorRow` objects.
+        rows: :class:`gssgd.costmodel.ErrorRow` objects.
         title: the first line.
     """
     header = ["run", "P", "link", "method", "measured", "predicted", "rel. error"]
@@ -339,7 +339,7 @@ def plot_fit(rows: Sequence[Any], path: str | Path, title: str, check: Sequence[
     """Predicted vs measured seconds per step (log-log) with the line of equality.
 
     Args:
-        rows: the calibration points (:class:`gssgd.bench.cost_model.ErrorRow`), as dots.
+        rows: the calibration points (:class:`gssgd.costmodel.ErrorRow`), as dots.
         path: the PNG to write.
         title: the plot's title.
         check: held-out points, drawn as crosses in their method's colour.

@@ -412,7 +412,7 @@ def _timeout(cfg: TrainBenchConfig, method: str, d: int, link_bps: int | None) -
     link's rate plus an allowance for compute and evaluation (it only catches stalls)."""
     if cfg.timeout_s is not None:
         return cfg.timeout_s
-    from gssgd.bench.cost_model import VARIANTS, CostModel, method_spec
+    from gssgd.costmodel import VARIANTS, CostModel, method_spec
 
     tcfg = cfg.configs[method]
     share = max(1.0, cfg.workers * tcfg.threads / (os.cpu_count() or 1))

@@ -1,5 +1,5 @@
 """``gssgd advise``: which method makes a training job fastest on a given cluster, and how
-to ask for it (:func:`gssgd.bench.cost_advice.advise` on the cluster cost model)."""
+to ask for it (:func:`gssgd.costmodel.advice.advise` on the cluster cost model)."""
 
 from __future__ import annotations
 
@@ -8,11 +8,18 @@ import json
 import sys
 from typing import Any
 
-from gssgd.bench.cost_advice import MEASURED_ERROR, Advice, advise, parse_params, parse_workers
-from gssgd.bench.cost_cluster import Link, parse_latency, parse_link
-from gssgd.bench.devices import CPU_FWDBWD_S, DEVICES, get_device
 from gssgd.cli.errors import run_command
-from gssgd.methods import parse_methods
+from gssgd.costmodel.advice import (
+    DEFAULT_RUN_STEPS,
+    MEASURED_ERROR,
+    Advice,
+    advise,
+    parse_params,
+    parse_workers,
+)
+from gssgd.costmodel.cluster import Link, parse_latency, parse_link
+from gssgd.costmodel.devices import CPU_FWDBWD_S, DEVICES, get_device
+from gssgd.methods import SPARSE_WARMUP_STEPS, parse_methods
 
 __all__ = ["add_parser", "model_params", "run"]
 
@@ -28,7 +35,7 @@ examples:
   gssgd advise --params 1.3B --workers 256 --link 100gbit --latency 5us --json
   gssgd advise --model gpt --workers 4 --link 100mbit --device cpu --latency 1ms
 
-the model (gssgd.bench.cost_cluster):
+the model (gssgd.costmodel.cluster):
   step = fwd+bwd + compression + latency*rounds + bytes/(efficiency*rate) - hidden
   rounds and bytes are each method's own traffic formula; hidden = what overlaps backward
   (DDP's bucketed all-reduce for dense; nothing for the compressed methods, which select
@@ -76,6 +83,18 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
         "(default: estimated from --params and the device)",
     )
     add("--methods", default=None, help="comma-separated methods to compare (default: all)")
+    add(
+        "--warmup-steps",
+        default=None,
+        help="density warm-up steps of the sparse methods (default: gssgd train's, "
+        f"{SPARSE_WARMUP_STEPS}; 0 = none): counted in the warm-up and run columns",
+    )
+    add(
+        "--steps",
+        default=str(DEFAULT_RUN_STEPS),
+        help=f"the run length the run column totals over (default {DEFAULT_RUN_STEPS}, "
+        "gssgd train's)",
+    )
     add("--json", action="store_true", help="print the prediction as JSON")
     parser.set_defaults(run=run)
     return parser
@@ -140,6 +159,18 @@ def _compute_seconds(text: str | None) -> float | None:
     return value / 1e3
 
 
+def _count(flag: str, text: str | None, low: int) -> int | None:
+    if text is None:
+        return None
+    try:
+        value = int(text)
+    except ValueError:
+        value = low - 1
+    if value < low:
+        raise ValueError(f"{flag} {text!r} must be a whole number >= {low}, e.g. {flag} 100")
+    return value
+
+
 def _run(args: argparse.Namespace) -> None:
     params = parse_params(args.params) if args.params is not None else model_params(args.model)
     device = get_device(args.device)
@@ -149,7 +180,7 @@ def _run(args: argparse.Namespace) -> None:
     link = Link(parse_link(args.link), parse_latency(args.latency))
     methods = None
     if args.methods is not None:
-        from gssgd.bench.cost_advice import candidate_methods
+        from gssgd.costmodel.advice import candidate_methods
 
         methods = parse_methods(args.methods, valid=candidate_methods())
     advice = advise(
@@ -160,6 +191,8 @@ def _run(args: argparse.Namespace) -> None:
         density=_density(args.density),
         fwdbwd_s=fwdbwd_s,
         methods=methods,
+        warmup_steps=_count("--warmup-steps", args.warmup_steps, 0),
+        run_steps=_count("--steps", args.steps, 1) or DEFAULT_RUN_STEPS,
     )
     if args.json:
         json.dump(advice.as_dict(), sys.stdout, indent=1)
@@ -179,14 +212,17 @@ def render(advice: Advice, model: str | None = None) -> str:
         f"{what}, {advice.workers} workers on {advice.device.name}, links of {advice.link}, "
         f"density {advice.density:g}",
         "",
-        f"{'method':<11} {'step ms':>10} {'compute':>10} {'comm':>10} {'hidden':>9}  "
-        f"{'pattern':<18} overlap",
+        f"{'method':<11} {'step ms':>10} {'compute':>10} {'comm':>10} {'hidden':>9} "
+        f"{'MB/step':>9} {'warm-up s':>10} {'run s':>9}  {'pattern':<18} overlap",
     ]
+    n = advice.run_steps
     for c in advice.candidates:
-        s = c.step
+        s, w = c.step, c.warmup
         lines.append(
             f"{c.name:<11} {s.total * 1e3:>10.1f} {s.compute * 1e3:>10.1f} "
-            f"{s.communication * 1e3:>10.1f} {s.hidden * 1e3:>9.1f}  {s.pattern:<18} {s.overlap}"
+            f"{s.communication * 1e3:>10.1f} {s.hidden * 1e3:>9.1f} "
+            f"{w.step_bytes_sent / 1e6:>9.3g} {w.extra_seconds:>10.3g} {c.run_seconds(n):>9.4g}  "
+            f"{s.pattern:<18} {s.overlap}"
         )
     rec = advice.recommended
     speedup = advice.speedup_over("dense")
@@ -199,6 +235,7 @@ def render(advice: Advice, model: str | None = None) -> str:
         f"  train:     {advice.train_command()} ...",
         f"  DDP:       state = {advice.hook_call()}",
         "",
+        _warmup_line(advice),
         _error_line(MEASURED_ERROR),
     ]
     return "\n".join(lines)
@@ -222,6 +259,22 @@ def _describe(spec: Any, changed: dict[str, Any]) -> str:
         else "set: " + ", ".join(f"{k}={v}" for k, v in changed.items())
     )
     return "; ".join(parts)
+
+
+def _warmup_line(advice: Advice) -> str:
+    """What the columns after ``hidden`` mean, with the recommended method's warm-up."""
+    w, n = advice.recommended.warmup, advice.run_steps
+    line = (
+        "MB/step: bytes the busiest worker sends per steady step; warm-up s: what a density "
+        f"warm-up adds to a run (communication); run s: {n} steps, warm-up included."
+    )
+    if w.steps:
+        line += (
+            f" {advice.recommended.name}'s warm-up: {w.steps} steps send {w.bytes_sent / 1e6:.4g} "
+            f"MB per worker, {w.extra_bytes_sent / 1e6:.4g} MB more than steady steps "
+            "(--warmup-steps 0 for none)."
+        )
+    return line
 
 
 def _error_line(err: dict[str, Any]) -> str:

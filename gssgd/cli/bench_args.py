@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 from collections.abc import Callable, Iterable, Mapping
 
-from gssgd.bench.method_specs import VARIANTS
+from gssgd.costmodel.method_specs import VARIANTS
 from gssgd.methods import parse_methods
 
 __all__ = [
@@ -71,7 +71,7 @@ def seconds(text: str) -> float:
 
 def link(text: str) -> str:
     """A link rate (``100mbit``, ``1gbit``, ...) or ``none``, lower-cased."""
-    from gssgd.bench.link_rate import parse_link_rate
+    from gssgd.costmodel.link_rate import parse_link_rate
 
     try:
         parse_link_rate(text)
@@ -82,7 +82,7 @@ def link(text: str) -> str:
 
 def rates(text: str) -> tuple[int, ...]:
     """Comma-separated link rates in bit/s (``none`` is not a rate here)."""
-    from gssgd.bench.link_rate import parse_link_rate
+    from gssgd.costmodel.link_rate import parse_link_rate
 
     out = []
     for part in text.split(","):
@@ -131,7 +131,7 @@ def method_list(valid: Callable[[], Iterable[str]]) -> Callable[[str], tuple[str
 
 def benchmark_methods() -> Callable[[str], tuple[str, ...]]:
     """``--methods`` of ``bench comm`` and ``bench model``: registered benchmark methods
-    (aggregator methods and their variants, :data:`gssgd.bench.cost_model.VARIANTS`)."""
+    (aggregator methods and their variants, :data:`gssgd.costmodel.VARIANTS`)."""
     return method_list(lambda: VARIANTS)
 
 

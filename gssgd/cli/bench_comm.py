@@ -8,9 +8,9 @@ import argparse
 from pathlib import Path
 
 from gssgd.aggregators.options import DEFAULT_ROWS
-from gssgd.bench.method_specs import VARIANTS
 from gssgd.cli import bench_args
 from gssgd.cli.errors import run_command
+from gssgd.costmodel.method_specs import VARIANTS
 
 __all__ = ["add_parser", "run"]
 

@@ -7,10 +7,10 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from gssgd.bench.method_specs import VARIANTS
 from gssgd.bench.model_report import PREDICTION_RATES, model_report
 from gssgd.cli import bench_args
 from gssgd.cli.errors import run_command
+from gssgd.costmodel.method_specs import VARIANTS
 
 __all__ = ["add_parser", "run"]
 

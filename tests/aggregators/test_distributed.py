@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from gssgd.bench.cost_model import MethodSpec, traffic
+from gssgd.costmodel import MethodSpec, traffic
 from tests.aggregators.reference import default_sketch, reference_run
 from tests.aggregators.scenarios import (
     CONFIGS,

@@ -2,9 +2,10 @@
 
 The schedule is checked value by value; on real gloo processes (P = 3, a non-power of two)
 every sparse method sends the schedule's k at each step, every rank gets the same update,
-and no gradient mass is lost during the warm-up or under clipping (the mass invariant:
+no gradient mass is lost during the warm-up or under clipping (the mass invariant:
 sum over ranks and steps of the gradient that entered = P * sum of updates + sum of
-residuals).
+residuals), and every method's bytes sent and received, rank by rank and step by step,
+equal its ``traffic`` formula for that step, warm-up steps included.
 """
 
 from __future__ import annotations
@@ -16,7 +17,10 @@ import pytest
 import torch
 
 import gssgd
+from gssgd.aggregators import build_options
 from gssgd.aggregators.schedule import DensityWarmup
+from gssgd.comm import allgather
+from gssgd.costmodel.method_specs import method_spec, traffic, warmup_traffic
 from tests.dist_utils import raise_worker_errors, run_each, run_workers
 
 SPARSE = ["topk", "gtopk", "sketched", "gs"]
@@ -53,11 +57,12 @@ def test_bad_recipe_options_say_the_range_and_the_fix(options: dict, match: str)
 
 def _run(rank: int, world_size: int, method: str, options: dict, steps: int) -> dict:
     d = 2000
-    agg = gssgd.make_aggregator(method, d, density=0.01, **options)
+    density = {} if method == "dense" else {"density": 0.01}
+    agg = gssgd.make_aggregator(method, d, **density, **options)
     gen = torch.Generator().manual_seed(100 + rank)
     entered = torch.zeros(d, dtype=torch.float64)
     updates = torch.zeros(d, dtype=torch.float64)
-    ks, sent = [], []
+    ks, sent, received = [], [], []
     for _ in range(steps):
         g = torch.randn(d, generator=gen) * 3
         clip = options.get("local_clip")
@@ -71,8 +76,11 @@ def _run(rank: int, world_size: int, method: str, options: dict, steps: int) -> 
         updates += update.double()
         ks.append(agg.last_stats.k)
         sent.append(agg.last_stats.bytes_sent)
-    return {"entered": entered, "updates": updates, "residual": agg.residual.double(),
-            "ks": ks, "sent": sent, "last_update": update}
+        received.append(agg.last_stats.bytes_received)
+    residual = agg.residual.double() if agg.residual is not None else None
+    return {"entered": entered, "updates": updates, "residual": residual, "ks": ks,
+            "sent": sent, "received": received, "last_update": update,
+            "agreement_fields": len(agg.agreement_fields())}
 
 
 def _warmup_options(method: str) -> dict:
@@ -94,6 +102,7 @@ def _clip_options(method: str) -> dict:
 RUNS: dict[tuple[str, str], tuple[str, dict, int]] = {
     **{("warmup", m): (m, _warmup_options(m), 6) for m in SPARSE},
     **{("clip", m): (m, _clip_options(m), 4) for m in ("topk", "gs")},
+    ("warmup", "dense"): ("dense", {}, 6),  # no warm-up: the same traffic at every step
 }
 
 
@@ -127,6 +136,36 @@ def test_warmup_sends_the_schedule_and_loses_no_mass(method: str) -> None:
     entered = sum(r["entered"] for r in results)
     kept = world * results[0]["updates"] + sum(r["residual"] for r in results)
     assert torch.allclose(entered, kept, atol=1e-4)
+
+
+@pytest.mark.parametrize("method", ["dense", *SPARSE])
+def test_traffic_formula_matches_the_measured_bytes_at_every_warmup_step(method: str) -> None:
+    """Rank by rank and step by step (4 warm-up steps, then 2 steady ones), the bytes sent and
+    received equal the aggregator's ``traffic(..., step=t)``, plus the rank-agreement
+    all-gather on the first step; the cost model's warm-up total is their sum."""
+    world, d = 3, 2000
+    results = _ranks("warmup", method)
+    _, options, steps = RUNS[("warmup", method)]
+    density = None if method == "dense" else 0.01
+    cls, k, opts = build_options(method, d, density, **options)
+    first = allgather(8 * results[0]["agreement_fields"], world)  # one int64 per field
+    for t in range(steps):
+        want = cls.traffic(d, k, opts, world, step=t)
+        want = want + first if t == 0 else want
+        assert [r["sent"][t] for r in results] == list(want.sent), (method, t)
+        assert [r["received"][t] for r in results] == list(want.received), (method, t)
+    steady = cls.traffic(d, k, opts, world)
+    assert [r["sent"][-1] for r in results] == list(steady.sent)
+    spec = method_spec(method, d, density, **{n: v for n, v in options.items() if n != "guard"})
+    assert traffic(spec, world) == steady
+    warm, n = warmup_traffic(spec, world), spec.warmup_steps
+    if method == "dense":  # no warm-up
+        assert n == 0 and warm.sent == warm.received == (0,) * world
+        return
+    assert n == 4 and max(warm.sent) > n * max(steady.sent)
+    for r, rank in enumerate(results):
+        assert warm.sent[r] == sum(rank["sent"][:n]) - first.sent[r], (method, r)
+        assert warm.received[r] == sum(rank["received"][:n]) - first.received[r], (method, r)
 
 
 @pytest.mark.parametrize("method", ["topk", "gs"])

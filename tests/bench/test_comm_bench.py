@@ -19,8 +19,8 @@ import pytest
 
 from gssgd.bench import netns
 from gssgd.bench.comm_bench import CommBenchConfig, WorkerError, _launch, run_comm_bench
-from gssgd.bench.cost_model import VARIANTS, method_spec, traffic
 from gssgd.cli import bench
+from gssgd.costmodel import VARIANTS, method_spec, traffic
 
 FIELDS = {
     "seconds_per_step",

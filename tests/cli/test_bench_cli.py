@@ -8,11 +8,11 @@ import re
 import pytest
 
 from gssgd.aggregators.dense import DenseAllReduce
-from gssgd.bench.cost_model import VARIANTS, CostModel, method_spec, traffic
 from gssgd.bench.workers import WorkerError
 from gssgd.cli import bench
 from gssgd.cli.errors import CommandError, exit_status, run_command
 from gssgd.cli.main import main
+from gssgd.costmodel import VARIANTS, CostModel, method_spec, traffic
 from gssgd.methods import METHODS, Method, register_method, unregister_method
 
 

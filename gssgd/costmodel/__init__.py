@@ -68,15 +68,21 @@ Example:
     >>> spec = method_spec("gs", d=10**8, density=0.001)
     >>> seconds = CostModel.default().predict(spec, world_size=64, rate_bps=10**9).total
 
-This module gathers the public names of four: :mod:`gssgd.bench.method_specs` (which method,
-what it sends), :mod:`gssgd.bench.cost_predict` (the model's parameters and predictions),
-:mod:`gssgd.bench.cost_fit` (the measurements and the fit) and
-:mod:`gssgd.bench.model_report` (``gssgd bench model``'s tables and plots).
+This package is the cost model, apart from the benchmarks that measure (``gssgd.bench``,
+which imports it, never the reverse). Its modules, lowest first: :mod:`.link_rate` (link
+rates and their tbf shape, shared with the emulation), :mod:`.anchors` and
+:mod:`.compute_law` (measured constants), :mod:`.method_specs` (which method, what it
+sends), :mod:`.predict` (this model's parameters and predictions), :mod:`.fit` (the
+measurements and the fit), :mod:`.devices`, :mod:`.cluster` (a training step on a cluster),
+:mod:`.check` (the held-out check) and :mod:`.advice` (``gssgd advise``). The names below
+are those of ``method_specs``, ``predict`` and ``fit``; ``gssgd bench model``'s tables and
+plots are :mod:`gssgd.bench.model_report`.
 """
 
 from __future__ import annotations
 
-from gssgd.bench.cost_fit import (
+from gssgd.comm import Traffic
+from gssgd.costmodel.fit import (
     ErrorRow,
     Measurement,
     calibrate,
@@ -84,10 +90,11 @@ from gssgd.bench.cost_fit import (
     load_measurements,
     prediction_errors,
 )
-from gssgd.bench.cost_fit import (
+from gssgd.costmodel.fit import (
     _nnls as _nnls,  # not public: the tests reach the fit's solver here
 )
-from gssgd.bench.cost_predict import (
+from gssgd.costmodel.method_specs import DEFAULT_METHODS, VARIANTS, MethodSpec, method_spec, traffic
+from gssgd.costmodel.predict import (
     DEFAULT_ALPHA,
     DEFAULT_BETA0,
     DEFAULT_ETA,
@@ -95,14 +102,6 @@ from gssgd.bench.cost_predict import (
     CostModel,
     Prediction,
 )
-from gssgd.bench.method_specs import DEFAULT_METHODS, VARIANTS, MethodSpec, method_spec, traffic
-from gssgd.bench.model_report import (
-    PREDICTION_DS,
-    PREDICTION_RATES,
-    PREDICTION_WORKERS,
-    model_report,
-)
-from gssgd.comm import Traffic
 
 __all__ = [
     "DEFAULT_ALPHA",
@@ -110,9 +109,6 @@ __all__ = [
     "DEFAULT_ETA",
     "DEFAULT_GAMMA",
     "DEFAULT_METHODS",
-    "PREDICTION_DS",
-    "PREDICTION_RATES",
-    "PREDICTION_WORKERS",
     "VARIANTS",
     "CostModel",
     "ErrorRow",
@@ -124,7 +120,6 @@ __all__ = [
     "error_summary",
     "load_measurements",
     "method_spec",
-    "model_report",
     "prediction_errors",
     "traffic",
 ]

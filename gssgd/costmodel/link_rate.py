@@ -3,7 +3,9 @@
 :func:`parse_link_rate` turns the ``--link`` argument into bits per second;
 :class:`LinkShape` turns a rate into the token bucket filter settings that
 :class:`gssgd.bench.emulated_cluster.EmulatedCluster` puts on every cable (see
-:mod:`gssgd.bench.netns` for the topology).
+:mod:`gssgd.bench.netns` for the topology). It lives with the cost model, the lower of the
+two, so that both the model (which reads rates and bucket sizes) and the benchmarks (which
+shape links) import it without a circle.
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ cell's step times; the errors over all cells are the model's measured error, and
 predictions say how often the method the model ranks first was the measured fastest (or
 within 10 % of it), which is what ``gssgd advise`` relies on.
 
-The fit (:func:`fit_cells`) is :func:`gssgd.bench.cost_fit.calibrate` (``alpha`` from the
+The fit (:func:`fit_cells`) is :func:`gssgd.costmodel.fit.calibrate` (``alpha`` from the
 latency probes, ``beta0``) plus four things of this machine and its emulated links, each
 fitted on the training runs only:
 
@@ -28,7 +28,7 @@ fitted on the training runs only:
    with the ranks per core. It is several times the probe's (2.2 ms times a share of
    1.4-4.5, against 1.2 ms), and it is a property of workers that share cores, so the
    cluster model (one core per worker) does not carry it;
-3. one efficiency per collective pattern (:func:`gssgd.bench.cost_cluster.pattern_of`): the
+3. one efficiency per collective pattern (:func:`gssgd.costmodel.cluster.pattern_of`): the
    median, over the pattern's points whose wire time is at least a fifth of their
    communication, of ``wire time / (measured - compute - latency)``;
 4. a burst credit: tbf lets a full bucket (``LinkShape(rate).burst_bytes``: 50 KB at
@@ -38,7 +38,7 @@ fitted on the training runs only:
    are redone for each).
 
 All four are properties of this machine and its emulation: the cluster model
-(:mod:`gssgd.bench.cost_cluster`) uses none of them. A bench comm step has no backward
+(:mod:`gssgd.costmodel.cluster`) uses none of them. A bench comm step has no backward
 pass, so nothing overlaps here.
 """
 
@@ -52,29 +52,38 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from gssgd.bench.compute_law import COMPUTE_REF_D, ComputeLaw, fit_compute_law
-from gssgd.bench.cost_cluster import PATTERNS, pattern_of
-from gssgd.bench.cost_fit import ErrorRow, Measurement, calibrate, load_measurements
-from gssgd.bench.cost_predict import CostModel
-from gssgd.bench.link_rate import LinkShape
-from gssgd.bench.method_specs import MethodSpec, traffic
 from gssgd.comm import Traffic
+from gssgd.costmodel.cluster import PATTERNS, pattern_of
+from gssgd.costmodel.compute_law import COMPUTE_REF_D, ComputeLaw, fit_compute_law
+from gssgd.costmodel.fit import (
+    ErrorRow,
+    Measurement,
+    calibrate,
+    error_summary,
+    load_measurements,
+)
+from gssgd.costmodel.link_rate import LinkShape
+from gssgd.costmodel.method_specs import MethodSpec, traffic
+from gssgd.costmodel.predict import CostModel
 from gssgd.methods import get_method
 
 __all__ = [
     "ADVISE_EXCLUDES",
     "BURST_CREDITS",
+    "CHECK_RUNS",
     "COMPUTE_REF_D",
     "DRIVEN_PATTERNS",
     "CellModel",
     "ComputeLaw",
     "RecommendationRow",
     "Rounds",
+    "check_runs",
     "find_runs",
     "fit_cells",
     "fit_compute_law",
     "fit_driven_alpha",
     "held_out_errors",
+    "measured_error",
     "recommendation_check",
     "rounds_of",
 ]
@@ -228,6 +237,44 @@ def find_runs(root: str | Path) -> list[Path]:
             continue  # another benchmark's results (bench train)
         out.append(path.parent)
     return out
+
+
+#: How many runs the documented check holds (docs/results/grid's and the ``*_default`` ones).
+CHECK_RUNS = 15
+
+
+def check_runs(results: str | Path) -> list[Path]:
+    """The ``gssgd bench comm`` runs of the documented check under ``results`` (the
+    repository's docs/results): those made with the current default sketch, grid/comm_*
+    and comm_*_default.
+
+    Raises:
+        FileNotFoundError: not the :data:`CHECK_RUNS` runs the check was made on.
+    """
+    root = Path(results)
+    runs = sorted((root / "grid").glob("comm_*")) + sorted(root.glob("comm_*_default"))
+    if len(runs) != CHECK_RUNS:
+        raise FileNotFoundError(
+            f"{root} holds {len(runs)} of the check's {CHECK_RUNS} bench comm runs "
+            "(grid/comm_* and comm_*_default); run from a full checkout of the repository"
+        )
+    return runs
+
+
+def measured_error(runs: Sequence[Path]) -> dict[str, float | int]:
+    """The held-out check's summary over ``runs`` (leave one run out): the points, the
+    median and largest ``|relative error|``, the runs, and in how many of them the method
+    ranked first was measured fastest or within 10 % of it. What
+    :data:`gssgd.costmodel.advice.MEASURED_ERROR` states (about 10 s for the 15 runs)."""
+    rows = held_out_errors([m for r in runs for m in load_measurements(r)])
+    summary = error_summary(rows)
+    return {
+        "points": summary["n"],
+        "median_abs_rel_error": summary["median_abs_rel_error"],
+        "max_abs_rel_error": summary["max_abs_rel_error"],
+        "runs": len(runs),
+        "recommended_within_10pct": sum(r.within() for r in recommendation_check(rows)),
+    }
 
 
 def fit_cells(measurements: Sequence[Measurement]) -> CellModel:

@@ -12,7 +12,7 @@ One step of ``spec`` on ``P`` workers joined by links of rate ``R`` and latency 
     step          = compute + communication - hidden
 
 * ``rounds`` and ``critical_bytes`` are the method's own :class:`~gssgd.comm.Traffic`
-  (its aggregator's ``traffic`` classmethod through :func:`gssgd.bench.method_specs.traffic`):
+  (its aggregator's ``traffic`` classmethod through :func:`gssgd.costmodel.method_specs.traffic`):
   nothing here restates a byte formula.
 * ``pattern``: the collective the method's bulk traffic uses, *read from that same formula*
   by :func:`pattern_of` (how its rounds grow from P = 8 to 16, and whether a rank receives
@@ -36,7 +36,7 @@ One step of ``spec`` on ``P`` workers joined by links of rate ``R`` and latency 
   hides is the device's ``overlap_efficiency``: all of it on a GPU (NCCL runs on its own
   engines beside the compute; an assumption, not measured), none on this CPU, where gloo's
   threads take the cores backward needs (measured end to end, see
-  :data:`gssgd.bench.devices.CPU_OVERLAP_EFFICIENCY`).
+  :data:`gssgd.costmodel.devices.CPU_OVERLAP_EFFICIENCY`).
 
 Example:
     >>> spec = method_spec("gs", d=25_557_032, density=0.001)
@@ -52,9 +52,10 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from gssgd.bench.devices import Device
-from gssgd.bench.link_rate import parse_link_rate
-from gssgd.bench.method_specs import MethodSpec, traffic
+from gssgd.comm import Traffic
+from gssgd.costmodel.devices import Device
+from gssgd.costmodel.link_rate import parse_link_rate
+from gssgd.costmodel.method_specs import MethodSpec, traffic, warmup_traffic
 from gssgd.methods import get_method
 
 __all__ = [
@@ -63,11 +64,13 @@ __all__ = [
     "PATTERNS",
     "Link",
     "StepTime",
+    "Warmup",
     "overlap_of",
     "parse_latency",
     "parse_link",
     "pattern_of",
     "predict_step",
+    "predict_warmup",
     "stream_overlap_available",
 ]
 
@@ -272,10 +275,73 @@ def communication_seconds(
     software_s_per_byte: float = 0.0,
 ) -> tuple[float, float]:
     """``(latency, bandwidth)`` seconds of one step's communication (see the module doc)."""
-    t = traffic(spec, world_size)
+    kw = {"efficiency": efficiency, "software_s_per_byte": software_s_per_byte}
+    return _seconds_of(traffic(spec, world_size), spec, link, **kw)
+
+
+def _seconds_of(
+    t: Traffic,
+    spec: MethodSpec,
+    link: Link,
+    *,
+    efficiency: Mapping[str, float],
+    software_s_per_byte: float,
+) -> tuple[float, float]:
+    """``(latency, bandwidth)`` seconds of the traffic ``t`` of ``spec``'s pattern."""
     eff = efficiency.get(pattern_of(spec), efficiency.get("mixed", 0.9))
     per_byte = max(software_s_per_byte, 8.0 / (eff * link.rate_bps))
     return link.latency_s * t.rounds, per_byte * t.critical_bytes
+
+
+@dataclass(frozen=True)
+class Warmup:
+    """What a density warm-up (``spec.warmup_steps`` steps) adds to a run.
+
+    Attributes:
+        steps: the warm-up's steps (0: none).
+        bytes_sent: bytes the busiest sender sends over those steps.
+        step_bytes_sent: what it sends in one steady step (after the warm-up).
+        extra_seconds: communication seconds over those of as many steady steps (none of it
+            taken as hidden behind backward; compression compute is taken as unchanged).
+    """
+
+    steps: int
+    bytes_sent: int
+    step_bytes_sent: int
+    extra_seconds: float
+
+    @property
+    def extra_bytes_sent(self) -> int:
+        """Bytes over those of as many steady steps."""
+        return self.bytes_sent - self.steps * self.step_bytes_sent
+
+    def run_bytes_sent(self, steps: int) -> int:
+        """The busiest sender's bytes over a run of ``steps`` steps, warm-up included (a run
+        shorter than the warm-up sends the warm-up's first steps only: not modelled, it is
+        counted whole)."""
+        return steps * self.step_bytes_sent + (self.extra_bytes_sent if steps else 0)
+
+    def as_dict(self) -> dict[str, float | int]:
+        return {**dataclasses.asdict(self), "extra_bytes_sent": self.extra_bytes_sent}
+
+
+def predict_warmup(
+    spec: MethodSpec,
+    world_size: int,
+    link: Link,
+    device: Device,
+    *,
+    efficiency: Mapping[str, float] = CLUSTER_EFFICIENCY,
+) -> Warmup:
+    """The bytes and extra seconds of ``spec``'s density warm-up on ``world_size`` workers:
+    each warm-up step's own traffic (:func:`~gssgd.costmodel.method_specs.warmup_traffic`)
+    against the steady step's."""
+    n = spec.warmup_steps
+    warm, steady = warmup_traffic(spec, world_size), traffic(spec, world_size)
+    kw = {"efficiency": efficiency, "software_s_per_byte": device.software_s_per_byte}
+    per_step = sum(_seconds_of(steady, spec, link, **kw))
+    extra = sum(_seconds_of(warm, spec, link, **kw)) - n * per_step
+    return Warmup(n, max(warm.sent), max(steady.sent), extra)
 
 
 def predict_step(

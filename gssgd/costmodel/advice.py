@@ -1,10 +1,10 @@
 """Which method makes a given training job fastest: every candidate's predicted step on the
-cluster cost model (:mod:`gssgd.bench.cost_cluster`), the fastest one, and how to ask for
+cluster cost model (:mod:`gssgd.costmodel.cluster`), the fastest one, and how to ask for
 it (a ``gssgd train`` command line and a ``HookState(...)`` call).
 
-The candidates are the benchmark methods of :data:`gssgd.bench.method_specs.VARIANTS`
+The candidates are the benchmark methods of :data:`gssgd.costmodel.method_specs.VARIANTS`
 (every registered method and variant: dense, dense16, topk, gtopk, sketched, gs and its
-variants), less :data:`gssgd.bench.cost_check.ADVISE_EXCLUDES`. A variant's options are
+variants), less :data:`gssgd.costmodel.check.ADVISE_EXCLUDES`. A variant's options are
 read from its spec: the aggregator options that differ from its method's defaults.
 
 Example:
@@ -22,11 +22,18 @@ from typing import Any
 
 import torch
 
-from gssgd.bench.cost_check import ADVISE_EXCLUDES
-from gssgd.bench.cost_cluster import Link, StepTime, predict_step, stream_overlap_available
-from gssgd.bench.devices import Device
-from gssgd.bench.method_specs import VARIANTS, MethodSpec, method_spec
-from gssgd.methods import get_variant
+from gssgd.costmodel.check import ADVISE_EXCLUDES
+from gssgd.costmodel.cluster import (
+    Link,
+    StepTime,
+    Warmup,
+    predict_step,
+    predict_warmup,
+    stream_overlap_available,
+)
+from gssgd.costmodel.devices import Device
+from gssgd.costmodel.method_specs import VARIANTS, MethodSpec, method_spec
+from gssgd.methods import get_method, get_variant
 
 __all__ = [
     "MEASURED_ERROR",
@@ -44,6 +51,11 @@ _PARAMS_RE = re.compile(r"^(?P<num>\d+(?:\.\d*)?(?:e\d+)?|\.\d+)\s*(?P<suffix>[k
 MIN_PARAMS, MAX_PARAMS = 10**3, 10**13
 #: Worker counts ``advise`` takes.
 MIN_WORKERS, MAX_WORKERS = 2, 65_536
+#: The run length ``advise`` totals over by default: ``gssgd train``'s default ``--steps``
+#: (:class:`gssgd.train.config.TrainConfig`; tests check they agree).
+DEFAULT_RUN_STEPS = 500
+#: The keys of a warm-up in a spec's options: ``advise`` passes it by ``warmup_steps`` alone.
+_WARMUP_KEYS = ("warmup_steps", "warmup_density")
 
 
 def parse_params(text: str) -> int:
@@ -95,7 +107,9 @@ def parse_workers(text: str | int) -> int:
 #: 15 ``gssgd bench comm`` runs of docs/results made with the current default sketch; the
 #: full record is docs/results/cost_cluster/check.json): median and largest |relative error|
 #: of the step time, points, and how often the method ranked first was the measured
-#: fastest or within 10 % of it.
+#: fastest or within 10 % of it. A copy, rounded, because the runs are not installed with
+#: the package and recomputing takes seconds: tests/costmodel/test_advise.py recomputes it
+#: from the runs (:func:`gssgd.costmodel.check.measured_error`) and fails when it differs.
 MEASURED_ERROR: dict[str, Any] = {
     "points": 144,
     "median_abs_rel_error": 0.069,
@@ -127,6 +141,11 @@ class Candidate:
     spec: MethodSpec
     step: StepTime
     settings: dict[str, Any] = field(default_factory=dict)
+    warmup: Warmup = Warmup(0, 0, 0, 0.0)
+
+    def run_seconds(self, steps: int) -> float:
+        """Predicted seconds of a run of ``steps`` steps, its density warm-up included."""
+        return steps * self.step.total + (self.warmup.extra_seconds if steps else 0.0)
 
     @property
     def method(self) -> str:
@@ -134,10 +153,13 @@ class Candidate:
         return self.spec.aggregator
 
     def options(self) -> dict[str, Any]:
-        """The aggregator options this candidate sets away from its method's defaults."""
+        """The aggregator options this candidate sets away from its method's defaults (the
+        density warm-up aside: :meth:`Advice.train_command` and :meth:`Advice.hook_call`
+        state it where it differs from theirs)."""
         base = method_spec(self.spec.aggregator, self.spec.d, k=self.spec.k).aggregator_options()
         mine = self.spec.aggregator_options()
-        return {k: v for k, v in mine.items() if base.get(k) != v} | self.settings
+        changed = {k: v for k, v in mine.items() if base.get(k) != v and k not in _WARMUP_KEYS}
+        return changed | self.settings
 
 
 @dataclass(frozen=True)
@@ -150,6 +172,7 @@ class Advice:
     link: Link
     device: Device
     density: float
+    run_steps: int = DEFAULT_RUN_STEPS
 
     @property
     def recommended(self) -> Candidate:
@@ -161,6 +184,8 @@ class Advice:
         parts = ["gssgd train", f"--method {c.method}", f"--workers {self.workers}"]
         if c.spec.k != c.spec.d:
             parts.append(f"--density {self.density:g}")
+        if c.spec.warmup_steps != get_method(c.method).recipe_warmup_steps():
+            parts.append(f"--warmup-steps {c.spec.warmup_steps}")
         for name, value in c.options().items():
             flag = "--payload-dtype" if name == "dtype" else "--" + name.replace("_", "-")
             if isinstance(value, bool):
@@ -175,6 +200,8 @@ class Advice:
         args = [repr(c.method)]
         if c.spec.k != c.spec.d:  # sparse: selects over the whole model, as the model assumes
             args += [f"density={self.density:g}", "whole_model=True"]
+        if c.spec.warmup_steps:  # the hook's own default is no warm-up
+            args.append(f"warmup_steps={c.spec.warmup_steps}")
         for name, value in c.options().items():
             args.append(
                 f"{name}={value!r}" if not isinstance(value, torch.dtype) else f"{name}={value}"
@@ -191,11 +218,9 @@ class Advice:
                 "latency_s": self.link.latency_s,
                 "device": self.device.name,
                 "density": self.density,
+                "run_steps": self.run_steps,
             },
-            "methods": {
-                c.name: {"method": c.method, "options": _jsonable(c.options()), **c.step.as_dict()}
-                for c in self.candidates
-            },
+            "methods": {c.name: self._method_record(c) for c in self.candidates},
             "recommended": {
                 "name": self.recommended.name,
                 "method": self.recommended.method,
@@ -206,6 +231,23 @@ class Advice:
                 "hook_call": self.hook_call(),
             },
             "model_error": dict(MEASURED_ERROR),
+        }
+
+    def _method_record(self, c: Candidate) -> dict[str, Any]:
+        """One candidate's JSON record: its step, its warm-up, and a run of ``run_steps``."""
+        n = self.run_steps
+        return {
+            "method": c.method,
+            "options": _jsonable(c.options()),
+            **c.step.as_dict(),
+            "bytes_sent_per_step": c.warmup.step_bytes_sent,
+            "warmup": c.warmup.as_dict(),
+            "run": {
+                "steps": n,
+                "seconds": c.run_seconds(n),
+                "bytes_sent": c.warmup.run_bytes_sent(n),
+                "bytes_sent_per_step": c.warmup.run_bytes_sent(n) / n,
+            },
         }
 
     def speedup_over(self, name: str) -> float | None:
@@ -233,8 +275,11 @@ def advise(
     density: float = 0.001,
     fwdbwd_s: float | None = None,
     methods: Sequence[str] | None = None,
+    warmup_steps: int | None = None,
+    run_steps: int = DEFAULT_RUN_STEPS,
 ) -> Advice:
-    """Predict every candidate's step and rank them, fastest first.
+    """Predict every candidate's step and rank them, fastest first (by the steady step;
+    each candidate also carries its density warm-up's bytes and seconds, and a run's).
 
     Args:
         params: the model's parameter count (the gradient length d).
@@ -245,10 +290,18 @@ def advise(
         fwdbwd_s: measured forward + backward seconds of one worker's batch (None: the
             device's per-parameter estimate).
         methods: the candidates (default :func:`candidate_methods`).
+        warmup_steps: the density warm-up of the methods that take one; None: ``gssgd
+            train``'s default (:meth:`gssgd.methods.Method.recipe_warmup_steps`: 100 steps
+            for a sparse method), 0: none.
+        run_steps: the run length the per-run figures total over (>= 1).
 
     Raises:
-        ValueError: a bad size, density or method name (from :func:`method_spec`).
+        ValueError: a bad size, density, warm-up, run length or method name.
     """
+    for label, value, low in (("warmup_steps", warmup_steps, 0), ("run_steps", run_steps, 1)):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int)
+                                  or value < low):  # fmt: skip
+            raise ValueError(f"{label}={value!r} must be an integer >= {low}")
     names = tuple(methods) if methods is not None else candidate_methods()
     out = []
     for name in names:
@@ -256,9 +309,11 @@ def advise(
         if name == STREAM_CANDIDATE[0]:
             _, variant, settings = STREAM_CANDIDATE
             overlap = "table"
-        get_variant(variant)  # a clear error for an unknown name
-        spec = method_spec(variant, params, density)
+        method, _ = get_variant(variant)  # a clear error for an unknown name
+        warm = method.recipe_warmup_steps() if warmup_steps is None else warmup_steps
+        spec = method_spec(variant, params, density, warmup_steps=warm)
         step = predict_step(spec, workers, link, device, fwdbwd_s=fwdbwd_s, overlap=overlap)
-        out.append(Candidate(name, spec, step, dict(settings)))
+        warmup = predict_warmup(spec, workers, link, device)
+        out.append(Candidate(name, spec, step, dict(settings), warmup))
     out.sort(key=lambda c: c.step.total)
-    return Advice(tuple(out), params, workers, link, device, density)
+    return Advice(tuple(out), params, workers, link, device, density, run_steps)

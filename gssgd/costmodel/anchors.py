@@ -16,7 +16,7 @@ k = d/1000 and a sketch of 5 rows x 10·k columns:
 
 Also seen on that machine: an NCCL all-reduce of 4 MB at world size 1 took 0.19 ms; NCCL
 refuses two ranks on one GPU; gloo with CUDA tensors works at 2 and 4 ranks (a 4 MB
-all-reduce took 3.4 / 4.6 ms). The cluster cost model (:mod:`gssgd.bench.devices`) and
+all-reduce took 3.4 / 4.6 ms). The cluster cost model (:mod:`gssgd.costmodel.devices`) and
 ``gssgd bench kernels`` read these figures until ``scripts/gpu_check.sh`` has measured the
 project's own kernels.
 """

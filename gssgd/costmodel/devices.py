@@ -10,7 +10,7 @@ recovery). :class:`Device` holds what the cost model needs of both:
   every pixel, a linear layer once), so a measured figure (``--compute-ms``) is always
   better.
 * ``compression_seconds(spec)``: the method's compute per step for a vector of ``spec.d``
-  elements. The CPU's figures are the per-method :class:`~gssgd.bench.compute_law.ComputeLaw`
+  elements. The CPU's figures are the per-method :class:`~gssgd.costmodel.compute_law.ComputeLaw`
   (seconds per element as a power of ``d``) fitted on this machine's ``gssgd bench comm``
   runs by the cost model's held-out check (:data:`CPU_COMPUTE`); the GPU's are built from
   measured primitives (a pass over the vector, ``torch.topk``, a sketch row's ``index_add_``)
@@ -19,7 +19,7 @@ recovery). :class:`Device` holds what the cost model needs of both:
 
 Sources:
 
-* **H200**: :mod:`gssgd.bench.anchors`, measured 2026-11-29 on one NVIDIA H200 with torch 2.11,
+* **H200**: :mod:`gssgd.costmodel.anchors`, measured 2026-11-29 on one NVIDIA H200 with torch 2.11,
   fp32, CUDA events, median of repeated runs, naive (unfused) torch ops at d = 25,557,032
   (ResNet-50's parameter count), k = d/1000: device copy 4.21 TB/s, one read of the
   gradient 0.0243 ms, ``torch.topk(g.abs(), k)`` 0.622 ms, a 5-row sketch by ``index_add_``
@@ -27,7 +27,7 @@ Sources:
   64, 224x224, forward + backward 32.79 ms (fp32).
 * **CPU**: the 2-core x86-64 development VM (torch 2.13.0+cpu, one thread per worker),
   2026-11-30: compression laws and the software cost per byte from the cluster
-  model's fit (:func:`gssgd.bench.cost_check.fit_cells`) on the bench comm runs of
+  model's fit (:func:`gssgd.costmodel.check.fit_cells`) on the bench comm runs of
   ``docs/results``; forward + backward of the wide ResNet (``--model wresnet``, 3.46M
   parameters, batch 32 of 28x28, one thread) 0.27 s, the faster of two timings taken while
   other work ran (:data:`CPU_FWDBWD_S`).
@@ -38,10 +38,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from gssgd.bench.anchors import H200_ANCHOR, RESNET50_D
-from gssgd.bench.compute_law import ComputeLaw
-from gssgd.bench.cost_predict import CostModel
-from gssgd.bench.method_specs import MethodSpec
+from gssgd.costmodel.anchors import H200_ANCHOR, RESNET50_D
+from gssgd.costmodel.compute_law import CPU_COMPUTE, ComputeLaw
+from gssgd.costmodel.method_specs import MethodSpec
+from gssgd.costmodel.predict import CostModel
 from gssgd.methods import get_method
 
 __all__ = ["CPU_COMPUTE", "CPU_FWDBWD_S", "DEVICES", "Device", "get_device"]
@@ -133,27 +133,10 @@ def _h200() -> Device:
         pass_s_per_elem=a["read_floor_ms"] * 1e-3 / d,
         topk_s_per_elem=a["topk_ms"] * 1e-3 / d,
         sketch_s_per_elem_row=a["sketch_precomputed_hash_ms"] * 1e-3 / (5 * d),  # 5 rows
-        source="gssgd.bench.anchors (2026-11-29): ResNet-50 b64 fwd+bwd, topk, index_add_ sketch, copy",
+        source="gssgd.costmodel.anchors (2026-11-29): ResNet-50 b64 fwd+bwd, topk, index_add_ sketch, copy",
     )
 
 
-#: CPU compression seconds per element on a core of its own, by benchmark name: the compute
-#: laws of :func:`gssgd.bench.cost_check.fit_cells` fitted on all 15 bench comm runs with the
-#: current default sketch (docs/results/grid and docs/results/comm_*_default;
-#: ``scripts/cost_map.py`` writes them to docs/results/cost_cluster/check.json,
-#: ``fitted_on_all.compute_laws``), 2026-11-30, rounded: ``gamma`` at d = 1M and the slope.
-CPU_COMPUTE: dict[str, ComputeLaw] = {
-    "dense": ComputeLaw(1.79e-09, 0.299),
-    "dense16": ComputeLaw(2.15e-09, 0.272),
-    "topk": ComputeLaw(2.17e-08, 0.099),
-    "gtopk": ComputeLaw(2.25e-08, 0.080),
-    "sketched": ComputeLaw(1.32e-08, 0.038),
-    "gs": ComputeLaw(1.42e-08, -0.006),
-    "gs-backend": ComputeLaw(1.40e-08, 0.038),
-    "gs-estimate": ComputeLaw(9.63e-09, 0.051),
-    "gs-small": ComputeLaw(8.13e-09, 0.086),
-    "gs-half": ComputeLaw(1.08e-08, 0.099),
-}
 #: CPU software seconds per byte through gloo (a core moves about 12 Gbit/s): the same fit.
 CPU_SOFTWARE_S_PER_BYTE = 6.6e-10
 

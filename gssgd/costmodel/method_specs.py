@@ -22,7 +22,14 @@ from gssgd.aggregators.options import DEFAULT_ROWS, resolve_k
 from gssgd.comm import Traffic
 from gssgd.methods import BENCH_VARIANTS, get_method, get_variant
 
-__all__ = ["DEFAULT_METHODS", "VARIANTS", "MethodSpec", "method_spec", "traffic"]
+__all__ = [
+    "DEFAULT_METHODS",
+    "VARIANTS",
+    "MethodSpec",
+    "method_spec",
+    "traffic",
+    "warmup_traffic",
+]
 
 
 class _BenchVariants(Mapping[str, str]):
@@ -77,6 +84,9 @@ class MethodSpec:
         exact: gs only: whether the exact second round runs.
         allreduce: gs only: "recursive_doubling" or "backend".
         seed: the hash seed of the sketching methods.
+        warmup_steps, warmup_density: the density warm-up (sparse methods; 0 steps: none):
+            the first ``warmup_steps`` steps send more, from ``warmup_density`` down
+            (:class:`gssgd.aggregators.schedule.DensityWarmup`).
     """
 
     name: str
@@ -92,6 +102,8 @@ class MethodSpec:
     exact: bool = True
     allreduce: str = "recursive_doubling"
     seed: int = 0
+    warmup_steps: int = 0
+    warmup_density: float = 0.25
 
     @property
     def num_candidates(self) -> int:
@@ -128,6 +140,8 @@ class MethodSpec:
             opts["guard"] = "off"
         if "table_dtype" in names:
             opts["table_dtype"] = _DTYPE_OF_BYTES[self.table_bytes]
+        if "warmup_steps" in names and self.warmup_steps:
+            opts.update(warmup_steps=self.warmup_steps, warmup_density=self.warmup_density)
         return opts
 
     def as_dict(self) -> dict[str, Any]:
@@ -145,6 +159,8 @@ def method_spec(
     cols: int | None = None,
     candidates: int | None = None,
     seed: int = 0,
+    warmup_steps: int = 0,
+    warmup_density: float = 0.25,
 ) -> MethodSpec:
     """The :class:`MethodSpec` of benchmark method ``name`` for vectors of length ``d``.
 
@@ -160,6 +176,8 @@ def method_spec(
         candidates: m; the sketch proposes ``m * k`` candidates; None for the aggregators'
             default (:func:`gssgd.aggregators.options.default_candidates`).
         seed: hash seed.
+        warmup_steps, warmup_density: a density warm-up, for a method whose options take
+            one (others ignore it): see :func:`warmup_traffic`.
 
     Returns:
         The spec, with every size resolved exactly as :func:`gssgd.make_aggregator` would
@@ -173,7 +191,8 @@ def method_spec(
     cls = method.aggregator
     assert cls is not None
     names = {f.name for f in dataclasses.fields(cls.Options)}
-    shape = {"rows": rows, "cols": cols, "candidates": candidates, "seed": seed}
+    shape = {"rows": rows, "cols": cols, "candidates": candidates, "seed": seed,
+             "warmup_steps": warmup_steps, "warmup_density": warmup_density}  # fmt: skip
     given = {n: v for n, v in shape.items() if n in names}
     if cls.sends_all:
         resolve_k(d, density, None)  # validates d and density
@@ -196,10 +215,12 @@ def method_spec(
         exact=getattr(opts, "exact", True),
         allreduce=getattr(opts, "allreduce", "recursive_doubling"),
         seed=getattr(opts, "seed", 0),
+        warmup_steps=getattr(opts, "warmup_steps", 0),
+        warmup_density=getattr(opts, "warmup_density", 0.25),
     )
 
 
-def traffic(spec: MethodSpec, world_size: int) -> Traffic:
+def traffic(spec: MethodSpec, world_size: int, *, step: int | None = None) -> Traffic:
     """Bytes, rounds and critical-path bytes of one step of ``spec`` on ``world_size`` ranks.
 
     The method's own formula: its aggregator's ``traffic`` classmethod (built from the
@@ -208,16 +229,41 @@ def traffic(spec: MethodSpec, world_size: int) -> Traffic:
     Args:
         spec: the method (see :func:`method_spec`).
         world_size: P >= 1.
+        step: the 0-based aggregation step, whose k and sketch a density warm-up sets
+            (``spec.warmup_steps``); None: the steady state after any warm-up.
 
     Returns:
-        The :class:`~gssgd.comm.Traffic` of one step after the first.
+        The :class:`~gssgd.comm.Traffic` of that step (the first step's rank-agreement
+        check left out).
 
     Raises:
-        ValueError: ``world_size`` < 1, or an unknown aggregator in ``spec``.
+        ValueError: ``world_size`` < 1 or a negative ``step``, or an unknown aggregator.
         NotImplementedError: the method does not describe its traffic.
     """
     p = world_size
     if isinstance(p, bool) or not isinstance(p, int) or p < 1:
         raise ValueError(f"world_size={p!r} must be an integer >= 1")
+    if step is not None and (isinstance(step, bool) or not isinstance(step, int) or step < 0):
+        raise ValueError(f"step={step!r} must be an integer >= 0, or None for the steady state")
     cls, k, opts = build_options(spec.aggregator, spec.d, None, **spec.aggregator_options())
-    return cls.traffic(spec.d, k, opts, p)
+    if step is None or not spec.warmup_steps:  # the same at every step: any plugin's formula
+        return cls.traffic(spec.d, k, opts, p)
+    return cls.traffic(spec.d, k, opts, p, step=step)
+
+
+def warmup_traffic(spec: MethodSpec, world_size: int) -> Traffic:
+    """The summed traffic of the density warm-up's ``spec.warmup_steps`` steps (steps
+    0 .. warmup_steps - 1; all zero without a warm-up).
+
+    Each distinct k of the schedule (about ``log2(k0 / k) + 1`` of them) is computed once.
+    """
+    zero = (0,) * world_size
+    total = Traffic(zero, zero, 0, 0)
+    cls, k, opts = build_options(spec.aggregator, spec.d, None, **spec.aggregator_options())
+    by_k: dict[int, Traffic] = {}
+    for t in range(spec.warmup_steps):
+        k_t = cls.k_at_step(spec.d, k, opts, t)
+        if k_t not in by_k:
+            by_k[k_t] = traffic(spec, world_size, step=t)
+        total = total + by_k[k_t]
+    return total

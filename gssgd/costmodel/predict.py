@@ -1,9 +1,9 @@
 """The cost model itself: its parameters (:class:`CostModel`, the ``DEFAULT_*`` calibration)
 and its prediction of a step (:class:`Prediction`).
 
-The model is described in :mod:`gssgd.bench.cost_model`:
+The model is described in :mod:`gssgd.costmodel`:
 ``T = alpha * rounds + beta(rate) * critical_bytes + gamma[method] * d``; its fit to
-measured runs is :mod:`gssgd.bench.cost_fit`.
+measured runs is :mod:`gssgd.costmodel.fit`.
 """
 
 from __future__ import annotations
@@ -12,7 +12,8 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
-from gssgd.bench.method_specs import MethodSpec, traffic
+from gssgd.costmodel.compute_law import COMPUTE_REF_D, CPU_COMPUTE
+from gssgd.costmodel.method_specs import MethodSpec, traffic
 from gssgd.methods import get_method
 
 __all__ = [
@@ -46,18 +47,13 @@ class Prediction:
 DEFAULT_ALPHA = 0.0014
 DEFAULT_BETA0 = 8.7e-10
 DEFAULT_ETA = 0.82
-#: Calibrated compute per element, by benchmark name. A method or variant without a figure
-#: here takes one through :meth:`CostModel.gamma_of` (its aggregator's, its ``cost_like``'s).
+#: Compute per element on a core of its own, by benchmark name: each method's
+#: :data:`~gssgd.costmodel.compute_law.CPU_COMPUTE` law at its reference size
+#: (``COMPUTE_REF_D`` = 1M elements, the size of the calibration above), so this machine's
+#: compute constants live in one table. A method or variant without a figure here takes one
+#: through :meth:`CostModel.gamma_of` (its aggregator's, its ``cost_like``'s).
 DEFAULT_GAMMA: dict[str, float] = {
-    "dense": 5.1e-09,
-    "dense16": 5.7e-09,
-    "topk": 2.3e-08,
-    "gtopk": 2.3e-08,
-    "sketched": 2.9e-08,
-    "gs": 7.7e-08,
-    "gs-backend": 7.1e-08,
-    "gs-estimate": 4.5e-08,
-    "gs-small": 7.3e-08,
+    name: law.per_element(COMPUTE_REF_D) for name, law in CPU_COMPUTE.items()
 }
 
 

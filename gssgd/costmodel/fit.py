@@ -1,8 +1,8 @@
 """The cost model's fit: the ``bench comm`` measurements it reads, the calibration of
 alpha, beta0, eta and gamma to them, and its errors on measured points.
 
-The model itself is :class:`gssgd.bench.cost_predict.CostModel`, described in
-:mod:`gssgd.bench.cost_model`.
+The model itself is :class:`gssgd.costmodel.predict.CostModel`, described in
+:mod:`gssgd.costmodel`.
 """
 
 from __future__ import annotations
@@ -18,8 +18,8 @@ from typing import Any
 
 import numpy as np
 
-from gssgd.bench.cost_predict import CostModel
-from gssgd.bench.method_specs import MethodSpec, traffic
+from gssgd.costmodel.method_specs import MethodSpec, traffic
+from gssgd.costmodel.predict import CostModel
 
 __all__ = [
     "ErrorRow",

@@ -10,7 +10,8 @@ import torch
 import torch.distributed as dist
 
 import gssgd
-from gssgd.bench.cost_model import (
+from gssgd.bench.model_report import model_report
+from gssgd.costmodel import (
     VARIANTS,
     CostModel,
     Measurement,
@@ -18,7 +19,6 @@ from gssgd.bench.cost_model import (
     calibrate,
     load_measurements,
     method_spec,
-    model_report,
     prediction_errors,
     traffic,
 )
@@ -202,3 +202,18 @@ def test_model_report_what_if_overrides_change_the_predictions(tmp_path):
     assert fast["predictions_model"]["alpha"] == 1e-6
     with pytest.raises(ValueError, match="alpha, beta0 or eta"):
         model_report([], [], tmp_path / "c", overrides={"gamma": 1.0}, **quiet)
+
+
+def test_default_gamma_is_the_cpu_compute_table_at_its_reference_size() -> None:
+    """One table of CPU compute constants: the model's default gamma is each law's figure at
+    COMPUTE_REF_D, and the cpu device predicts the same compute there."""
+    from gssgd.costmodel.compute_law import COMPUTE_REF_D, CPU_COMPUTE
+    from gssgd.costmodel.devices import get_device
+    from gssgd.costmodel.predict import DEFAULT_GAMMA
+
+    derived = {n: law.per_element(COMPUTE_REF_D) for n, law in CPU_COMPUTE.items()}
+    assert derived == DEFAULT_GAMMA
+    cpu, model = get_device("cpu"), CostModel.default()
+    for name in ("dense", "topk", "gs", "gs-half"):
+        spec = method_spec(name, COMPUTE_REF_D, 0.001)
+        assert cpu.compression_seconds(spec) == pytest.approx(model.gamma_of(spec) * spec.d)

@@ -9,9 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from gssgd.bench.cost_check import (
+from gssgd.costmodel.check import (
     CellModel,
     ComputeLaw,
+    check_runs,
     fit_cells,
     fit_compute_law,
     fit_driven_alpha,
@@ -19,7 +20,7 @@ from gssgd.bench.cost_check import (
     recommendation_check,
     rounds_of,
 )
-from gssgd.bench.cost_cluster import (
+from gssgd.costmodel.cluster import (
     BACKWARD_FRACTION,
     CLUSTER_EFFICIENCY,
     Link,
@@ -29,10 +30,10 @@ from gssgd.bench.cost_cluster import (
     pattern_of,
     predict_step,
 )
-from gssgd.bench.cost_fit import Measurement, load_measurements
-from gssgd.bench.cost_predict import CostModel
-from gssgd.bench.devices import CPU_COMPUTE, DEVICES, get_device
-from gssgd.bench.method_specs import method_spec, traffic
+from gssgd.costmodel.devices import CPU_COMPUTE, DEVICES, get_device
+from gssgd.costmodel.fit import Measurement, load_measurements
+from gssgd.costmodel.method_specs import method_spec, traffic
+from gssgd.costmodel.predict import CostModel
 
 GRID = Path(__file__).resolve().parents[2] / "docs" / "results" / "grid"
 
@@ -233,10 +234,10 @@ def test_fit_recovers_the_efficiency_of_each_pattern_and_predicts_held_out_runs(
 def test_held_out_check_on_measured_cells_predicts_within_the_documented_error() -> None:
     """The 15 runs of docs/benchmarks.md's check (fewer runs leave the compute slopes and
     the driven round's cost undetermined: with the four P = 8 runs at d >= 10M alone the
-    fit books 19 ms per driven round)."""
-    runs = sorted(GRID.glob("comm_*")) + sorted(GRID.parent.glob("comm_*_default"))
-    if len(runs) != 15:
-        pytest.skip("docs/results/grid and comm_*_default are not in this checkout")
+    fit books 19 ms per driven round). Recomputed from the committed runs; missing runs fail
+    (check_runs raises), they do not skip."""
+    runs = check_runs(GRID.parent)
+    assert len(runs) == 15
     ms = [m for r in runs for m in load_measurements(r)]
     rows = held_out_errors(ms)
     errors = sorted(abs(r.rel_error) for r in rows)
