@@ -36,6 +36,9 @@ from dataclasses import dataclass, fields
 import torch
 import torch.distributed as dist
 
+from gssgd.simulated import SimulatedRank
+from gssgd.transport import DistTransport, Transport
+
 __all__ = [
     "CONTROL_BYTES",
     "CommStats",
@@ -204,33 +207,33 @@ class Communicator:
     """Accounted collectives over one process group.
 
     Args:
-        group: the process group (None: the default group). The communicator works with
-            group-local ranks and translates them for point-to-point calls.
+        group: the process group (None: the default group), or a
+            :class:`~gssgd.simulated.SimulatedRank` of a simulated world. The communicator
+            works with group-local ranks; its transport
+            (:class:`~gssgd.transport.DistTransport` or the simulated rank) moves the
+            tensors, and the counting here is the same for both.
+
+    Raises:
+        RuntimeError: a real group is asked for but torch.distributed is not initialised.
 
     Attributes:
         rank, world_size: this process's rank in ``group`` and the group's size.
         stats: running :class:`CommStats`; :meth:`take_stats` returns and resets it.
     """
 
-    def __init__(self, group: dist.ProcessGroup | None = None) -> None:
-        if not dist.is_available() or not dist.is_initialized():
-            raise RuntimeError(
-                "torch.distributed is not initialised: call "
-                "torch.distributed.init_process_group('gloo' or 'nccl') first (torchrun or "
-                "`gssgd train` do this for you)."
-            )
+    def __init__(self, group: dist.ProcessGroup | SimulatedRank | None = None) -> None:
         self.group = group
-        self.rank = dist.get_rank(group)
-        self.world_size = dist.get_world_size(group)
+        self.transport: Transport = (
+            group if isinstance(group, SimulatedRank) else DistTransport(group)
+        )
+        self.rank = self.transport.rank
+        self.world_size = self.transport.world_size
         self.stats = CommStats()
 
     def take_stats(self) -> CommStats:
         """Return the statistics gathered since the last call and start afresh."""
         out, self.stats = self.stats, CommStats()
         return out
-
-    def _global(self, rank: int) -> int:
-        return rank if self.group is None else dist.get_global_rank(self.group, rank)
 
     def count_rounds(self, rounds: int) -> None:
         """Record ``rounds`` sequential communication steps (for hand-written schedules)."""
@@ -241,7 +244,7 @@ class Communicator:
         """Send each tensor to group rank ``dst`` (one message per tensor)."""
         start = time.perf_counter()
         for t in tensors:
-            dist.send(t.contiguous(), self._global(dst), group=self.group)
+            self.transport.send(t, dst)
         self.stats.bytes_sent += _nbytes(tensors)
         self.stats.messages += len(tensors)
         self.stats.seconds += time.perf_counter() - start
@@ -251,7 +254,7 @@ class Communicator:
         start = time.perf_counter()
         out = [torch.empty_like(t) for t in like]
         for t in out:
-            dist.recv(t, self._global(src), group=self.group)
+            self.transport.recv(t, src)
         self.stats.bytes_received += _nbytes(out)
         self.stats.seconds += time.perf_counter() - start
         return out
@@ -260,9 +263,9 @@ class Communicator:
         """Send ``tensors`` to ``peer`` and receive same-shaped tensors from it, concurrently."""
         start = time.perf_counter()
         out = [torch.empty_like(t) for t in tensors]
-        reqs = [dist.isend(t.contiguous(), self._global(peer), group=self.group) for t in tensors]
+        reqs = [self.transport.isend(t, peer) for t in tensors]
         for t in out:
-            dist.recv(t, self._global(peer), group=self.group)
+            self.transport.recv(t, peer)
         for r in reqs:
             r.wait()
         self.stats.bytes_sent += _nbytes(tensors)
@@ -339,8 +342,7 @@ class Communicator:
     ) -> torch.Tensor:
         """The backend's all-reduce, in place; counted as a ring: 2(P-1)/P * n bytes."""
         start = time.perf_counter()
-        if self.world_size > 1:
-            dist.all_reduce(tensor, op=op, group=self.group)
+        self.transport.all_reduce(tensor, op)
         self._count_ring(tensor)
         self.stats.seconds += time.perf_counter() - start
         return tensor
@@ -364,8 +366,7 @@ class Communicator:
             A future whose value is ``tensor`` holding the sum.
         """
         self._count_ring(tensor)
-        work = dist.all_reduce(tensor, group=self.group, async_op=True)
-        return work.get_future().then(lambda fut: fut.value()[0])
+        return self.transport.all_reduce_async(tensor)
 
     def allgather_backend(self, tensor: torch.Tensor) -> list[torch.Tensor]:
         """The backend's all-gather, by rank.
@@ -374,8 +375,7 @@ class Communicator:
         ``n`` bytes are sent once and every other rank's ``(P-1) * n`` are received.
         """
         start = time.perf_counter()
-        out = [torch.empty_like(tensor) for _ in range(self.world_size)]
-        dist.all_gather(out, tensor.contiguous(), group=self.group)
+        out = self.transport.all_gather(tensor)
         p, n = self.world_size, _nbytes([tensor])
         self.stats.bytes_sent += n if p > 1 else 0
         self.stats.bytes_received += (p - 1) * n

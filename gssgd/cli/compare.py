@@ -19,7 +19,13 @@ from typing import Any
 from gssgd.cli.errors import run_command
 from gssgd.cli.train import Formatter, add_training_flags, settings_from_args
 from gssgd.methods import METHODS, parse_methods
-from gssgd.train.config import TrainConfig, check_settings_apply, import_plugins, settings_for
+from gssgd.train.config import (
+    TrainConfig,
+    check_settings_apply,
+    import_plugins,
+    setting_applies_to,
+    settings_for,
+)
 from gssgd.train.data import TextData, load_dataset
 from gssgd.train.launch import is_user_error
 from gssgd.train.loop import run_training
@@ -48,6 +54,7 @@ RESULT_FIELDS = (
     "bytes_sent_per_step",
     "bytes_sent_max_per_step",
     "bytes_received_per_step",
+    "bytes_received_max_per_step",
     "seconds_per_step",
     "seconds_communicate_per_step",
     "bytes_sent_total",
@@ -107,7 +114,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     )
     add_training_flags(parser, compare=True)
     parser.set_defaults(
-        run=run, parser=parser, **{k: v for k, v in DEFAULTS.items() if k != "methods"}
+        run=run, parser=parser,
+        **{k: v for k, v in DEFAULTS.items() if k not in ("methods", "density")},
     )
     return parser
 
@@ -120,6 +128,9 @@ def _configs(args: argparse.Namespace, methods: list[str], out: Path) -> dict[st
     """
     settings = settings_from_args(args)
     settings.pop("out")  # compare's --out is the parent of the runs
+    compresses = set(methods) & set(setting_applies_to("density"))
+    if settings.get("density") is None and settings.get("k") is None and compresses:
+        settings["density"] = DEFAULTS["density"]  # compare's default, for the methods taking it
     check_settings_apply(settings, methods)
     return {
         m: TrainConfig(method=m, **settings_for(m, settings), out=str(out / m), overwrite=True)

@@ -147,6 +147,13 @@ def _worker_flags(parser: argparse.ArgumentParser) -> None:
     run_.add_argument("--device", choices=DEVICES, default=c.device,
                       help="cpu (gloo), cuda (NCCL, one GPU per worker) or auto")
     run_.add_argument("--threads", type=int, default=c.threads, help="torch threads per worker")
+    run_.add_argument("--simulate", action="store_true",
+                      help="run the --workers ranks as a simulated world in this process (the "
+                      "same aggregators and byte counts, ranks as coroutines): P = 16 to 256 "
+                      "and more on one machine; bytes are exact, times are not step times")
+    run_.add_argument("--global-batch", type=int, default=None, metavar="N",
+                      help="samples per step over all workers (overrides --batch-size with "
+                      "N / workers): the optimisation stays the same when --workers changes")
     run_.add_argument("--timeout", type=float, default=c.timeout, metavar="SECONDS",
                       help="how long a collective waits for a peer before the run fails")
 
@@ -194,6 +201,9 @@ def _aggregation_flags(parser: argparse.ArgumentParser) -> None:
     agg.add_argument("--guard", choices=("grow", "raise", "off"), default=None,
                      help=f"{_applies('guard')}: when an audit finds the sketch collapsed, grow "
                      "it (default), raise, or off")
+    agg.add_argument("--prefilter", type=int, default=None, metavar="F",
+                     help=f"{_applies('prefilter')}: each worker sketches only its own F*k "
+                     "largest coordinates (a local pre-filter; default: all of them)")
     agg.add_argument("--powersgd-rank", type=int, default=None,
                      help=f"{_applies('powersgd_rank')}: matrix approximation rank (default 2)")
     agg.add_argument("--start-iter", type=int, default=None,

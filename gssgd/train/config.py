@@ -17,8 +17,7 @@ from typing import Any
 
 from gssgd.aggregators.options import PAYLOAD_DTYPES
 from gssgd.amp import AMP_DTYPES
-from gssgd.ddp import HookSettings
-from gssgd.ddp_stream import STREAMING_METHODS
+from gssgd.ddp import STREAMING_METHODS, HookSettings
 from gssgd.methods import METHODS, applies_to, get_method
 from gssgd.train.launch import DEVICES
 from gssgd.train.models import MODELS
@@ -61,6 +60,7 @@ METHOD_SETTINGS: tuple[str, ...] = (
     "allreduce",
     "table_dtype",
     "guard",
+    "prefilter",
     "powersgd_rank",
     "start_iter",
     "per_bucket",
@@ -167,6 +167,8 @@ class TrainConfig:
     threads: int = 1  # torch threads per worker
     amp: str | None = None  # mixed precision: fp16 (autocast + GradScaler) or bf16 autocast
     timeout: float = 300.0  # seconds a collective waits for a peer before the run fails
+    simulate: bool = False  # run the workers as a simulated world in this process (large P)
+    global_batch: int | None = None  # samples per step over all workers (sets batch_size)
     # -- aggregation; None: the method's own default (checked by its options dataclass)
     density: float | None = None  # fraction of coordinates sent (default 0.01), or give k
     k: int | None = None  # coordinates sent per worker, instead of density
@@ -182,6 +184,7 @@ class TrainConfig:
     allreduce: str | None = None  # gs: recursive_doubling (default) or backend
     table_dtype: str | None = None  # gs: sketch tables on the wire: float32 (default), float16, bfloat16
     guard: str | None = None  # gs: on a collapsed sketch grow it (default), raise, or off
+    prefilter: int | None = None  # gs: each worker sketches only its own prefilter*k largest
     powersgd_rank: int | None = None  # powersgd: matrix approximation rank (default 2)
     start_iter: int | None = None  # steps of plain all-reduce before compression (default 2)
     per_bucket: bool = False  # aggregate each DDP bucket apart, not the whole model at once
@@ -221,6 +224,10 @@ class TrainConfig:
             _check_int(name, getattr(self, name), 0)
         if self.workers is not None:
             _check_int("workers", self.workers, 1)
+        if self.global_batch is not None:
+            _check_int("global_batch", self.global_batch, 1)
+        if self.simulate:
+            self._check_simulated()
         _check_real("lr", self.lr, "> 0", lambda v: v > 0, "For example 0.05.")
         _check_real("momentum", self.momentum, "in [0, 1)", lambda v: 0 <= v < 1, "Or 0 for none.")
         _check_real("weight_decay", self.weight_decay, ">= 0", lambda v: v >= 0)
@@ -245,6 +252,28 @@ class TrainConfig:
         self._check_method_settings()
         self.fail_at = _rank_step("fail_at", self.fail_at)
         self.stall_at = _rank_step("stall_at", self.stall_at)
+
+    def _check_simulated(self) -> None:
+        """What a simulated world (:mod:`gssgd.train.simulate`) runs: an aggregator method
+        over the whole model in float32, from step 0, on the CPU."""
+        if get_method(self.method).aggregator is None:
+            raise _bad("method", self.method, "a simulated world runs gssgd's aggregator "
+                       "methods only", "Use dense (the all-reduce baseline) instead of DDP's "
+                       "built-in hooks, or drop --simulate.")
+        unsupported = {
+            "per_bucket": self.per_bucket, "overlap": self.overlap not in (None, "none"),
+            "amp": self.amp is not None, "resume": self.resume is not None,
+            "fail_at": self.fail_at is not None, "stall_at": self.stall_at is not None,
+            "tensorboard": self.tensorboard is not None, "device": self.device == "cuda",
+        }
+        used = [name for name, on in unsupported.items() if on]
+        if used:
+            flags = ", ".join("--" + n.replace("_", "-") for n in used)
+            raise ValueError(
+                f"{flags} cannot be combined with --simulate: a simulated world trains one "
+                "replica for all ranks, over the whole model, in float32 on the CPU, from "
+                "step 0. Drop those flags, or run real workers (drop --simulate)."
+            )
 
     def _check_method_settings(self) -> None:
         """The method's own checks: its options dataclass (through HookSettings) or, for

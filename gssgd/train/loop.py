@@ -33,7 +33,6 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
@@ -47,11 +46,22 @@ from gssgd.amp import AMP_DTYPES, make_scaler
 from gssgd.methods import METHODS
 from gssgd.train import checkpoint
 from gssgd.train.config import TrainConfig, import_plugins, settings_for
-from gssgd.train.data import ImageData, TextData, batch_indices, lm_batch, load_dataset
+from gssgd.train.data import ImageData, TextData, load_dataset
 from gssgd.train.launch import Worker, WorkerFailed, launch
-from gssgd.train.metrics import METRICS_FILE, SUMMARY_FILE, MetricsLog, RunTotals, write_json
+from gssgd.train.metrics import (
+    METRICS_FILE,
+    SUMMARY_FILE,
+    MetricsLog,
+    RunTotals,
+    StepBytes,
+    run_summary,
+    step_record,
+    write_json,
+)
 from gssgd.train.models import build_model
+from gssgd.train.objective import batch_loss, evaluation_sums, train_batch
 from gssgd.train.rundir import prepare
+from gssgd.train.simulate import simulate_training
 from gssgd.train.snapshot import save_run_checkpoint, set_rng_state
 from gssgd.train.sync import GradientSync
 from gssgd.train.tensorboard import TensorBoardLog
@@ -70,8 +80,6 @@ __all__ = [
     "train_worker",
 ]
 
-#: Test windows of a text evaluation (drawn once from the test split, shared by ranks).
-TEXT_EVAL_WINDOWS = 512
 #: ``summary["status"]`` of a finished run, and of runs that stopped early on every rank.
 STATUS_COMPLETED, STATUS_NONFINITE = "completed", "stopped: non-finite loss"
 STATUS_COLLAPSED = "stopped: sketch collapsed"
@@ -84,54 +92,19 @@ def _train_batch(
     data: ImageData | TextData, cfg: TrainConfig, step: int, worker: Worker
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """This rank's batch at ``step``: a pure function of (seed, step, rank)."""
-    if isinstance(data, TextData):
-        x, y = lm_batch(
-            data.train, step, worker.rank, worker.world_size, cfg.batch_size, cfg.seq_len, cfg.seed
-        )
-    else:
-        idx = batch_indices(
-            step, worker.rank, worker.world_size, cfg.batch_size, len(data.y_train), cfg.seed
-        )
-        x, y = data.x_train[idx], data.y_train[idx]
-    return x.to(worker.device), y.to(worker.device)
+    return train_batch(data, cfg, step, worker.rank, worker.world_size, worker.device)
 
 
-def _loss(logits: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, int, int]:
-    """Mean cross-entropy, correct predictions and count (text: per character)."""
-    logits = logits.reshape(-1, logits.shape[-1])
-    targets = targets.reshape(-1)
-    loss = F.cross_entropy(logits, targets)
-    correct = int((logits.detach().argmax(dim=1) == targets).sum())
-    return loss, correct, targets.numel()
-
-
-@torch.no_grad()
 def evaluate(
     model: nn.Module, data: ImageData | TextData, cfg: TrainConfig, worker: Worker
 ) -> tuple[float, float]:
-    """Test loss and accuracy; every rank scores its share, the sums are all-reduced.
-
-    Images: the whole test split (rank ``r`` scores samples ``r, r+P, ...``). Text:
-    :data:`TEXT_EVAL_WINDOWS` windows drawn once from the test split.
+    """Test loss and accuracy; every rank scores its share
+    (:func:`~gssgd.train.objective.evaluation_sums`), the sums are all-reduced.
 
     Returns:
         ``(test_loss, test_accuracy)``, the same on every rank.
     """
-    model.eval()
-    if isinstance(data, TextData):
-        x, y = lm_batch(data.test, 0, 0, 1, TEXT_EVAL_WINDOWS, cfg.seq_len, cfg.seed)
-    else:
-        x, y = data.x_test, data.y_test
-    x, y = x[worker.rank :: worker.world_size], y[worker.rank :: worker.world_size]
-    sums = torch.zeros(3, dtype=torch.float64)
-    chunk = 64 if isinstance(data, TextData) else 1000
-    for i in range(0, len(y), chunk):
-        logits = model(x[i : i + chunk].to(worker.device))
-        targets = y[i : i + chunk].to(worker.device)
-        loss, correct, count = _loss(logits, targets)
-        sums += torch.tensor([float(loss) * count, correct, count], dtype=torch.float64)
-    model.train()
-    sums = sums.to(worker.device)
+    sums = evaluation_sums(model, data, cfg, worker.rank, worker.world_size, worker.device)
     dist.all_reduce(sums)
     loss_sum, correct, count = sums.tolist()
     return loss_sum / count, correct / count
@@ -281,7 +254,7 @@ def _train_step(run: _Run, step: int) -> bool:
     t0 = time.perf_counter()
     x, y = _train_batch(run.data, cfg, step, worker)
     with _autocast(cfg, worker):
-        loss, correct, count = _loss(run.ddp(x), y)
+        loss, correct, count = batch_loss(run.ddp(x), y)
     t_forward = time.perf_counter() - t0
     loss_sum, correct_sum, count_sum, nonfinite = _agree_on_loss(loss, correct, count, worker)
     if nonfinite:
@@ -357,27 +330,8 @@ def _agree_on_loss(
 def _record(run: _Run, step: int, seconds_step: float, train_accuracy: float) -> dict[str, Any]:
     """The step's ``metrics.jsonl`` line (bytes gathered over ranks), added to the totals."""
     stats = run.sync.step_stats(step)
-    hook_seconds = sum(
-        stats[k] or 0.0 for k in ("seconds_compress", "seconds_communicate", "seconds_decompress")
-    )
-    sent = _gather_bytes(stats, run.worker)  # (mean sent, max sent, mean received) over ranks
-    record = {
-        "step": step,
-        "loss": run.last_loss,
-        "train_accuracy": train_accuracy,
-        "bytes_sent": sent[0],
-        "bytes_sent_max": sent[1],
-        "bytes_received": sent[2],
-        "bytes_sent_total": run.totals.bytes_sent + sent[0],
-        "seconds_compute": seconds_step - hook_seconds,
-        "seconds_compress": stats["seconds_compress"],
-        "seconds_communicate": stats["seconds_communicate"],
-        "seconds_decompress": stats["seconds_decompress"],
-        "seconds_step": seconds_step,
-        "delivered_fraction": stats["delivered_fraction"],
-        "skipped": stats["skipped"],
-        "k": stats["k"],
-    }
+    record = step_record(step, run.last_loss, train_accuracy, stats,
+                         _gather_bytes(stats, run.worker), run.totals.bytes_sent, seconds_step)
     run.totals.add(record, measured=step >= run.warmup)
     return record
 
@@ -388,30 +342,24 @@ def _summarise(run: _Run) -> dict[str, Any]:
     run.log.close()
     if run.tensorboard is not None:
         run.tensorboard.close()
-    cfg, out, totals = run.cfg, Path(run.cfg.out), run.totals
-    summary = {
-        "status": run.status,
-        "message": run.message,
-        "method": cfg.method,
-        "dataset": cfg.dataset,
-        "model": cfg.model,
-        "world_size": run.worker.world_size,
-        "d": run.d,
-        "steps": totals.steps,
-        "final_train_loss": run.last_loss,
-        "final_test_loss": run.last_eval[0],
-        "final_test_accuracy": run.last_eval[1],
-        **totals.per_step(),
-        "bytes_sent_total": totals.bytes_sent,
-        "measured_from_step": run.warmup,
-        "seconds_wall": time.perf_counter() - run.wall_start,
-        "checkpoint": (
+    cfg, out = run.cfg, Path(run.cfg.out)
+    summary = run_summary(
+        cfg,
+        status=run.status,
+        message=run.message,
+        world_size=run.worker.world_size,
+        d=run.d,
+        totals=run.totals,
+        last_loss=run.last_loss,
+        last_eval=run.last_eval,
+        measured_from_step=run.warmup,
+        seconds_wall=time.perf_counter() - run.wall_start,
+        checkpoint=(
             str(out / checkpoint.CHECKPOINT_DIR / checkpoint.checkpoint_name(cfg.steps))
             if run.status == STATUS_COMPLETED
             else None
         ),
-        "config": dataclasses.asdict(cfg),
-    }
+    )
     write_json(out / SUMMARY_FILE, summary)
     _say(run.message if run.message else _one_line(summary))
     return summary
@@ -434,20 +382,19 @@ def _rebuild_buckets(
     """
     x, y = _train_batch(data, cfg, step, worker)
     with _autocast(cfg, worker):  # autocast's casts change the order gradients get ready in
-        loss = _loss(ddp(x), y)[0]
+        loss = batch_loss(ddp(x), y)[0]
     loss.backward()
     ddp.zero_grad(set_to_none=True)
 
 
-def _gather_bytes(stats: dict[str, Any], worker: Worker) -> tuple[float, float, float]:
-    """(mean bytes sent, max bytes sent, mean bytes received) over the ranks."""
+def _gather_bytes(stats: dict[str, Any], worker: Worker) -> StepBytes:
+    """This step's bytes sent and received over the ranks (mean and busiest)."""
     mine = torch.tensor(
         [stats["bytes_sent"], stats["bytes_received"]], dtype=torch.float64, device=worker.device
     )
     everyone = [torch.empty_like(mine) for _ in range(worker.world_size)]
     dist.all_gather(everyone, mine)
-    table = torch.stack(everyone).cpu()
-    return float(table[:, 0].mean()), float(table[:, 0].max()), float(table[:, 1].mean())
+    return StepBytes.of([tuple(t.tolist()) for t in everyone])
 
 
 def _collective_failure(err: BaseException) -> bool:
@@ -527,6 +474,8 @@ def run_training(cfg: TrainConfig) -> dict[str, Any] | None:
     """
     cfg = prepare(cfg)
     assert cfg.workers is not None and cfg.out is not None
+    if cfg.simulate:  # P ranks in this process (gssgd.train.simulate)
+        return simulate_training(cfg)
     try:
         return launch(train_worker, cfg.workers, (cfg,), timeout_s=cfg.timeout, device=cfg.device)
     except WorkerFailed as err:

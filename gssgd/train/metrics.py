@@ -18,6 +18,7 @@ Fields of a ``metrics.jsonl`` line (``None`` where a method cannot measure a fie
 ``bytes_sent``              payload bytes a worker sent this step (mean over workers)
 ``bytes_sent_max``          the busiest worker's bytes sent (Sketched-SGD's server)
 ``bytes_received``          payload bytes a worker received this step (mean)
+``bytes_received_max``      the busiest worker's bytes received
 ``bytes_sent_total``        cumulative ``bytes_sent`` since step 0 (mean worker)
 ``seconds_compute``         forward + backward, minus the time the comm hook reported
 ``seconds_compress``        hook time spent selecting / sketching
@@ -46,12 +47,76 @@ __all__ = [
     "SUMMARY_FILE",
     "MetricsLog",
     "RunTotals",
+    "StepBytes",
     "read_metrics",
+    "run_summary",
+    "step_record",
     "write_json",
 ]
 
 METRICS_FILE = "metrics.jsonl"
 SUMMARY_FILE = "summary.json"
+
+
+@dataclass(frozen=True)
+class StepBytes:
+    """One step's payload bytes over the ranks: the mean and the busiest rank's."""
+
+    sent_mean: float
+    sent_max: float
+    received_mean: float
+    received_max: float
+
+    @classmethod
+    def of(cls, per_rank: list[tuple[float, float]]) -> StepBytes:
+        """From every rank's ``(bytes sent, bytes received)``."""
+        sent = [s for s, _ in per_rank]
+        received = [r for _, r in per_rank]
+        n = len(per_rank)
+        return cls(sum(sent) / n, max(sent), sum(received) / n, max(received))
+
+
+def step_record(
+    step: int,
+    loss: float,
+    train_accuracy: float,
+    stats: dict[str, Any],
+    moved: StepBytes,
+    bytes_sent_before: float,
+    seconds_step: float,
+) -> dict[str, Any]:
+    """A step's ``metrics.jsonl`` line (the fields in this module's doc).
+
+    Args:
+        step: the step just completed.
+        loss, train_accuracy: over all workers' samples.
+        stats: rank 0's hook statistics (``seconds_*``, ``delivered_fraction``,
+            ``skipped``, ``k``; see :meth:`gssgd.train.sync.GradientSync.step_stats`).
+        moved: the step's bytes over the ranks.
+        bytes_sent_before: the mean worker's bytes sent in the steps before this one.
+        seconds_step: the whole step on rank 0.
+    """
+    hook_seconds = sum(
+        stats[k] or 0.0 for k in ("seconds_compress", "seconds_communicate", "seconds_decompress")
+    )
+    return {
+        "step": step,
+        "loss": loss,
+        "train_accuracy": train_accuracy,
+        "bytes_sent": moved.sent_mean,
+        "bytes_sent_max": moved.sent_max,
+        "bytes_received": moved.received_mean,
+        "bytes_received_max": moved.received_max,
+        "bytes_sent_total": bytes_sent_before + moved.sent_mean,
+        "seconds_compute": seconds_step - hook_seconds,
+        "seconds_compress": stats["seconds_compress"],
+        "seconds_communicate": stats["seconds_communicate"],
+        "seconds_decompress": stats["seconds_decompress"],
+        "seconds_step": seconds_step,
+        "delivered_fraction": stats["delivered_fraction"],
+        "skipped": stats["skipped"],
+        "k": stats["k"],
+    }
 
 
 @dataclass
@@ -69,6 +134,7 @@ class RunTotals:
     measured_bytes_sent: int = 0
     measured_bytes_sent_max: int = 0
     measured_bytes_received: int = 0
+    measured_bytes_received_max: int = 0
     measured_seconds_step: float = 0.0
     measured_seconds_communicate: float = 0.0
     skipped_steps: int = 0
@@ -84,6 +150,7 @@ class RunTotals:
             self.measured_bytes_sent += int(record["bytes_sent"])
             self.measured_bytes_sent_max += int(record["bytes_sent_max"])
             self.measured_bytes_received += int(record["bytes_received"])
+            self.measured_bytes_received_max += int(record.get("bytes_received_max") or 0)
             self.measured_seconds_step += float(record["seconds_step"])
             self.measured_seconds_communicate += float(record["seconds_communicate"] or 0.0)
 
@@ -96,6 +163,7 @@ class RunTotals:
                     "bytes_sent_per_step",
                     "bytes_sent_max_per_step",
                     "bytes_received_per_step",
+                    "bytes_received_max_per_step",
                     "seconds_per_step",
                     "seconds_communicate_per_step",
                 )
@@ -104,6 +172,7 @@ class RunTotals:
             "bytes_sent_per_step": self.measured_bytes_sent / n,
             "bytes_sent_max_per_step": self.measured_bytes_sent_max / n,
             "bytes_received_per_step": self.measured_bytes_received / n,
+            "bytes_received_max_per_step": self.measured_bytes_received_max / n,
             "seconds_per_step": self.measured_seconds_step / n,
             "seconds_communicate_per_step": self.measured_seconds_communicate / n,
         }
@@ -182,3 +251,52 @@ def _sanitise(value: Any) -> Any:
     if isinstance(value, (list, tuple)):
         return [_sanitise(v) for v in value]
     return _clean(value)
+
+
+def run_summary(
+    cfg: Any,
+    *,
+    status: str,
+    message: str,
+    world_size: int,
+    d: int,
+    totals: RunTotals,
+    last_loss: float | None,
+    last_eval: tuple[float | None, float | None],
+    measured_from_step: int,
+    seconds_wall: float,
+    checkpoint: str | None,
+    **extra: Any,
+) -> dict[str, Any]:
+    """The run's ``summary.json``: how it ended, its final figures and per-step averages.
+
+    Args:
+        cfg: the run's :class:`~gssgd.train.config.TrainConfig`.
+        status, message: how the run ended (``"completed"`` or why it stopped).
+        world_size, d: workers and gradient length.
+        totals: the run's sums; last_loss: the last training loss; last_eval: the last
+            ``(test loss, test accuracy)``.
+        measured_from_step: the first step counted in the per-step averages.
+        seconds_wall: the run's wall time; checkpoint: the final checkpoint, or None.
+        **extra: more fields (a simulated run says so).
+    """
+    return {
+        "status": status,
+        "message": message,
+        "method": cfg.method,
+        "dataset": cfg.dataset,
+        "model": cfg.model,
+        "world_size": world_size,
+        "d": d,
+        "steps": totals.steps,
+        "final_train_loss": last_loss,
+        "final_test_loss": last_eval[0],
+        "final_test_accuracy": last_eval[1],
+        **totals.per_step(),
+        "bytes_sent_total": totals.bytes_sent,
+        "measured_from_step": measured_from_step,
+        "seconds_wall": seconds_wall,
+        "checkpoint": checkpoint,
+        **extra,
+        "config": asdict(cfg),
+    }

@@ -56,6 +56,8 @@ def prepare(cfg: TrainConfig) -> TrainConfig:
             "leave --workers out under torchrun"
         )
     workers = world or cfg.workers or DEFAULT_WORKERS
+    if cfg.global_batch is not None:
+        cfg = dataclasses.replace(cfg, batch_size=batch_per_worker(cfg.global_batch, workers))
     data = load_dataset(cfg.dataset)
     model_name = cfg.model or default_model(data)
     model = build_model(model_name, data)
@@ -94,6 +96,22 @@ def prepare(cfg: TrainConfig) -> TrainConfig:
     return dataclasses.replace(
         cfg, workers=workers, model=model_name, out=str(out), resume=str(resume) if resume else None
     )
+
+
+def batch_per_worker(global_batch: int, workers: int) -> int:
+    """``--global-batch`` split over the workers: a fixed global batch keeps the
+    optimisation the same when the number of workers changes.
+
+    Raises:
+        ValueError: ``global_batch`` is not a multiple of ``workers``.
+    """
+    if global_batch % workers:
+        lower, upper = workers * (global_batch // workers), workers * (global_batch // workers + 1)
+        raise ValueError(
+            f"--global-batch {global_batch} does not split evenly over --workers {workers}: it "
+            f"must be a multiple of the workers, e.g. {lower or upper} or {upper}"
+        )
+    return global_batch // workers
 
 
 def run_dir_of(checkpoint_file: Path) -> Path:

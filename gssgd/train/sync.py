@@ -15,12 +15,13 @@ from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as powersgd
 from torch.nn.parallel import DistributedDataParallel
 
+from gssgd.aggregators import StepStats
 from gssgd.comm import ring_allreduce_bytes
 from gssgd.ddp import HookState, comm_hook
 from gssgd.methods import get_method
 from gssgd.train.config import DEFAULT_POWERSGD_RANK, TrainConfig
 
-__all__ = ["GradientSync", "builtin_hook_bytes"]
+__all__ = ["GradientSync", "builtin_hook_bytes", "hook_step_stats"]
 
 
 def builtin_hook_bytes(
@@ -74,6 +75,20 @@ def builtin_hook_bytes(
     return sum(ring_allreduce_bytes(4 * count, world_size) for count in (uncompressed, ps, qs))
 
 
+def hook_step_stats(s: StepStats) -> dict[str, Any]:
+    """A comm hook's statistics of one iteration, in the fields of a metrics line."""
+    return {
+        "bytes_sent": s.bytes_sent,
+        "bytes_received": s.bytes_received,
+        "seconds_compress": s.seconds_compress,
+        "seconds_communicate": s.seconds_communicate,
+        "seconds_decompress": s.seconds_decompress,
+        "delivered_fraction": s.delivered_fraction,
+        "skipped": bool(s.skipped),
+        "k": s.k,
+    }
+
+
 class GradientSync:
     """How DDP averages the gradients for ``cfg.method``, what that cost, and its state.
 
@@ -125,19 +140,8 @@ class GradientSync:
 
     def step_stats(self, step: int) -> dict[str, Any]:
         """What the last step's gradient averaging cost this rank (None: not measurable)."""
-        if self.hook_state is not None:
-            s = self.hook_state.last_stats
-            if s is not None:
-                return {
-                    "bytes_sent": s.bytes_sent,
-                    "bytes_received": s.bytes_received,
-                    "seconds_compress": s.seconds_compress,
-                    "seconds_communicate": s.seconds_communicate,
-                    "seconds_decompress": s.seconds_decompress,
-                    "delivered_fraction": s.delivered_fraction,
-                    "skipped": bool(s.skipped),
-                    "k": s.k,
-                }
+        if self.hook_state is not None and self.hook_state.last_stats is not None:
+            return hook_step_stats(self.hook_state.last_stats)
         compressed = self.method == "powersgd" and step >= self.start_iter
         sent = builtin_hook_bytes(
             self.method, self.shapes, self.world_size, compressed, self.powersgd_rank

@@ -1,0 +1,203 @@
+"""``gssgd train --simulate``: P workers as a simulated world in one process.
+
+Large-P studies (P = 16 to 256 and more) on one machine, with the package's own code. The
+replicas of a data-parallel run are identical (every rank applies bitwise the same update),
+so one model stands for all of them; what differs per rank is the batch, the gradient and
+the aggregator's state. Each step:
+
+1. for every rank ``r``: its batch (:func:`~gssgd.train.objective.train_batch` with rank
+   ``r`` of ``P``, as a real worker draws it), forward, and its gradient, flattened in model
+   order (what DDP hands the whole-model hook);
+2. every rank's own :class:`~gssgd.ddp.HookState`, built from the run's settings on a
+   :class:`~gssgd.simulated.SimulatedRank`, runs :func:`~gssgd.ddp.comm_hook` on that
+   gradient: the same dense warm-up (``start_iter``), the same aggregator with its residual
+   and the same :class:`~gssgd.comm.Communicator` byte accounting as in real processes;
+3. the update (the same on every rank; rank 0's is used) becomes the model's gradient and
+   the optimizer steps;
+4. the step's bytes (mean and busiest rank) are logged as a real run logs them.
+
+The outputs are those of a real run (``metrics.jsonl``, ``summary.json`` with
+``"simulated": true``), so ``gssgd compare --simulate`` tabulates and plots them alike.
+What a simulated run does not give: step times (the ranks take turns on one thread: the
+cost model predicts times from the exact bytes), checkpoints to resume, and real workers'
+failure modes. With the backend's all-reduce (dense, the warm-up, gs with
+``allreduce="backend"``) the sums are in rank order where gloo picks its own, so those runs
+agree with real processes to rounding; everything else is bitwise the real computation.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from gssgd.aggregators.guard import SketchCollapseError
+from gssgd.ddp import HookState, comm_hook
+from gssgd.simulated import SimulatedWorld
+from gssgd.train.config import TrainConfig, import_plugins
+from gssgd.train.data import load_dataset
+from gssgd.train.metrics import (
+    SUMMARY_FILE,
+    MetricsLog,
+    RunTotals,
+    StepBytes,
+    run_summary,
+    step_record,
+    write_json,
+)
+from gssgd.train.models import build_model
+from gssgd.train.objective import batch_loss, evaluation_sums, train_batch
+from gssgd.train.sync import hook_step_stats
+
+__all__ = ["simulate_training"]
+
+#: ``summary["status"]`` of a simulated run (the same words as a real run's).
+COMPLETED, NONFINITE, COLLAPSED = (
+    "completed",
+    "stopped: non-finite loss",
+    "stopped: sketch collapsed",
+)
+
+
+class _WholeModelBucket:
+    """One rank's flat gradient in model order, shaped like DDP's ``GradBucket`` for
+    :func:`~gssgd.ddp.comm_hook`: the one and last bucket of the iteration."""
+
+    def __init__(self, flat: torch.Tensor, params: list[nn.Parameter]) -> None:
+        self._flat, self._params = flat, params
+        pieces = flat.split([p.numel() for p in params])
+        self._views = [piece.view_as(p) for piece, p in zip(pieces, params, strict=True)]
+
+    def index(self) -> int:
+        return 0
+
+    def is_last(self) -> bool:
+        return True
+
+    def buffer(self) -> torch.Tensor:
+        return self._flat
+
+    def parameters(self) -> list[nn.Parameter]:
+        return self._params
+
+    def gradients(self) -> list[torch.Tensor]:
+        return self._views
+
+
+def _rank_gradients(
+    model: nn.Module, params: list[nn.Parameter], data: Any, cfg: TrainConfig, step: int,
+    world_size: int, device: torch.device,
+) -> tuple[list[torch.Tensor], float, float, float, int]:
+    """Every rank's flat gradient at ``step`` and the summed loss, correct and count.
+
+    Returns:
+        ``(gradients, loss * count summed, correct, count, ranks with a non-finite loss)``.
+    """
+    grads, loss_sum, correct_sum, count_sum, nonfinite = [], 0.0, 0, 0, 0
+    for rank in range(world_size):
+        x, y = train_batch(data, cfg, step, rank, world_size, device)
+        loss, correct, count = batch_loss(model(x), y)
+        value = float(loss.detach())
+        nonfinite += not math.isfinite(value)
+        loss_sum, correct_sum, count_sum = loss_sum + value * count, correct_sum + correct, count_sum + count
+        parts = torch.autograd.grad(loss, params, allow_unused=True)
+        grads.append(torch.cat([
+            (g if g is not None else torch.zeros_like(p)).reshape(-1)
+            for g, p in zip(parts, params, strict=True)
+        ]))
+    return grads, loss_sum, correct_sum, count_sum, nonfinite
+
+
+def simulate_training(cfg: TrainConfig) -> dict[str, Any]:
+    """Train ``cfg`` (completed by :func:`~gssgd.train.rundir.prepare`, with ``simulate``)
+    on a simulated world of ``cfg.workers`` ranks; rank 0's summary.
+
+    Returns:
+        The run summary (also in ``OUT/summary.json``), with ``"simulated": True``.
+    """
+    assert cfg.workers is not None and cfg.out is not None and cfg.simulate
+    import_plugins(cfg.plugins)
+    out, world_size, device = Path(cfg.out), cfg.workers, torch.device("cpu")
+    torch.set_num_threads(cfg.threads)
+    data = load_dataset(cfg.dataset)
+    torch.manual_seed(cfg.seed)
+    model = build_model(cfg.model, data).to(device)
+    params = [p for p in model.parameters() if p.requires_grad]
+    d = sum(p.numel() for p in params)
+    optimizer = torch.optim.SGD(
+        model.parameters(), lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay
+    )
+    world = SimulatedWorld(world_size)
+    settings = cfg.hook_settings()
+    states = [
+        HookState.from_settings(settings, group=world.rank(r), model=model)
+        for r in range(world_size)
+    ]
+    write_json(out / "config.json", {**dataclasses.asdict(cfg), "world_size": world_size, "d": d})
+    log, totals = MetricsLog(out, 0), RunTotals()
+    warmup = max(cfg.resolved_start_iter, 1)
+    status, message = COMPLETED, ""
+    last_loss: float | None = None
+    last_eval: tuple[float | None, float | None] = (None, None)
+    wall_start = time.perf_counter()
+    print(f"gssgd train --simulate: {cfg.method} on {cfg.dataset} ({cfg.model}, d={d:,}), "
+          f"{world_size} simulated workers, {cfg.steps} steps -> {out}", flush=True)
+    for step in range(cfg.steps):
+        t0 = time.perf_counter()
+        grads, loss_sum, correct, count, nonfinite = _rank_gradients(
+            model, params, data, cfg, step, world_size, device
+        )
+        if nonfinite:
+            status = NONFINITE
+            message = (f"gssgd train: stopped at step {step}: the training loss is not finite "
+                       f"on {nonfinite} of {world_size} workers. Lower --lr (now {cfg.lr}).")
+            break
+        try:
+            updates = world.run(_hook_step(states, [_WholeModelBucket(g, params) for g in grads]))
+        except SketchCollapseError as err:
+            status, message = COLLAPSED, f"gssgd train: stopped at step {step}: {err}"
+            break
+        for p, piece in zip(params, updates[0].split([p.numel() for p in params]), strict=True):
+            p.grad = piece.view_as(p).clone()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        seconds_step = time.perf_counter() - t0
+
+        last_loss = loss_sum / count
+        stats = hook_step_stats(states[0].last_stats)
+        moved = StepBytes.of([(s.last_stats.bytes_sent, s.last_stats.bytes_received)
+                              for s in states])
+        record = step_record(step, last_loss, correct / count, stats, moved,
+                             totals.bytes_sent, seconds_step)
+        totals.add(record, measured=step >= warmup)
+        done = step + 1
+        if done == cfg.steps or (cfg.eval_every and done % cfg.eval_every == 0):
+            loss_total, right, seen = evaluation_sums(model, data, cfg, 0, 1, device).tolist()
+            last_eval = (loss_total / seen, right / seen)
+            record["test_loss"], record["test_accuracy"] = last_eval
+        log.write(record)
+    log.close()
+    summary = run_summary(
+        cfg, status=status, message=message, world_size=world_size, d=d, totals=totals,
+        last_loss=last_loss, last_eval=last_eval, measured_from_step=warmup,
+        seconds_wall=time.perf_counter() - wall_start, checkpoint=None, simulated=True,
+    )
+    write_json(out / SUMMARY_FILE, summary)
+    print(message or (f"gssgd train --simulate: done after {totals.steps} steps: test accuracy "
+                      f"{last_eval[1]}, {totals.per_step()['bytes_sent_per_step']} bytes sent "
+                      "per worker per step"), flush=True)
+    return summary
+
+
+def _hook_step(states: list[HookState], buckets: list[_WholeModelBucket]) -> Any:
+    """What every simulated rank runs in a step: its hook on its gradient; the update."""
+
+    def rank_step(rank: Any) -> torch.Tensor:
+        return comm_hook(states[rank.rank], buckets[rank.rank]).wait()  # type: ignore[arg-type]
+
+    return rank_step

@@ -1,0 +1,97 @@
+"""``gssgd train --simulate``: a simulated world's run against real processes, at large P,
+and the settings it refuses."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from gssgd.aggregators import build_options
+from gssgd.cli.main import main
+from gssgd.train.loop import TrainConfig, prepare, run_training
+from gssgd.train.metrics import read_metrics
+
+DIGITS: dict[str, Any] = dict(dataset="digits", batch_size=16, eval_every=4, progress=False,
+                              timeout=60.0, density=0.01)
+
+
+@pytest.mark.parametrize("method", ["gtopk", "gs"])
+def test_a_simulated_run_is_the_real_run(tmp_path: Path, method: str) -> None:
+    """The same settings on 3 real gloo workers and 3 simulated ones: the same bytes on
+    every step, and the same losses up to the rounding of the dense warm-up's gloo sum."""
+    runs = {}
+    for simulate in (False, True):
+        out = tmp_path / f"{method}-{simulate}"
+        cfg = TrainConfig(method=method, workers=3, steps=8, simulate=simulate, out=str(out),
+                          **DIGITS)
+        summary = run_training(cfg)
+        assert summary is not None and summary["status"] == "completed"
+        assert summary.get("simulated", False) is simulate
+        runs[simulate] = read_metrics(out / "metrics.jsonl")
+    for real, sim in zip(runs[False], runs[True], strict=True):
+        for key in ("bytes_sent", "bytes_sent_max", "bytes_received", "bytes_received_max", "k"):
+            assert sim[key] == real[key], (real["step"], key)
+        assert sim["loss"] == pytest.approx(real["loss"], rel=1e-5)
+    assert runs[True][-1]["test_accuracy"] == pytest.approx(runs[False][-1]["test_accuracy"],
+                                                           abs=2e-3)
+
+
+def test_256_simulated_workers_train_the_mnist_cnn_with_exact_bytes(tmp_path: Path) -> None:
+    """P = 256 on the MNIST CNN (global batch 256: one sample per worker): gs's bytes are the
+    traffic formula's, and the busiest rank is the one that folds nobody in (P is a power
+    of two, so every rank sends the same)."""
+    cfg = TrainConfig(method="gs", dataset="mnist", workers=256, global_batch=256, steps=3,
+                      start_iter=1, warmup_steps=0, density=0.001, simulate=True,
+                      eval_every=0, progress=False, out=str(tmp_path / "p256"))
+    summary = run_training(cfg)
+    assert summary is not None and summary["status"] == "completed"
+    assert summary["world_size"] == 256 and summary["config"]["batch_size"] == 1
+    cls, k, opts = build_options("gs", summary["d"], 0.001)
+    expected = cls.traffic(summary["d"], k, opts, 256)
+    last = read_metrics(tmp_path / "p256" / "metrics.jsonl")[-1]
+    assert last["bytes_sent_max"] == max(expected.sent)
+    assert last["bytes_received_max"] == max(expected.received)
+    assert last["bytes_sent"] == pytest.approx(sum(expected.sent) / 256)
+
+
+def test_the_global_batch_is_split_over_the_workers(tmp_path: Path) -> None:
+    cfg = prepare(TrainConfig(method="topk", workers=8, global_batch=64, simulate=True,
+                              out=str(tmp_path / "a"), **DIGITS))
+    assert cfg.batch_size == 8
+    with pytest.raises(ValueError, match=r"--global-batch 60 does not split evenly over "
+                       r"--workers 8: it must be a multiple of the workers, e.g. 56 or 64"):
+        prepare(TrainConfig(method="topk", workers=8, global_batch=60, out=str(tmp_path / "b"),
+                            **DIGITS))
+
+
+@pytest.mark.parametrize(
+    ("settings", "message"),
+    [
+        ({"per_bucket": True}, r"--per-bucket cannot be combined with --simulate"),
+        ({"amp": "bf16"}, r"--amp cannot be combined with --simulate"),
+        ({"method": "powersgd", "density": None}, r"aggregator methods only"),
+    ],
+)
+def test_simulate_refuses_what_it_cannot_simulate(settings: dict, message: str) -> None:
+    base = {**DIGITS, "method": "gs", "workers": 4, "simulate": True, **settings}
+    with pytest.raises(ValueError, match=message):
+        TrainConfig(**base)
+
+
+def test_compare_simulates_many_workers_and_dense_alone_needs_no_density(
+    tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    """``gssgd compare --simulate`` at P = 16, and compare's default density goes only to
+    the methods that take it (``--methods dense`` alone used to fail on it)."""
+    quick = ["--dataset", "digits", "--steps", "3", "--eval-every", "3", "--no-progress"]
+    code = main(["compare", "--methods", "dense,topk,gs", "--simulate", "--workers", "16",
+                 "--global-batch", "64", *quick, "--out", str(tmp_path / "p16")])
+    assert code == 0
+    results = json.loads((tmp_path / "p16" / "results.json").read_text())
+    assert [r["status"] for r in results.values()] == ["completed"] * 3
+    assert results["topk"]["bytes_received_max_per_step"] > results["topk"]["bytes_sent_per_step"]
+    assert main(["compare", "--methods", "dense", *quick, "--workers", "2",
+                 "--out", str(tmp_path / "dense")]) == 0
