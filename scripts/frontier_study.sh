@@ -1,0 +1,55 @@
+#!/usr/bin/env bash
+# Many workers: accuracy against bytes per worker per step, P = 4 to 256, simulated world.
+#   bash scripts/frontier_study.sh "16 64" "0 1 2"     # P values, seeds
+#   METHODS="topk gtopk-nowu" GS_SIZES="16:8:h:8" bash scripts/frontier_study.sh 16 0
+# Every run: the MNIST CNN, density 0.001, global batch 128 (256 at P >= 256: one sample a
+# worker), 400 steps, each method with its default recipe (sparse: plain SGD + error
+# feedback, lr 0.2, the 100-step density warm-up; dense: momentum 0.9, lr 0.05).
+# METHODS: dense, dense16 (--payload-dtype float16), topk, gtopk, sketched; a "-nowu"
+# suffix drops the density warm-up (--warmup-steps 0). GS_SIZES: gs with the ring
+# all-reduce (--allreduce backend: its bytes do not grow with P), "c:m[:h[:f[:w]]]" ->
+# gs-c<c>-m<m>[-h][-pf<f>][-nowu]: c*k columns, m candidates, h: float16 tables, f:
+# --prefilter f, w (any text): no density warm-up. "default" runs gs as it comes.
+# Raw runs go to runs/frontier (git-ignored); scripts/frontier_report.py summarises them.
+set -u
+cd "$(dirname "$0")/.." && DIR=runs/frontier
+source scripts/lib/study_run.sh
+PS=${1:-"16 64 256"}
+SEEDS=${2:-"0 1 2"}
+METHODS=${METHODS:-"dense dense16 topk topk-nowu gtopk gtopk-nowu sketched"}
+GS_SIZES=${GS_SIZES:-"default 40:32 16:8:h:8 8:8:h:8"}
+K=81  # round(0.001 * 80,602): the MNIST CNN's k at density 0.001
+for P in $PS; do
+  batch=128; [ "$P" -ge 256 ] && batch=$P
+  for seed in $SEEDS; do
+    base=(--simulate --dataset mnist --model cnn --workers "$P" --global-batch "$batch"
+          --steps 400 --seed "$seed" --eval-every 100 --no-progress --overwrite)
+    for name in $METHODS; do
+      method=${name%-nowu}; extra=()
+      [ "$name" != "$method" ] && extra+=(--warmup-steps 0)
+      case $method in
+        dense) ;;
+        dense16) method=dense; extra+=(--payload-dtype float16) ;;
+        *) extra+=(--density 0.001) ;;
+      esac
+      out=$DIR/P$P/s$seed/$name
+      execute "P$P-s$seed-$name" "$out/summary.json" \
+        .venv/bin/gssgd train --method "$method" "${base[@]}" "${extra[@]}" --out "$out"
+    done
+    for size in $GS_SIZES; do
+      if [ "$size" = default ]; then
+        out=$DIR/P$P/s$seed/gs
+        execute "P$P-s$seed-gs" "$out/summary.json" \
+          .venv/bin/gssgd train --method gs "${base[@]}" --density 0.001 --out "$out"
+        continue
+      fi
+      IFS=: read -r c mm half pf nowu <<< "$size"
+      name=gs-c$c-m$mm${half:+-h}${pf:+-pf$pf}${nowu:+-nowu}
+      out=$DIR/P$P/s$seed/$name
+      execute "P$P-s$seed-$name" "$out/summary.json" \
+        .venv/bin/gssgd train --method gs "${base[@]}" --density 0.001 --allreduce backend \
+        --cols $((c * K)) --candidates "$mm" ${half:+--table-dtype float16} \
+        ${pf:+--prefilter "$pf"} ${nowu:+--warmup-steps 0} --out "$out"
+    done
+  done
+done
