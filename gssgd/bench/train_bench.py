@@ -67,12 +67,10 @@ import contextlib
 import dataclasses
 import datetime
 import json
-import math
 import os
 import platform
 import shlex
 import shutil
-import statistics
 import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -81,6 +79,13 @@ from pathlib import Path
 from typing import Any
 
 from gssgd.bench.netns import EmulatedCluster, have_root, parse_link_rate
+from gssgd.bench.train_summary import (
+    ELAPSED_FIELD,
+    NO_SUMMARY,
+    summarize,
+    summarize_run,
+    time_to_target,
+)
 from gssgd.bench.workers import (
     MASTER_PORT_NETNS,
     WorkerError,
@@ -104,11 +109,8 @@ __all__ = [
 #: What ``gssgd bench train`` runs unless told otherwise: the fastest dense baseline (DDP's
 #: own all-reduce, which overlaps with the backward pass) and the sparse methods.
 DEFAULT_METHODS: tuple[str, ...] = ("ddp-allreduce", "topk", "gtopk", "sketched", "gs")
-#: A per-step wall clock the trainer may log; used for the time to target when present.
-ELAPSED_FIELD = "seconds_elapsed"
 #: Settings always written into the reproducing command (bench train's own defaults).
 _ALWAYS = ("workers", "dataset", "model", "steps", "batch_size", "eval_every", "device")
-_NO_SUMMARY = "failed: no summary.json"
 #: TrainConfig fields a benchmark sets per method itself.
 _PER_METHOD = ("method", "out", "resume", "overwrite", "fail_at", "stall_at")
 
@@ -243,160 +245,6 @@ def train_argv(cfg: Any) -> list[str]:
 # --------------------------------------------------------------------------- summaries
 
 
-def _number(value: Any) -> float | None:
-    """A finite number, or None (metrics.jsonl writes NaN and Inf as strings)."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return None
-    return float(value) if math.isfinite(value) else None
-
-
-def training_clock(records: Sequence[Mapping[str, Any]]) -> list[float]:
-    """Seconds from the start of the first step to the end of each record's step.
-
-    The trainer's :data:`ELAPSED_FIELD` when every record has it, else the running sum
-    of ``seconds_step`` (evaluations and bookkeeping left out; see the module docstring).
-    """
-    if records and all(_number(r.get(ELAPSED_FIELD)) is not None for r in records):
-        return [float(r[ELAPSED_FIELD]) for r in records]
-    clock, total = [], 0.0
-    for r in records:
-        total += _number(r.get("seconds_step")) or 0.0
-        clock.append(total)
-    return clock
-
-
-def time_to_target(records: Sequence[Mapping[str, Any]], target: float) -> tuple[float, int] | None:
-    """When the test accuracy first reached ``target``.
-
-    Args:
-        records: a run's ``metrics.jsonl`` lines (any order; sorted by step here).
-        target: the test accuracy to reach, e.g. 0.9.
-
-    Returns:
-        ``(seconds, step)``: the training clock (:func:`training_clock`) at the end of the
-        first step whose evaluation scored ``>= target``, and that step; None if no
-        evaluation did.
-    """
-    records = sorted(records, key=lambda r: r["step"])
-    for rec, seconds in zip(records, training_clock(records), strict=True):
-        acc = _number(rec.get("test_accuracy"))
-        if acc is not None and acc >= target:
-            return seconds, int(rec["step"])
-    return None
-
-
-def summarize_run(
-    records: Sequence[Mapping[str, Any]],
-    summary: Mapping[str, Any] | None,
-    *,
-    workers: int,
-    batch_size: int,
-    target: float,
-) -> dict[str, Any]:
-    """One method's row of ``results.json`` from its run's metrics and summary.
-
-    Args:
-        records: the run's ``metrics.jsonl`` lines.
-        summary: its ``summary.json`` (None if it wrote none).
-        workers, batch_size: P and the per-worker batch.
-        target: the target test accuracy.
-
-    Returns:
-        The row (see the module docstring); the ``gs_*`` ratios are filled in by
-        :func:`summarize`. Time fields are None when no step was logged.
-    """
-    records = sorted(records, key=lambda r: r["step"])
-    summary = summary or {}
-    warm = summary.get("measured_from_step")
-    warm = int(warm) if isinstance(warm, int) else 1
-    timed = [r for r in records if r["step"] >= warm] or list(records)
-
-    def median(name: str) -> float | None:
-        values = [v for v in (_number(r.get(name)) for r in timed) if v is not None]
-        return statistics.median(values) if values else None
-
-    def mean(name: str) -> float | None:
-        values = [v for v in (_number(r.get(name)) for r in timed) if v is not None]
-        return statistics.mean(values) if values else None
-
-    step_s, compute_s = median("seconds_step"), median("seconds_compute")
-    hook_timed = any(_number(r.get("seconds_communicate")) is not None for r in timed)
-    clock = training_clock(records)
-    evaluations = [
-        [int(r["step"]), round(t, 4), _number(r.get("test_accuracy"))]
-        for r, t in zip(records, clock, strict=True)
-        if "test_accuracy" in r
-    ]
-    final_acc = _number(summary.get("final_test_accuracy"))
-    if final_acc is None and evaluations:
-        final_acc = evaluations[-1][2]
-    reached = time_to_target(records, target)
-    ks = [r.get("k") for r in timed if isinstance(r.get("k"), int)]
-    return {
-        "status": summary.get("status", _NO_SUMMARY),
-        "seconds_per_step": step_s,
-        "samples_per_second": workers * batch_size / step_s if step_s else None,
-        "seconds_compute_per_step": compute_s,
-        "seconds_overhead_per_step": (
-            max(0.0, step_s - compute_s) if step_s is not None and compute_s is not None else None
-        ),
-        "compute_includes_communication": not hook_timed,
-        "overhead_estimated": False,
-        "seconds_communicate_per_step": median("seconds_communicate"),
-        "seconds_compress_per_step": median("seconds_compress"),
-        "bytes_sent_per_step": mean("bytes_sent"),
-        "bytes_sent_max_per_step": mean("bytes_sent_max"),
-        "final_test_accuracy": final_acc,
-        "seconds_to_target": reached[0] if reached else None,
-        "step_to_target": reached[1] if reached else None,
-        "seconds_training": clock[-1] if clock else None,
-        "gs_throughput_speedup": None,
-        "gs_time_to_target_speedup": None,
-        "gs_time_to_target_speedup_at_least": None,
-        "steps": len(records),
-        "measured_from_step": warm,
-        "k": ks[-1] if ks else None,
-        "d": summary.get("d"),
-        "evaluations": evaluations,
-    }
-
-
-def summarize(rows: Mapping[str, dict[str, Any]], meta: Mapping[str, Any]) -> dict[str, Any]:
-    """``results.json``: the rows, with dense's overhead estimate and gs's ratios, and _meta.
-
-    Args:
-        rows: method -> :func:`summarize_run` row, in run order.
-        meta: the ``_meta`` entry.
-    """
-    results: dict[str, Any] = {m: dict(r) for m, r in rows.items()}
-    separated = [
-        r["seconds_compute_per_step"]
-        for r in results.values()
-        if not r["compute_includes_communication"] and r["seconds_compute_per_step"] is not None
-    ]
-    if separated:
-        compute = statistics.median(separated)
-        for r in results.values():
-            if r["compute_includes_communication"] and r["seconds_per_step"] is not None:
-                r["seconds_overhead_per_step"] = max(0.0, r["seconds_per_step"] - compute)
-                r["overhead_estimated"] = True
-    gs = results.get("gs")
-    if gs is not None:
-        for r in results.values():
-            if gs["samples_per_second"] and r["samples_per_second"]:
-                r["gs_throughput_speedup"] = gs["samples_per_second"] / r["samples_per_second"]
-            gs_t, t = gs["seconds_to_target"], r["seconds_to_target"]
-            if gs_t and t is not None:
-                r["gs_time_to_target_speedup"] = t / gs_t
-            elif gs_t and r["seconds_training"]:
-                r["gs_time_to_target_speedup_at_least"] = r["seconds_training"] / gs_t
-    results["_meta"] = dict(meta)
-    return results
-
-
-# --------------------------------------------------------------------------- running
-
-
 def _model_size(cfg: TrainBenchConfig) -> tuple[int, str]:
     """(d, model name) of the run's model; loads the data (which checks it is there)."""
     from gssgd.train.data import load_dataset
@@ -482,7 +330,7 @@ def _bench_one_method(
     row = summarize_run(records, summary, workers=cfg.workers, batch_size=tcfg.batch_size,
                         target=cfg.target_accuracy)
     if error is not None:  # a non-finite stop keeps the trainer's own status
-        if row["status"] in ("completed", _NO_SUMMARY):
+        if row["status"] in ("completed", NO_SUMMARY):
             row["status"] = "failed"
         row["error"] = error[-4000:]
     row["seconds_run"] = round(time.monotonic() - t0, 2)

@@ -1,0 +1,71 @@
+"""The house rules of the package, kept by a test: small modules, small functions, and
+imports that only point down (no module reaches back to one that imports it)."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+PACKAGE = Path(__file__).resolve().parent.parent / "gssgd"
+MAX_MODULE_LINES, MAX_FUNCTION_LINES = 600, 80
+
+
+def _modules() -> dict[str, Path]:
+    return {
+        ".".join(p.relative_to(PACKAGE.parent).with_suffix("").parts).removesuffix(".__init__"): p
+        for p in sorted(PACKAGE.rglob("*.py"))
+    }
+
+
+def _imports(name: str, path: Path, known: set[str]) -> set[str]:
+    """The package modules ``name`` imports (anywhere in it, deferred imports included)."""
+    found = set()
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            targets = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                base = ".".join(package.split(".")[: len(package.split(".")) - node.level + 1]
+                                + ([base] if base else []))
+            # ``from pkg import sub`` depends on the module pkg.sub; ``from pkg import Name``
+            # on pkg itself
+            targets = [f"{base}.{a.name}" if f"{base}.{a.name}" in known else base
+                       for a in node.names]
+        else:
+            continue
+        found |= {t for t in targets if t in known and t != name}
+    return found
+
+
+def test_no_module_or_function_is_too_long() -> None:
+    too_long = []
+    for name, path in _modules().items():
+        text = path.read_text()
+        if len(text.splitlines()) > MAX_MODULE_LINES:
+            too_long.append(f"{name}: {len(text.splitlines())} lines")
+        for node in ast.walk(ast.parse(text)):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                length = node.end_lineno - node.lineno + 1  # type: ignore[operator]
+                if length > MAX_FUNCTION_LINES:
+                    too_long.append(f"{name}.{node.name}: {length} lines")
+    assert not too_long, "split these into their steps: " + "; ".join(too_long)
+
+
+def test_no_import_circles() -> None:
+    modules = _modules()
+    graph = {name: _imports(name, path, set(modules)) for name, path in modules.items()}
+    circles = set()
+    for start in graph:  # depth-first from every module; a route back to it is a circle
+        stack, seen = [(start, [start])], {start}
+        while stack:
+            node, route = stack.pop()
+            for nxt in graph[node]:
+                if nxt == start:
+                    circles.add(" -> ".join([*route, start]))
+                elif nxt not in seen:
+                    seen.add(nxt)
+                    stack.append((nxt, [*route, nxt]))
+    assert not circles, "import circles (move the shared piece to a lower module): " + "; ".join(
+        sorted(set(circles))[:5])
