@@ -53,6 +53,7 @@ __all__ = [
     "ring_allreduce",
     "ring_allreduce_bytes",
     "star",
+    "world_size_of",
 ]
 
 Payload = list[torch.Tensor]
@@ -383,6 +384,16 @@ class Communicator:
         self.stats.rounds += p - 1
         self.stats.seconds += time.perf_counter() - start
         return out
+
+
+def world_size_of(group: dist.ProcessGroup | SimulatedRank | None) -> int | None:
+    """The number of ranks of ``group`` (a process group, None for the default group, or a
+    simulated rank), or None when torch.distributed is not initialised. No collective."""
+    if isinstance(group, SimulatedRank):
+        return group.world_size
+    if not dist.is_available() or not dist.is_initialized():
+        return None
+    return dist.get_world_size(group)
 
 
 def new_future(device: torch.device) -> torch.futures.Future[torch.Tensor]:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
 import pytest
 import torch
 
@@ -150,3 +151,41 @@ def test_gathers_give_each_rank_its_own_tensors() -> None:
     out = world.run(gather_then_scribble)
     for got in out:
         assert [float(t) for t in got[1:]] == [1.0, 2.0]
+
+
+@pytest.mark.parametrize("world_size", [16, 32])
+def test_gs_many_workers_default_matches_the_independent_reference(world_size: int) -> None:
+    """From 16 workers gs takes its many-workers shape (16·k columns, m = 8, a pre-filter
+    of 8·k, float16 tables on the ring all-reduce). The same steps replayed by the
+    independent reference of that documented shape choose the same coordinates."""
+    from gssgd.aggregators.gs import GlobalSketchSGD
+    from tests.aggregators.reference import default_sketch, reference_run
+    from tests.aggregators.scenarios import make_grad
+
+    d, density, steps = 4000, 0.01, 6
+    k = round(density * d)
+    world = SimulatedWorld(world_size)
+    aggs = [make_aggregator("gs", d, density=density, group=world.rank(r))
+            for r in range(world_size)]
+    opts = aggs[0].options
+    assert (opts.cols, opts.candidates, opts.prefilter, opts.allreduce, opts.table_dtype) == (
+        16 * k, 8, 8, "backend", torch.float16)
+    grads = [[make_grad(p, t, d) for p in range(world_size)] for t in range(steps)]
+    got = []
+    for t in range(steps):
+        got.append(world.run(lambda rank, t=t: aggs[rank.rank].step(grads[t][rank.rank]))[0])
+    want, _ = reference_run("gs", grads, k, default_sketch(d, k, world_size))
+    for t in range(steps):
+        assert set(torch.nonzero(got[t]).flatten().tolist()) == set(
+            np.flatnonzero(want[t]).tolist()), f"step {t}"
+        np.testing.assert_allclose(got[t].double().numpy(), want[t], rtol=1e-5, atol=1e-5)
+    steady = GlobalSketchSGD.traffic(d, k, opts, world_size)
+    assert aggs[0].last_stats.bytes_sent == steady.sent[0]
+    assert max(a.last_stats.bytes_received for a in aggs) == max(steady.received)
+
+
+def test_below_sixteen_workers_gs_keeps_the_small_p_default() -> None:
+    world = SimulatedWorld(8)
+    opts = make_aggregator("gs", 4000, density=0.01, group=world.rank(0)).options
+    assert (opts.cols, opts.candidates, opts.prefilter, opts.allreduce, opts.table_dtype) == (
+        1000, 12, 0, "recursive_doubling", torch.float32)

@@ -12,7 +12,8 @@ import dataclasses
 import torch.distributed as dist
 
 from gssgd.aggregators.base import Aggregator, StepStats
-from gssgd.aggregators.options import default_candidates, default_sketch_cols, resolve_k
+from gssgd.aggregators.options import resolve_k
+from gssgd.comm import world_size_of
 from gssgd.sketch import HashCache
 
 __all__ = ["AGGREGATORS", "Aggregator", "StepStats", "make_aggregator", "build_options"]
@@ -22,8 +23,16 @@ __all__ = ["AGGREGATORS", "Aggregator", "StepStats", "make_aggregator", "build_o
 AGGREGATORS: dict[str, type[Aggregator]] = {}
 
 
-def build_options(name: str, d: int, density: float | None = None, **options: object):
-    """Validate ``name``, ``density``/``k`` and the method's options without any collective.
+def build_options(
+    name: str,
+    d: int,
+    density: float | None = None,
+    world_size: int | None = None,
+    **options: object,
+):
+    """Validate ``name``, ``density``/``k`` and the method's options without any collective,
+    and fill in the defaults an options dataclass leaves None (for ``d``, ``k`` and
+    ``world_size`` ranks; None: unknown, the small-P defaults).
 
     Returns:
         ``(cls, k, options)``: the aggregator class, the resolved k and the options dataclass.
@@ -50,10 +59,8 @@ def build_options(name: str, d: int, density: float | None = None, **options: ob
             f"{', '.join(valid + ([] if cls.sends_all else ['k']))}."
         )
     opts = cls.Options(**options)  # type: ignore[arg-type]
-    if getattr(opts, "cols", 0) is None:
-        opts = dataclasses.replace(opts, cols=default_sketch_cols(d, k, opts.rows))  # type: ignore[attr-defined]
-    if getattr(opts, "candidates", 0) is None:
-        opts = dataclasses.replace(opts, candidates=default_candidates(d, k))  # type: ignore[call-arg]
+    if hasattr(opts, "resolved"):  # defaults that depend on d, k and the number of workers
+        opts = opts.resolved(d, k, world_size)
     return cls, k, opts
 
 
@@ -89,5 +96,5 @@ def make_aggregator(
         >>> agg = make_aggregator("gs", d=1_000_000, density=0.001)  # doctest: +SKIP
         >>> update = agg.step(flat_grad)
     """
-    cls, k, opts = build_options(name, d, density, **options)
+    cls, k, opts = build_options(name, d, density, world_size_of(group), **options)
     return cls(d, k, opts, group=group, hashes=hashes)

@@ -159,10 +159,10 @@ class GlobalSketchSGD(Aggregator):
         return self._finish(update, delivered_fraction=delivered)
 
     def _prefiltered(self, accumulated: torch.Tensor, k: int) -> torch.Tensor:
-        """What this rank sketches: ``a_p``, or with ``prefilter`` f only its ``f * k``
+        """What this rank sketches: ``a_p``, or with ``prefilter`` f >= 1 only its ``f * k``
         largest coordinates (the rest zero)."""
         f = self.options.prefilter
-        if f is None or f * k >= self.d:
+        if not f or f * k >= self.d:
             return accumulated
         keep = topk_indices(accumulated.abs(), f * k)
         part = torch.zeros_like(accumulated)

@@ -7,7 +7,7 @@ the option, the value, the valid range and the fix, before any collective runs.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 
 import torch
 
@@ -22,7 +22,10 @@ __all__ = [
     "resolve_k",
     "default_sketch_cols",
     "default_candidates",
+    "gs_default_shape",
+    "GSShape",
     "DEFAULT_DENSITY",
+    "MANY_WORKERS",
 ]
 
 #: What a non-finite gradient does (``CommonOptions.nonfinite``).
@@ -95,6 +98,53 @@ def default_candidates(d: int, k: int) -> int:
     Exact candidates buy more recall per byte than columns (docs/sizing.md).
     """
     return max(1, min(32, d // (8 * k)))
+
+
+#: From this many workers on, gs-SGD takes its many-workers shape (:func:`gs_default_shape`).
+MANY_WORKERS = 16
+
+
+@dataclass(frozen=True)
+class GSShape:
+    """gs-SGD's default sketch and wire for one (d, k, P): see :func:`gs_default_shape`."""
+
+    cols: int
+    candidates: int
+    allreduce: str
+    table_dtype: torch.dtype
+    prefilter: int  # 0: off
+
+
+def gs_default_shape(d: int, k: int, rows: int = DEFAULT_ROWS, world_size: int | None = None
+                     ) -> GSShape:
+    """gs-SGD's defaults as a function of d, k and the number of workers P: the one place
+    they are decided (docs/study.md, "Many workers", has the measurements).
+
+    * P < :data:`MANY_WORKERS` (or unknown): the shape of the small-P studies: one row of
+      :func:`default_sketch_cols` (40·k) columns, m = :func:`default_candidates` (32),
+      float32 tables summed by recursive doubling (log2 P rounds), no pre-filter.
+    * P >= :data:`MANY_WORKERS`: the many-workers shape. The tables are summed by the
+      backend's ring all-reduce, whose ``2(P-1)/P`` payloads per rank do not grow with P
+      where recursive doubling's ``log2 P`` do; each rank sketches only its own 8·k largest
+      coordinates (the summed sketch then holds at most 8·k·P of them rather than every
+      rank's tail, so a narrow table still finds the heavy ones); the tables travel as
+      float16 (only the choice of candidates sees the rounding); and the sketch shrinks to
+      16·k columns with m = 8. On the MNIST CNN at density 0.001 this shape matched or
+      beat 40·k / m = 32 in accuracy at P = 16 and 64 for about a fifth of its bytes.
+
+    The caps of the small-P rules still apply (a table of at most ``d / (4 * rows)`` columns,
+    at least 256; at most ``d / 8`` candidates), and the collapse guard audits every shape.
+    """
+    if world_size is None or world_size < MANY_WORKERS:
+        return GSShape(default_sketch_cols(d, k, rows), default_candidates(d, k),
+                       "recursive_doubling", torch.float32, 0)
+    return GSShape(
+        cols=max(1, min(16 * k, max(256, d // (4 * rows)))),
+        candidates=max(1, min(8, d // (8 * k))),
+        allreduce="backend",
+        table_dtype=torch.float16,
+        prefilter=8,
+    )
 
 
 @dataclass(frozen=True)
@@ -259,6 +309,16 @@ class SketchedOptions(TopkOptions):
             cache_hashes=hashes if self.use_hash_cache(d) else False,
         )
 
+    def resolved(self, d: int, k: int, world_size: int | None = None) -> SketchedOptions:
+        """These options with every default (None) filled in for ``d``, ``k`` and
+        ``world_size`` ranks (None: unknown): :func:`default_sketch_cols`,
+        :func:`default_candidates`."""
+        return replace(
+            self,
+            cols=default_sketch_cols(d, k, self.rows) if self.cols is None else self.cols,
+            candidates=default_candidates(d, k) if self.candidates is None else self.candidates,
+        )
+
     def num_candidates(self, k: int, d: int) -> int:
         """``m * k`` candidates, capped at ``d``."""
         return min(self.candidates * k, d)
@@ -323,7 +383,8 @@ class GSOptions(SketchedOptions):
     Attributes:
         exact: fetch the exact sums of the candidates in a second all-reduce (True), or
             use the sketch's estimates (False, one round; mass is not conserved).
-        allreduce: how the sketch tables are summed: "recursive_doubling" or "backend".
+        allreduce: how the sketch tables are summed: "recursive_doubling" or "backend";
+            None: by the number of workers (:func:`gs_default_shape`).
         guard: what to do when an audit finds the sketch collapsed (see
             :mod:`gssgd.aggregators.guard`; audits cost one dense all-reduce at step 20 and
             every 200 steps): "grow" doubles ``cols`` and the ``m*k`` candidates (every
@@ -336,26 +397,38 @@ class GSOptions(SketchedOptions):
             dense's 16-bit payload). Only the choice of candidates sees the rounding: the
             exact round, the update and the residuals stay in the gradient's dtype.
             float16 overflows past 65504 per bucket (of the mean over ranks); bfloat16
-            does not, at a coarser rounding.
-        prefilter: None (default: sketch all of ``a_p``), or f >= 1: each rank sketches only
+            does not, at a coarser rounding. None: by the number of workers.
+        prefilter: 0 (sketch all of ``a_p``), or f >= 1: each rank sketches only
             its own ``f * k`` largest coordinates of ``a_p`` (a local pre-filter). The
             summed sketch then holds at most ``P * f * k`` coordinates instead of the whole
             gradient's tail, so a narrow table recovers the heavy ones more cleanly; the
             exact round still sums all of ``a_p`` at the candidates, so no mass is lost.
-            Costs a local top-``f*k`` selection per step.
+            Costs a local top-``f*k`` selection per step. None: by the number of workers.
+
+    ``cols``, ``candidates``, ``allreduce``, ``table_dtype`` and ``prefilter`` left None take
+    :func:`gs_default_shape`'s values for the run's d, k and number of workers.
     """
 
     exact: bool = True
-    allreduce: str = "recursive_doubling"
+    allreduce: str | None = None
     guard: str = "grow"
-    table_dtype: torch.dtype = torch.float32
+    table_dtype: torch.dtype | None = None
     prefilter: int | None = None
+
+    def resolved(self, d: int, k: int, world_size: int | None = None) -> GSOptions:
+        """These options with every default (None) filled in from
+        :func:`gs_default_shape` for ``d``, ``k`` and ``world_size`` ranks."""
+        shape = gs_default_shape(d, k, self.rows, world_size)
+        given = {f.name: getattr(self, f.name) for f in fields(self)}
+        defaults = {name: getattr(shape, name) for name in
+                    ("cols", "candidates", "allreduce", "table_dtype", "prefilter")}
+        return replace(self, **{n: v for n, v in defaults.items() if given[n] is None})
 
     def __post_init__(self) -> None:
         super().__post_init__()
         if not isinstance(self.exact, bool):
             raise _bad("exact", self.exact, "it must be True or False", "Use exact=True.")
-        if self.allreduce not in ("recursive_doubling", "backend"):
+        if self.allreduce not in (None, "recursive_doubling", "backend"):
             raise _bad(
                 "allreduce",
                 self.allreduce,
@@ -364,7 +437,7 @@ class GSOptions(SketchedOptions):
             )
         if self.guard not in ("grow", "raise", "off"):
             raise _bad("guard", self.guard, "it must be 'grow', 'raise' or 'off'", "Use 'grow'.")
-        if self.table_dtype not in _DENSE_DTYPES:
+        if self.table_dtype is not None and self.table_dtype not in _DENSE_DTYPES:
             raise _bad(
                 "table_dtype",
                 self.table_dtype,
@@ -373,7 +446,8 @@ class GSOptions(SketchedOptions):
             )
         if self.prefilter is not None and (
             isinstance(self.prefilter, bool) or not isinstance(self.prefilter, int)
-            or self.prefilter < 1
+            or self.prefilter < 0
         ):
-            raise _bad("prefilter", self.prefilter, "it must be an integer >= 1 (a multiple of k)",
-                       "Use 8, or leave it out to sketch the whole vector.")
+            raise _bad("prefilter", self.prefilter,
+                       "it must be an integer >= 0 (0: off; f: each rank sketches its f*k "
+                       "largest coordinates)", "Use 8, or 0 to sketch the whole vector.")

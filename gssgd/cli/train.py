@@ -187,23 +187,27 @@ def _aggregation_flags(parser: argparse.ArgumentParser) -> None:
     agg.add_argument("--rows", type=int, default=None,
                      help=f"sketch rows, odd ({_applies('rows')}; default 1)")
     agg.add_argument("--cols", type=int, default=None,
-                     help="sketch columns (default 40·k, capped at d/(4 rows))")
+                     help="sketch columns (default 40·k, capped at d/(4 rows); gs from 16 "
+                     "workers: 16·k)")
     agg.add_argument("--candidates", type=int, default=None,
-                     help="m: the sketch proposes m*k candidates (default 32, capped at m*k <= d/8)")
+                     help="m: the sketch proposes m*k candidates (default 32, capped at m*k <= "
+                     "d/8; gs from 16 workers: 8)")
     agg.add_argument("--exact", action=argparse.BooleanOptionalAction, default=None,
                      help=f"{_applies('exact')}: fetch exact sums of the candidates (default --exact)")
     agg.add_argument("--allreduce", choices=("recursive_doubling", "backend"), default=None,
-                     help=f"{_applies('allreduce')}: how sketches are summed "
-                     "(default recursive_doubling)")
+                     help=f"{_applies('allreduce')}: how sketches are summed (default "
+                     "recursive_doubling; from 16 workers backend, whose ring bytes do not grow "
+                     "with P)")
     agg.add_argument("--table-dtype", choices=tuple(PAYLOAD_DTYPES), default=None,
                      help=f"{_applies('table_dtype')}: dtype of the sketch tables on the wire "
-                     "(default float32; 16 bits halve them)")
+                     "(default float32, from 16 workers float16; 16 bits halve them)")
     agg.add_argument("--guard", choices=("grow", "raise", "off"), default=None,
                      help=f"{_applies('guard')}: when an audit finds the sketch collapsed, grow "
                      "it (default), raise, or off")
     agg.add_argument("--prefilter", type=int, default=None, metavar="F",
                      help=f"{_applies('prefilter')}: each worker sketches only its own F*k "
-                     "largest coordinates (a local pre-filter; default: all of them)")
+                     "largest coordinates (a local pre-filter); 0: all of them (default 0, from "
+                     "16 workers 8)")
     agg.add_argument("--powersgd-rank", type=int, default=None,
                      help=f"{_applies('powersgd_rank')}: matrix approximation rank (default 2)")
     agg.add_argument("--start-iter", type=int, default=None,

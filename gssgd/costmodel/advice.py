@@ -311,7 +311,10 @@ def advise(
             overlap = "table"
         method, _ = get_variant(variant)  # a clear error for an unknown name
         warm = method.recipe_warmup_steps() if warmup_steps is None else warmup_steps
-        spec = method_spec(variant, params, density, warmup_steps=warm)
+        # gs's default shape depends on P (gs_default_shape); streaming keeps the small-P
+        # shape (its regions cannot pre-filter: gssgd.ddp.stream)
+        shape_for = None if overlap is not None else workers
+        spec = method_spec(variant, params, density, warmup_steps=warm, world_size=shape_for)
         step = predict_step(spec, workers, link, device, fwdbwd_s=fwdbwd_s, overlap=overlap)
         warmup = predict_warmup(spec, workers, link, device)
         out.append(Candidate(name, spec, step, dict(settings), warmup))

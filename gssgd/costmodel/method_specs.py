@@ -83,6 +83,8 @@ class MethodSpec:
         table_bytes: bytes of a sketch-table entry on the wire (4; 2 for 16-bit tables).
         exact: gs only: whether the exact second round runs.
         allreduce: gs only: "recursive_doubling" or "backend".
+        prefilter: gs only: each rank sketches its ``prefilter * k`` largest coordinates
+            (0: all of them); no change to the bytes.
         seed: the hash seed of the sketching methods.
         warmup_steps, warmup_density: the density warm-up (sparse methods; 0 steps: none):
             the first ``warmup_steps`` steps send more, from ``warmup_density`` down
@@ -101,6 +103,7 @@ class MethodSpec:
     table_bytes: int = 4
     exact: bool = True
     allreduce: str = "recursive_doubling"
+    prefilter: int = 0
     seed: int = 0
     warmup_steps: int = 0
     warmup_density: float = 0.25
@@ -133,6 +136,8 @@ class MethodSpec:
             opts["exact"] = self.exact
         if "allreduce" in names:
             opts["allreduce"] = self.allreduce
+        if "prefilter" in names:
+            opts["prefilter"] = self.prefilter
         if "guard" in names:
             # Every timed step must have the same message pattern: the collapse guard's
             # audits (one dense all-reduce at step 20, then every 200 steps: 0.5% of a dense
@@ -161,6 +166,7 @@ def method_spec(
     seed: int = 0,
     warmup_steps: int = 0,
     warmup_density: float = 0.25,
+    world_size: int | None = None,
 ) -> MethodSpec:
     """The :class:`MethodSpec` of benchmark method ``name`` for vectors of length ``d``.
 
@@ -178,6 +184,9 @@ def method_spec(
         seed: hash seed.
         warmup_steps, warmup_density: a density warm-up, for a method whose options take
             one (others ignore it): see :func:`warmup_traffic`.
+        world_size: the number of workers the method's defaults are resolved for (gs's
+            shape depends on it: :func:`gssgd.aggregators.options.gs_default_shape`);
+            None: the small-P defaults.
 
     Returns:
         The spec, with every size resolved exactly as :func:`gssgd.make_aggregator` would
@@ -196,10 +205,10 @@ def method_spec(
     given = {n: v for n, v in shape.items() if n in names}
     if cls.sends_all:
         resolve_k(d, density, None)  # validates d and density
-        _, kk, opts = build_options(method.name, d, density, **given)
+        _, kk, opts = build_options(method.name, d, density, world_size, **given)
     else:
         kk = resolve_k(d, density, k)
-        _, kk, opts = build_options(method.name, d, None, k=kk, **given)
+        _, kk, opts = build_options(method.name, d, None, world_size, k=kk, **given)
     opts = variant.apply(opts)
     return MethodSpec(
         name,
@@ -214,6 +223,7 @@ def method_spec(
         table_bytes=getattr(opts, "table_dtype", torch.float32).itemsize,
         exact=getattr(opts, "exact", True),
         allreduce=getattr(opts, "allreduce", "recursive_doubling"),
+        prefilter=getattr(opts, "prefilter", 0),
         seed=getattr(opts, "seed", 0),
         warmup_steps=getattr(opts, "warmup_steps", 0),
         warmup_density=getattr(opts, "warmup_density", 0.25),

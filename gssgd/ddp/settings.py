@@ -46,7 +46,7 @@ def check_overlap(overlap: object, method: str, whole_model: bool, options: dict
             "overlap='stream' streams whole-model gs (one global selection); pass "
             "whole_model=True (gssgd train: drop --per-bucket), or overlap='none'."
         )
-    if options.get("prefilter") is not None:
+    if options.get("prefilter"):
         raise ValueError(
             f"prefilter={options['prefilter']!r} cannot be used with overlap='stream': the "
             "pre-filter needs the whole gradient's top coordinates before the first bucket "

@@ -102,15 +102,43 @@ class RefSketch:
 
 
 # ---------------------------------------------------------------------------- defaults
-def default_sketch(d: int, k: int) -> dict:
+def default_sketch(d: int, k: int, world_size: int = 1) -> dict:
     """The sketch shape gssgd ships as its default, from its documentation (docs/sizing.md,
-    ``SketchedOptions``): one row, ``40 k`` columns capped at ``max(256, d / 4)``, and
-    ``m = 32`` candidates per selected coordinate capped so that ``m k <= d / 8``."""
+    ``SketchedOptions``; docs/study.md for many workers), restated here.
+
+    Below 16 workers: one row, ``40 k`` columns capped at ``max(256, d / 4)``, and ``m = 32``
+    candidates per selected coordinate capped so that ``m k <= d / 8``. From 16 workers on
+    (gs only; Sketched-SGD keeps the first): ``16 k`` columns and ``m = 8`` under the same
+    caps, each rank sketching only its own ``8 k`` largest coordinates, float16 tables on
+    the wire and the backend's all-reduce."""
+    if world_size < 16:
+        return {
+            "rows": 1,
+            "cols": max(1, min(40 * k, max(256, d // 4))),
+            "candidates": max(1, min(32, d // (8 * k))),
+        }
     return {
         "rows": 1,
-        "cols": max(1, min(40 * k, max(256, d // 4))),
-        "candidates": max(1, min(32, d // (8 * k))),
+        "cols": max(1, min(16 * k, max(256, d // 4))),
+        "candidates": max(1, min(8, d // (8 * k))),
+        "prefilter": 8,
+        "table16": True,
     }
+
+
+def _summed_table(tables: list[np.ndarray], wire16: bool) -> np.ndarray:
+    """The sum of the ranks' tables: exact (float64), or as a float16 wire carries it: each
+    table scaled by 1/P and rounded to float16, summed in float16 in rank order (the
+    simulated world's all-reduce order), widened and scaled back by P."""
+    if not wire16:
+        return sum(tables)
+    world = len(tables)
+    acc = (tables[0].astype(np.float32) / np.float32(world)).astype(np.float16)
+    for t in tables[1:]:
+        acc = (acc + (t.astype(np.float32) / np.float32(world)).astype(np.float16)).astype(
+            np.float16
+        )
+    return acc.astype(np.float32) * np.float32(world)
 
 
 # ---------------------------------------------------------------------------- selection
@@ -195,8 +223,17 @@ def reference_run(
             ]
         elif method in ("sketched", "gs"):
             summed = RefSketch(d, opts["rows"], opts["cols"], opts.get("seed", 0))
+            f, tables = opts.get("prefilter", 0), []
             for p in range(world):  # linearity: the sketch of the sum is the sum of sketches
-                summed.accumulate(a[p].astype(np.float64))
+                part = a[p].astype(np.float64)
+                if f and f * k < d:  # a local pre-filter: only this rank's f*k largest
+                    keep = ref_topk(np.abs(part), f * k)
+                    part = np.zeros(d)
+                    part[keep] = a[p][keep]
+                one = RefSketch(d, opts["rows"], opts["cols"], opts.get("seed", 0))
+                one.accumulate(part)
+                tables.append(one.table)
+            summed.table = _summed_table(tables, opts.get("table16", False))
             if opts.get("exact", True):
                 cand, _ = summed.heavy_hitters(min(opts["candidates"] * k, d))
                 cand = np.sort(cand)  # the canonical order: exact ties go to the lower index

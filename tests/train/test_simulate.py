@@ -40,16 +40,16 @@ def test_a_simulated_run_is_the_real_run(tmp_path: Path, method: str) -> None:
 
 
 def test_256_simulated_workers_train_the_mnist_cnn_with_exact_bytes(tmp_path: Path) -> None:
-    """P = 256 on the MNIST CNN (global batch 256: one sample per worker): gs's bytes are the
-    traffic formula's, and the busiest rank is the one that folds nobody in (P is a power
-    of two, so every rank sends the same)."""
+    """P = 256 on the MNIST CNN (global batch 256: one sample per worker): gs, in its
+    many-workers shape (ring all-reduce, float16 tables), sends what the traffic formula
+    says, on every rank alike."""
     cfg = TrainConfig(method="gs", dataset="mnist", workers=256, global_batch=256, steps=3,
                       start_iter=1, warmup_steps=0, density=0.001, simulate=True,
                       eval_every=0, progress=False, out=str(tmp_path / "p256"))
     summary = run_training(cfg)
     assert summary is not None and summary["status"] == "completed"
     assert summary["world_size"] == 256 and summary["config"]["batch_size"] == 1
-    cls, k, opts = build_options("gs", summary["d"], 0.001)
+    cls, k, opts = build_options("gs", summary["d"], 0.001, world_size=256)
     expected = cls.traffic(summary["d"], k, opts, 256)
     last = read_metrics(tmp_path / "p256" / "metrics.jsonl")[-1]
     assert last["bytes_sent_max"] == max(expected.sent)
@@ -95,3 +95,17 @@ def test_compare_simulates_many_workers_and_dense_alone_needs_no_density(
     assert results["topk"]["bytes_received_max_per_step"] > results["topk"]["bytes_sent_per_step"]
     assert main(["compare", "--methods", "dense", *quick, "--workers", "2",
                  "--out", str(tmp_path / "dense")]) == 0
+
+
+def test_the_guard_catches_a_collapse_in_the_many_workers_shape(tmp_path: Path) -> None:
+    """16 simulated workers take gs's many-workers shape (pre-filter, float16 tables, ring
+    all-reduce); a far too small table in it (52 columns, m = 1 at k = 172) is found by the
+    guard's audit, which stops every rank together (guard="raise") instead of training on."""
+    cfg = TrainConfig(method="gs", dataset="digits", model="mlp", workers=16, global_batch=64,
+                      density=0.01, cols=52, candidates=1, guard="raise", lr=0.2, momentum=0.0,
+                      warmup_steps=0, steps=60, eval_every=0, progress=False, simulate=True,
+                      out=str(tmp_path / "collapse"))
+    summary = run_training(cfg)
+    assert summary is not None and summary["status"] == "stopped: sketch collapsed"
+    assert "collapsed at aggregation step 20" in summary["message"]
+    assert "cols=52" in summary["message"]
