@@ -189,3 +189,13 @@ def test_below_sixteen_workers_gs_keeps_the_small_p_default() -> None:
     opts = make_aggregator("gs", 4000, density=0.01, group=world.rank(0)).options
     assert (opts.cols, opts.candidates, opts.prefilter, opts.allreduce, opts.table_dtype) == (
         1000, 12, 0, "recursive_doubling", torch.float32)
+
+
+def test_gs_spaces_its_audits_by_its_own_bytes() -> None:
+    """The MNIST CNN's d at density 0.001: the small-P shape on 4 workers keeps audits about
+    200 steps apart; the many-workers shape on 64 sends so little that a dense audit every
+    200 steps would add half its bytes, so later audits come over a thousand steps apart."""
+    d = 80_602
+    for world_size, low, high in ((4, 200, 260), (64, 1000, 1500)):
+        agg = make_aggregator("gs", d, density=0.001, group=SimulatedWorld(world_size).rank(0))
+        assert low <= agg.guard.audit_every <= high, (world_size, agg.guard.audit_every)

@@ -37,7 +37,7 @@ import torch
 
 from gssgd._select import topk_indices
 from gssgd.aggregators.base import Aggregator
-from gssgd.aggregators.guard import CollapseGuard, SketchCollapseError
+from gssgd.aggregators.guard import CollapseGuard, SketchCollapseError, audit_interval
 from gssgd.aggregators.options import GSOptions
 from gssgd.comm import Traffic, recursive_doubling, ring_allreduce
 
@@ -64,7 +64,8 @@ class GlobalSketchSGD(Aggregator):
         ``exact``, the all-reduce of the ``m * k`` candidates' values; no indices. Either
         by recursive doubling or, with ``allreduce="backend"``, the ring. A warm-up step
         uses its own k and larger sketch. The collapse guard's audits (a dense all-reduce
-        at step 20, then every 200 steps) and its growing the sketch are left out."""
+        at step 20, then every 200 steps or more: :func:`~gssgd.aggregators.guard.audit_interval`)
+        and its growing the sketch are left out."""
         reduce = ring_allreduce if options.allreduce == "backend" else recursive_doubling
         cols, candidates = options.shape_at(d, k, cls.k_at_step(d, k, options, step))
         table = options.rows * cols * options.table_dtype.itemsize
@@ -81,8 +82,16 @@ class GlobalSketchSGD(Aggregator):
         self._build_sketch(self.options.cols)
 
     def _build_sketch(self, cols: int) -> None:
+        """A sketch of ``cols`` columns, and the guard's later audits spaced for its bytes."""
         self.cols = cols
         self.sketch = self._new_sketch(cols)
+        reduce = ring_allreduce if self.options.allreduce == "backend" else recursive_doubling
+        table = self.options.rows * cols * self.options.table_dtype.itemsize
+        step = reduce(table, self.world_size)
+        if self.options.exact:
+            step = step + reduce(self.num_candidates * 4, self.world_size)
+        audit = ring_allreduce(self.d * 4, self.world_size)
+        self.guard.audit_every = audit_interval(max(audit.sent), max(step.sent))
 
     @property
     def max_cols(self) -> int:
@@ -240,8 +249,7 @@ class GlobalSketchSGD(Aggregator):
 
     def load_state_dict(self, sd: dict[str, Any]) -> None:
         super().load_state_dict(sd)
-        if int(sd.get("cols", self.cols)) != self.cols:
-            self._build_sketch(int(sd["cols"]))
-        self.grows = int(sd.get("grows", 0))
         self.num_candidates = int(sd.get("num_candidates", self.num_candidates))
+        self._build_sketch(int(sd.get("cols", self.cols)))  # and the audits for its bytes
+        self.grows = int(sd.get("grows", 0))
         self.guard.load_state_dict(sd.get("guard", {}))

@@ -386,8 +386,9 @@ class GSOptions(SketchedOptions):
         allreduce: how the sketch tables are summed: "recursive_doubling" or "backend";
             None: by the number of workers (:func:`gs_default_shape`).
         guard: what to do when an audit finds the sketch collapsed (see
-            :mod:`gssgd.aggregators.guard`; audits cost one dense all-reduce at step 20 and
-            every 200 steps): "grow" doubles ``cols`` and the ``m*k`` candidates (every
+            :mod:`gssgd.aggregators.guard`; audits cost one dense all-reduce at step 20,
+            then spaced to add at most 5 % of gs's bytes, every 200 steps or more): "grow"
+            doubles ``cols`` and the ``m*k`` candidates (every
             rank alike, at most twice, up to ``d / (2 * rows)`` columns and ``d / 8``
             candidates) and raises :class:`~gssgd.aggregators.guard.SketchCollapseError` on
             a further collapse; "raise" raises it at once, with a message saying what to

@@ -66,3 +66,16 @@ def test_grow_gives_up_after_two_doublings_with_advice() -> None:
         assert "collapsed at aggregation step 60" in res["error"], res
         assert "already grew 2 times" in res["error"]
         assert res["cols"] == 32 and res["num_candidates"] == 400
+
+
+def test_later_audits_stay_within_five_percent_of_the_step_bytes() -> None:
+    """An audit is a dense all-reduce: spaced by a byte budget, never closer than 200 steps.
+    gs's many-workers step is small, so its later audits come thousands of steps apart."""
+    from gssgd.aggregators.guard import AUDIT_SHARE, audit_interval
+    from gssgd.comm import ring_allreduce_bytes
+
+    audit = ring_allreduce_bytes(80_602 * 4, 64)  # the MNIST CNN on 64 workers
+    every = audit_interval(audit, 10_458)  # gs's many-workers step there
+    assert every == 1214 and audit / every <= AUDIT_SHARE * 10_458
+    assert audit / (every - 1) > AUDIT_SHARE * 10_458  # the fewest steps that keep the budget
+    assert audit_interval(audit, 10**9) == 200 and audit_interval(audit, 0) == 200
