@@ -71,7 +71,9 @@ method (one `gssgd train` run each, into DIR/METHOD/), then compare them:
                      worker per step, seconds per step, ...
   DIR/vs_step.png    training loss and test accuracy against the step
   DIR/vs_bytes.png   the same against the bytes a worker sent
-  stdout             a table of the above
+  stdout             a table of the above; "x fewer" and "bytes to dense-0.5pt" count
+                     the busiest worker's link in its busier direction (local Top-k's
+                     workers receive 2k(P-1) numbers; Sketched-SGD's server P sketches)
 
 Methods: every name `gssgd train --help` lists (dense is gssgd's all-reduce through the
 same hook as the compressors; ddp-allreduce is DDP's own).
@@ -199,12 +201,22 @@ def _compare(args: argparse.Namespace) -> int:
 ACCURACY_MARGIN, LOSS_MARGIN = 0.005, 1.03
 
 
+def busier_bytes(record: dict[str, Any]) -> float:
+    """A step's bytes on the busiest worker's link, in its busier direction: local Top-k's
+    workers send 2k numbers but receive 2k(P-1), Sketched-SGD's server receives P sketches.
+    (A summary's ``*_per_step`` fields work too.)"""
+    sent = record.get("bytes_sent_max", record.get("bytes_sent_max_per_step")) or 0
+    received = record.get("bytes_received_max", record.get("bytes_received_max_per_step")) or 0
+    return float(max(sent, received))
+
+
 def add_bytes_to_target(
     results: dict[str, dict[str, Any]], curves: dict[str, list[dict[str, Any]]], text: bool
 ) -> None:
-    """Add ``bytes_to_target`` (bytes a worker had sent at the first evaluation within
-    0.5 point of the dense run's final accuracy, or 3 % of its loss; None: never) and
-    ``target``, in place. The dense reference is ``dense`` (else ``ddp-allreduce``)."""
+    """Add ``bytes_to_target`` (the bytes the busiest worker's link had carried, in its
+    busier direction (:func:`busier_bytes`), at the first evaluation within 0.5 point of the
+    dense run's final accuracy, or 3 % of its loss; None: never) and ``target``, in place.
+    The dense reference is ``dense`` (else ``ddp-allreduce``)."""
     ref = "dense" if "dense" in curves else "ddp-allreduce" if "ddp-allreduce" in curves else None
     if ref is None:
         return
@@ -214,11 +226,12 @@ def add_bytes_to_target(
         return
     target = final * LOSS_MARGIN if text else final - ACCURACY_MARGIN
     for method, records in curves.items():
-        reached = None
+        reached, carried = None, 0.0
         for r in records:
+            carried += busier_bytes(r)
             value = r.get("test_loss" if text else "test_accuracy")
             if value is not None and (value <= target if text else value >= target):
-                reached = r["bytes_sent_total"]
+                reached = carried
                 break
         results[method]["target"] = target
         results[method]["bytes_to_target"] = reached
@@ -229,19 +242,20 @@ def table(results: dict[str, dict[str, Any]], text: bool = False) -> str:
     headline = "test loss" if text else "test acc"
     key = "final_test_loss" if text else "final_test_accuracy"
     ref = results.get("dense") or results.get("ddp-allreduce") or {}
-    dense, dense_to_target = ref.get("bytes_sent_per_step"), ref.get("bytes_to_target")
+    dense, dense_to_target = busier_bytes(ref), ref.get("bytes_to_target")
     reach = "to dense+3%" if text else "to dense-0.5pt"
-    rows = [("method", headline, "bytes/worker/step", "max (busiest)", "x fewer",
+    rows = [("method", headline, "bytes/worker/step", "max sent", "max received", "x fewer",
              f"bytes {reach}", "x fewer", "lr, momentum", "s/step", "status")]
     for method, r in results.items():
         sent, busiest = r.get("bytes_sent_per_step"), r.get("bytes_sent_max_per_step")
-        to_target = r.get("bytes_to_target")
+        to_target, link = r.get("bytes_to_target"), busier_bytes(r)
         rows.append((
             method,
             _fmt(r.get(key), ".4f"),
             _fmt(sent, ",.0f"),
             _fmt(busiest, ",.0f"),
-            f"{dense / sent:,.1f}x" if sent and dense else "-",
+            _fmt(r.get("bytes_received_max_per_step"), ",.0f"),
+            f"{dense / link:,.1f}x" if link and dense else "-",
             _fmt(to_target, ",.0f") if "target" in r else "-",
             f"{dense_to_target / to_target:,.1f}x" if to_target and dense_to_target else "-",
             f"{r['lr']:g}, {r['momentum']:g}" if r.get("lr") is not None else "-",
@@ -251,7 +265,7 @@ def table(results: dict[str, dict[str, Any]], text: bool = False) -> str:
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     lines = [
         "  ".join(
-            cell.rjust(w) if i not in (0, 9) else cell.ljust(w)
+            cell.rjust(w) if i not in (0, 10) else cell.ljust(w)
             for i, (cell, w) in enumerate(zip(row, widths, strict=True))
         )
         for row in rows
