@@ -7,9 +7,10 @@
 # feedback, lr 0.2, the 100-step density warm-up; dense: momentum 0.9, lr 0.05).
 # METHODS: dense, dense16 (--payload-dtype float16), topk, gtopk, sketched; a "-nowu"
 # suffix drops the density warm-up (--warmup-steps 0). GS_SIZES: gs with the ring
-# all-reduce (--allreduce backend: its bytes do not grow with P), "c:m[:h[:f[:w]]]" ->
-# gs-c<c>-m<m>[-h][-pf<f>][-nowu]: c*k columns, m candidates, h: float16 tables, f:
-# --prefilter f, w (any text): no density warm-up. "default" runs gs as it comes.
+# all-reduce (--allreduce backend: its bytes do not grow with P), "c:m[:h[:f[:w[:g]]]]" ->
+# gs-c<c>-m<m>[-h][-pf<f>][-nowu][-noguard]: c*k columns, m candidates, h: float16 tables,
+# f: --prefilter f, w (any text): no density warm-up, g (any text): --guard off.
+# "default" runs gs as it comes.
 # Raw runs go to runs/frontier (git-ignored); scripts/frontier_report.py summarises them.
 set -u
 cd "$(dirname "$0")/.." && DIR=runs/frontier
@@ -43,13 +44,13 @@ for P in $PS; do
           .venv/bin/gssgd train --method gs "${base[@]}" --density 0.001 --out "$out"
         continue
       fi
-      IFS=: read -r c mm half pf nowu <<< "$size"
-      name=gs-c$c-m$mm${half:+-h}${pf:+-pf$pf}${nowu:+-nowu}
+      IFS=: read -r c mm half pf nowu noguard <<< "$size"
+      name=gs-c$c-m$mm${half:+-h}${pf:+-pf$pf}${nowu:+-nowu}${noguard:+-noguard}
       out=$DIR/P$P/s$seed/$name
       execute "P$P-s$seed-$name" "$out/summary.json" \
         .venv/bin/gssgd train --method gs "${base[@]}" --density 0.001 --allreduce backend \
         --cols $((c * K)) --candidates "$mm" ${half:+--table-dtype float16} \
-        ${pf:+--prefilter "$pf"} ${nowu:+--warmup-steps 0} --out "$out"
+        ${pf:+--prefilter "$pf"} ${nowu:+--warmup-steps 0} ${noguard:+--guard off} --out "$out"
     done
   done
 done
