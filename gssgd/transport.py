@@ -5,8 +5,8 @@ tensors. Two transports share one contract (:class:`Transport`):
 
 * :class:`DistTransport`: ``torch.distributed`` over a process group (gloo, NCCL): the
   real thing, one process per rank;
-* :class:`gssgd.simulated.SimulatedRank`: one rank of a simulated world, P ranks as threads
-  of one process exchanging tensors in memory (large-P studies on one machine).
+* :class:`gssgd.simulated.SimulatedRank`: one rank of a simulated world, P ranks as
+  coroutines of one process exchanging tensors in memory (large-P studies on one machine).
 
 Ranks are group-local everywhere: the transport translates them where the backend needs
 global ranks. All collectives of a transport are called by every rank of its group in the
@@ -15,7 +15,7 @@ same order, as with ``torch.distributed``.
 
 from __future__ import annotations
 
-from typing import Protocol, runtime_checkable
+from typing import Protocol
 
 import torch
 import torch.distributed as dist
@@ -29,7 +29,6 @@ class Waitable(Protocol):
     def wait(self) -> object: ...
 
 
-@runtime_checkable
 class Transport(Protocol):
     """The primitives of :class:`gssgd.comm.Communicator`, over group-local ranks.
 

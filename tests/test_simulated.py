@@ -18,7 +18,10 @@ import pytest
 import torch
 
 from gssgd import make_aggregator
+from gssgd.aggregators.gs import GlobalSketchSGD
 from gssgd.simulated import SimulatedWorld, SimulationError
+from tests.aggregators.reference import default_sketch, reference_run
+from tests.aggregators.scenarios import make_grad
 from tests.dist_utils import raise_worker_errors, run_on_prefixes, run_workers
 
 D, DENSITY, STEPS = 600, 0.02, 6
@@ -158,10 +161,6 @@ def test_gs_many_workers_default_matches_the_independent_reference(world_size: i
     """From 16 workers gs takes its many-workers shape (16·k columns, m = 8, a pre-filter
     of 8·k, float16 tables on the ring all-reduce). The same steps replayed by the
     independent reference of that documented shape choose the same coordinates."""
-    from gssgd.aggregators.gs import GlobalSketchSGD
-    from tests.aggregators.reference import default_sketch, reference_run
-    from tests.aggregators.scenarios import make_grad
-
     d, density, steps = 4000, 0.01, 6
     k = round(density * d)
     world = SimulatedWorld(world_size)

@@ -66,10 +66,16 @@ class GlobalSketchSGD(Aggregator):
         uses its own k and larger sketch. The collapse guard's audits (a dense all-reduce
         at step 20, then every 200 steps or more: :func:`~gssgd.aggregators.guard.audit_interval`)
         and its growing the sketch are left out."""
-        reduce = ring_allreduce if options.allreduce == "backend" else recursive_doubling
         cols, candidates = options.shape_at(d, k, cls.k_at_step(d, k, options, step))
-        table = options.rows * cols * options.table_dtype.itemsize
-        out = cls.control_traffic(world_size) + reduce(table, world_size)
+        return cls.control_traffic(world_size) + cls._message(options, cols, candidates,
+                                                              world_size)
+
+    @staticmethod
+    def _message(options: GSOptions, cols: int, candidates: int, world_size: int) -> Traffic:
+        """The table all-reduce of ``cols`` columns and, with ``exact``, the one of the
+        ``candidates`` values: what a step sends besides its control messages."""
+        reduce = ring_allreduce if options.allreduce == "backend" else recursive_doubling
+        out = reduce(options.rows * cols * options.table_dtype.itemsize, world_size)
         if options.exact:
             out = out + reduce(candidates * 4, world_size)
         return out
@@ -85,11 +91,7 @@ class GlobalSketchSGD(Aggregator):
         """A sketch of ``cols`` columns, and the guard's later audits spaced for its bytes."""
         self.cols = cols
         self.sketch = self._new_sketch(cols)
-        reduce = ring_allreduce if self.options.allreduce == "backend" else recursive_doubling
-        table = self.options.rows * cols * self.options.table_dtype.itemsize
-        step = reduce(table, self.world_size)
-        if self.options.exact:
-            step = step + reduce(self.num_candidates * 4, self.world_size)
+        step = self._message(self.options, cols, self.num_candidates, self.world_size)
         audit = ring_allreduce(self.d * 4, self.world_size)
         self.guard.audit_every = audit_interval(max(audit.sent), max(step.sent))
 

@@ -328,6 +328,12 @@ class TrainConfig:
         """``start_iter``, or its default."""
         return DEFAULT_START_ITER if self.start_iter is None else self.start_iter
 
+    @property
+    def measured_from_step(self) -> int:
+        """The first step counted in the per-step averages: the steps before it are DDP's
+        bucket rebuild and the comm hook's dense warm-up."""
+        return max(self.resolved_start_iter, 1)
+
 
 def _as_flags(message: str) -> str:
     """An options dataclass's message (``rows=4 is invalid: ...``) with the option named by

@@ -50,16 +50,20 @@ from gssgd.train.data import ImageData, TextData, load_dataset
 from gssgd.train.launch import Worker, WorkerFailed, launch
 from gssgd.train.metrics import (
     METRICS_FILE,
+    STATUS_COLLAPSED,
+    STATUS_COMPLETED,
+    STATUS_NONFINITE,
     SUMMARY_FILE,
     MetricsLog,
     RunTotals,
     StepBytes,
     run_summary,
     step_record,
+    summary_line,
     write_json,
 )
 from gssgd.train.models import build_model
-from gssgd.train.objective import batch_loss, evaluation_sums, train_batch
+from gssgd.train.objective import batch_loss, evaluation_sums, make_optimizer, train_batch
 from gssgd.train.rundir import prepare
 from gssgd.train.simulate import simulate_training
 from gssgd.train.snapshot import save_run_checkpoint, set_rng_state
@@ -80,9 +84,6 @@ __all__ = [
     "train_worker",
 ]
 
-#: ``summary["status"]`` of a finished run, and of runs that stopped early on every rank.
-STATUS_COMPLETED, STATUS_NONFINITE = "completed", "stopped: non-finite loss"
-STATUS_COLLAPSED = "stopped: sketch collapsed"
 
 
 # =========================================================================== data and eval
@@ -139,11 +140,6 @@ class _Run:
     last_loss: float | None = None
     wall_start: float = field(default_factory=time.perf_counter)
 
-    @property
-    def warmup(self) -> int:
-        """Steps left out of the per-step averages (DDP's rebuild, the dense warm-up)."""
-        return max(self.cfg.resolved_start_iter, 1)
-
 
 def train_worker(worker: Worker, cfg: TrainConfig) -> dict[str, Any] | None:
     """Train on this rank; every rank runs it in step with the others.
@@ -187,9 +183,7 @@ def _setup(worker: Worker, cfg: TrainConfig) -> _Run:
     torch.manual_seed(cfg.seed)
     model = build_model(cfg.model, data).to(device)
     d = sum(p.numel() for p in model.parameters())
-    optimizer = torch.optim.SGD(
-        model.parameters(), lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay
-    )
+    optimizer = make_optimizer(model, cfg)
     fingerprint = checkpoint.fingerprint(cfg.method, cfg.model, cfg.dataset, worker.world_size, d)
 
     # Resume: parameters, optimizer, this rank's RNG and (below) hook state, totals.
@@ -332,7 +326,7 @@ def _record(run: _Run, step: int, seconds_step: float, train_accuracy: float) ->
     stats = run.sync.step_stats(step)
     record = step_record(step, run.last_loss, train_accuracy, stats,
                          _gather_bytes(stats, run.worker), run.totals.bytes_sent, seconds_step)
-    run.totals.add(record, measured=step >= run.warmup)
+    run.totals.add(record, measured=step >= run.cfg.measured_from_step)
     return record
 
 
@@ -352,7 +346,7 @@ def _summarise(run: _Run) -> dict[str, Any]:
         totals=run.totals,
         last_loss=run.last_loss,
         last_eval=run.last_eval,
-        measured_from_step=run.warmup,
+        measured_from_step=cfg.measured_from_step,
         seconds_wall=time.perf_counter() - run.wall_start,
         checkpoint=(
             str(out / checkpoint.CHECKPOINT_DIR / checkpoint.checkpoint_name(cfg.steps))
@@ -361,7 +355,7 @@ def _summarise(run: _Run) -> dict[str, Any]:
         ),
     )
     write_json(out / SUMMARY_FILE, summary)
-    _say(run.message if run.message else _one_line(summary))
+    _say(run.message if run.message else summary_line(summary))
     return summary
 
 
@@ -438,21 +432,6 @@ def _progress_bar(cfg: TrainConfig, start_step: int, show: bool) -> Any:
     if show:
         _say("gssgd train: no progress bar (tqdm is not installed: pip install 'gssgd[cli]')")
     return _NoBar()
-
-
-def _one_line(summary: dict[str, Any]) -> str:
-    acc = summary["final_test_accuracy"]
-    bytes_ = summary["bytes_sent_per_step"]
-    return (
-        f"gssgd train: done after {summary['steps']} steps: test loss "
-        f"{summary['final_test_loss']:.4f}, test accuracy {acc:.4f}, "
-        + (f"{bytes_:,.0f} bytes sent per worker per step, " if bytes_ is not None else "")
-        + (
-            f"{summary['seconds_per_step'] * 1e3:.1f} ms per step"
-            if summary["seconds_per_step"] is not None
-            else ""
-        )
-    )
 
 
 # =========================================================================== entry point

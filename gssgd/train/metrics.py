@@ -47,15 +47,22 @@ __all__ = [
     "SUMMARY_FILE",
     "MetricsLog",
     "RunTotals",
+    "STATUS_COLLAPSED",
+    "STATUS_COMPLETED",
+    "STATUS_NONFINITE",
     "StepBytes",
     "read_metrics",
     "run_summary",
     "step_record",
+    "summary_line",
     "write_json",
 ]
 
 METRICS_FILE = "metrics.jsonl"
 SUMMARY_FILE = "summary.json"
+#: ``summary["status"]`` of a finished run, and of runs that stopped early on every rank.
+STATUS_COMPLETED, STATUS_NONFINITE = "completed", "stopped: non-finite loss"
+STATUS_COLLAPSED = "stopped: sketch collapsed"
 
 
 @dataclass(frozen=True)
@@ -300,3 +307,17 @@ def run_summary(
         **extra,
         "config": asdict(cfg),
     }
+
+
+def summary_line(summary: dict[str, Any]) -> str:
+    """One line saying how a finished run ended: its test figures, bytes and step time (a
+    simulated run's wall time per step is not a step time, so it is left out)."""
+    acc = summary["final_test_accuracy"]
+    bytes_ = summary["bytes_sent_per_step"]
+    seconds = None if summary.get("simulated") else summary["seconds_per_step"]
+    return (
+        f"gssgd train: done after {summary['steps']} steps: test loss "
+        f"{summary['final_test_loss']:.4f}, test accuracy {acc:.4f}, "
+        + (f"{bytes_:,.0f} bytes sent per worker per step, " if bytes_ is not None else "")
+        + (f"{seconds * 1e3:.1f} ms per step" if seconds is not None else "")
+    )

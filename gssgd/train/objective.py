@@ -1,4 +1,5 @@
-"""What one rank computes at a step: its batch, its loss, and its share of an evaluation.
+"""What one rank computes at a step: its batch, its loss, its optimizer, and its share of an
+evaluation.
 
 Shared by the training loop of real processes (:mod:`gssgd.train.loop`) and the simulated
 world's loop (:mod:`gssgd.train.simulate`), so both train the same thing: rank ``r`` of
@@ -14,7 +15,7 @@ from torch import nn
 from gssgd.train.config import TrainConfig
 from gssgd.train.data import ImageData, TextData, batch_indices, lm_batch
 
-__all__ = ["TEXT_EVAL_WINDOWS", "batch_loss", "evaluation_sums", "train_batch"]
+__all__ = ["TEXT_EVAL_WINDOWS", "batch_loss", "evaluation_sums", "make_optimizer", "train_batch"]
 
 #: Test windows of a text evaluation (drawn once from the test split, shared by ranks).
 TEXT_EVAL_WINDOWS = 512
@@ -35,6 +36,13 @@ def train_batch(
         idx = batch_indices(step, rank, world_size, cfg.batch_size, len(data.y_train), cfg.seed)
         x, y = data.x_train[idx], data.y_train[idx]
     return x.to(device), y.to(device)
+
+
+def make_optimizer(model: nn.Module, cfg: TrainConfig) -> torch.optim.Optimizer:
+    """The run's optimizer over ``model``: SGD with ``cfg``'s lr, momentum and weight decay."""
+    return torch.optim.SGD(
+        model.parameters(), lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay
+    )
 
 
 def batch_loss(logits: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, int, int]:

@@ -42,27 +42,23 @@ from gssgd.simulated import SimulatedWorld
 from gssgd.train.config import TrainConfig, import_plugins
 from gssgd.train.data import load_dataset
 from gssgd.train.metrics import (
+    STATUS_COLLAPSED,
+    STATUS_COMPLETED,
+    STATUS_NONFINITE,
     SUMMARY_FILE,
     MetricsLog,
     RunTotals,
     StepBytes,
     run_summary,
     step_record,
+    summary_line,
     write_json,
 )
 from gssgd.train.models import build_model
-from gssgd.train.objective import batch_loss, evaluation_sums, train_batch
+from gssgd.train.objective import batch_loss, evaluation_sums, make_optimizer, train_batch
 from gssgd.train.sync import hook_step_stats
 
 __all__ = ["simulate_training"]
-
-#: ``summary["status"]`` of a simulated run (the same words as a real run's).
-COMPLETED, NONFINITE, COLLAPSED = (
-    "completed",
-    "stopped: non-finite loss",
-    "stopped: sketch collapsed",
-)
-
 
 class _WholeModelBucket:
     """One rank's flat gradient in model order, shaped like DDP's ``GradBucket`` for
@@ -129,9 +125,7 @@ def simulate_training(cfg: TrainConfig) -> dict[str, Any]:
     model = build_model(cfg.model, data).to(device)
     params = [p for p in model.parameters() if p.requires_grad]
     d = sum(p.numel() for p in params)
-    optimizer = torch.optim.SGD(
-        model.parameters(), lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay
-    )
+    optimizer = make_optimizer(model, cfg)
     world = SimulatedWorld(world_size)
     settings = cfg.hook_settings()
     states = [
@@ -140,8 +134,7 @@ def simulate_training(cfg: TrainConfig) -> dict[str, Any]:
     ]
     write_json(out / "config.json", {**dataclasses.asdict(cfg), "world_size": world_size, "d": d})
     log, totals = MetricsLog(out, 0), RunTotals()
-    warmup = max(cfg.resolved_start_iter, 1)
-    status, message = COMPLETED, ""
+    status, message = STATUS_COMPLETED, ""
     last_loss: float | None = None
     last_eval: tuple[float | None, float | None] = (None, None)
     wall_start = time.perf_counter()
@@ -153,14 +146,14 @@ def simulate_training(cfg: TrainConfig) -> dict[str, Any]:
             model, params, data, cfg, step, world_size, device
         )
         if nonfinite:
-            status = NONFINITE
+            status = STATUS_NONFINITE
             message = (f"gssgd train: stopped at step {step}: the training loss is not finite "
                        f"on {nonfinite} of {world_size} workers. Lower --lr (now {cfg.lr}).")
             break
         try:
             updates = world.run(_hook_step(states, [_WholeModelBucket(g, params) for g in grads]))
         except SketchCollapseError as err:
-            status, message = COLLAPSED, f"gssgd train: stopped at step {step}: {err}"
+            status, message = STATUS_COLLAPSED, f"gssgd train: stopped at step {step}: {err}"
             break
         for p, piece in zip(params, updates[0].split([p.numel() for p in params]), strict=True):
             p.grad = piece.view_as(p).clone()
@@ -174,7 +167,7 @@ def simulate_training(cfg: TrainConfig) -> dict[str, Any]:
                               for s in states])
         record = step_record(step, last_loss, correct / count, stats, moved,
                              totals.bytes_sent, seconds_step)
-        totals.add(record, measured=step >= warmup)
+        totals.add(record, measured=step >= cfg.measured_from_step)
         done = step + 1
         if done == cfg.steps or (cfg.eval_every and done % cfg.eval_every == 0):
             loss_total, right, seen = evaluation_sums(model, data, cfg, 0, 1, device).tolist()
@@ -184,13 +177,11 @@ def simulate_training(cfg: TrainConfig) -> dict[str, Any]:
     log.close()
     summary = run_summary(
         cfg, status=status, message=message, world_size=world_size, d=d, totals=totals,
-        last_loss=last_loss, last_eval=last_eval, measured_from_step=warmup,
+        last_loss=last_loss, last_eval=last_eval, measured_from_step=cfg.measured_from_step,
         seconds_wall=time.perf_counter() - wall_start, checkpoint=None, simulated=True,
     )
     write_json(out / SUMMARY_FILE, summary)
-    print(message or (f"gssgd train --simulate: done after {totals.steps} steps: test accuracy "
-                      f"{last_eval[1]}, {totals.per_step()['bytes_sent_per_step']} bytes sent "
-                      "per worker per step"), flush=True)
+    print(message or summary_line(summary), flush=True)
     return summary
 
 
