@@ -13,6 +13,8 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from gssgd.train.launch import leave_process_group
+
 
 def error_report(exc: BaseException) -> dict[str, str]:
     """The report of ``exc`` (call it while handling it) that :func:`raise_worker_errors`
@@ -39,7 +41,11 @@ def _worker(rank: int, world_size: int, init_file: str, out_dir: str, fn, args) 
     except BaseException as exc:  # report to the parent, which re-raises
         result = error_report(exc)
     torch.save(result, os.path.join(out_dir, f"{rank}.pt"))
-    dist.destroy_process_group()
+    del result
+    # collect the DDP reducers (in reference cycles) that still hold the group, then destroy
+    # it: left to interpreter exit, its gloo threads aborted the worker now and then
+    if not leave_process_group(rank):
+        raise SystemExit(1)
 
 
 def run_workers(world_size: int, fn: Callable[..., Any], *args: Any) -> list[Any]:

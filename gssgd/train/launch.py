@@ -16,8 +16,8 @@ Two ways in, one function (:func:`launch`):
 Every process group gets the run's ``timeout``: a peer that died or hangs makes the
 others fail after that many seconds instead of waiting forever.
 
-How a worker leaves (:func:`_leave`), whether ``fn`` returned or raised: the failed run's
-objects (model, DDP's reducer, the aggregators' communicators: they hold the process
+How a worker leaves (:func:`leave_process_group`), whether ``fn`` returned or raised: the
+failed run's objects (model, DDP's reducer, the aggregators' communicators: they hold the process
 group) are released and collected while Python is whole, then the group is destroyed (its
 gloo threads joined), and only then does the process end. A spawned worker then ends with
 ``os._exit`` (its status: 0, or 1 after an error), skipping interpreter finalization: a
@@ -62,6 +62,7 @@ __all__ = [
     "LEAVE_GRACE_S",
     "Worker",
     "WorkerFailed",
+    "leave_process_group",
     "is_user_error",
     "launch",
     "cuda_backend",
@@ -223,7 +224,7 @@ def launch(
             _release(err)  # the caller reports it; the failed run's objects go first
             raise
         finally:
-            _leave(rank)
+            leave_process_group(rank)
         return result if rank == 0 else None
     with tempfile.TemporaryDirectory(prefix="gssgd-rendezvous-") as tmp:
         context = mp.start_processes(
@@ -342,7 +343,7 @@ def _release(err: BaseException) -> None:
         err = err.__cause__ or err.__context__
 
 
-def _leave(rank: int) -> bool:
+def leave_process_group(rank: int) -> bool:
     """Leave the process group cleanly: collect what still holds it (the run's DDP
     reducer and communicators, often in reference cycles), then destroy it, so its gloo
     threads are joined now and not at interpreter exit. Returns False if destroying failed
@@ -361,8 +362,8 @@ def _leave(rank: int) -> bool:
 
 
 def _exit_worker(rank: int, code: int) -> NoReturn:
-    """End a spawned worker: leave the group (:func:`_leave`), release its multiprocessing
-    objects, flush, ``os._exit(code)``.
+    """End a spawned worker: leave the group (:func:`leave_process_group`), release its
+    multiprocessing objects, flush, ``os._exit(code)``.
 
     ``os._exit`` comes last, after the group is gone: it skips interpreter finalization,
     where any gloo thread still finishing work would need the GIL and abort the process
@@ -376,7 +377,7 @@ def _exit_worker(rank: int, code: int) -> NoReturn:
     the parent's resource tracker, which reported them as "leaked semaphore objects" when
     the parent exited.
     """
-    if not _leave(rank):
+    if not leave_process_group(rank):
         code = code or 1
     with contextlib.suppress(Exception):  # a cleanup that fails must not change the status
         multiprocessing.util._run_finalizers(0)
