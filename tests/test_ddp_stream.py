@@ -247,6 +247,9 @@ def test_stream_state_dict_loads_with_weights_only_and_refuses_another_overlap()
         ({"overlap": "stream", "whole_model": False}, r"pass whole_model=True"),
         ({"overlap": "stream", "local_clip": 1.0}, r"local_clip=1.0 cannot be used with "
                                                    r"overlap='stream'"),
+        ({"overlap": "stream", "feedback": "ef21"}, r"feedback='ef21' cannot be used with "
+                                                    r"overlap='stream'.*overlap='none'"),
+        ({"overlap": "stream", "prefilter": 8}, r"prefilter=8 cannot be used with "),
     ],
 )
 def test_bad_overlap_raises_at_construction(kwargs: dict, match: str) -> None:

@@ -119,6 +119,8 @@ class Aggregator:
         self.rank, self.world_size = self.comm.rank, self.comm.world_size
         self.residual: torch.Tensor | None = None
         self.momentum_buffer: torch.Tensor | None = None
+        #: ``feedback="ef21"``: the dense estimate ``G`` every rank returns (the same on all)
+        self.estimate: torch.Tensor | None = None
         self.steps = 0
         #: the k of the current step: ``k``, or less far into a density warm-up
         self.step_k = k
@@ -258,8 +260,17 @@ class Aggregator:
         self.steps += 1
         return torch.zeros_like(grad)
 
+    @property
+    def _ef21(self) -> bool:
+        """Whether this aggregator runs EF21(-SGDM) (``feedback="ef21"``)."""
+        return getattr(self.options, "feedback", "ef") == "ef21"
+
     def _error_compensated(self, grad: torch.Tensor) -> torch.Tensor:
-        """``u = rho*u + g`` (with momentum), ``a = e + u``: the vector to compress.
+        """The vector to compress: ``a = e + g`` (classic), ``a = e + u`` with local
+        momentum ``u = rho*u + g``, or under ``feedback="ef21"`` ``a = e + (v - v_prev)``
+        with ``v = rho*v + g`` (``v = g`` without momentum). In EF21 ``e = v - G`` on every
+        rank summed, so compressing ``a`` is compressing the gap between the ranks' (momentum)
+        gradient and the shared estimate ``G``.
 
         With ``local_clip`` the gradient is first scaled to an l2 norm of at most
         ``local_clip / sqrt(P)`` (DGC's local gradient clipping)."""
@@ -276,13 +287,17 @@ class Aggregator:
         elif self.residual.device != grad.device or self.residual.dtype != dtype:
             self.residual = self.residual.to(grad.device, dtype)
         rho = getattr(self.options, "momentum", 0.0)
-        if rho > 0:
-            if self.momentum_buffer is None:
-                self.momentum_buffer = torch.zeros_like(grad)
-            self.momentum_buffer = self.momentum_buffer.to(grad.device, dtype)
+        if rho == 0 and not self._ef21:
+            return self.residual + grad
+        if self.momentum_buffer is None:
+            self.momentum_buffer = torch.zeros_like(grad)
+        self.momentum_buffer = self.momentum_buffer.to(grad.device, dtype)
+        if not self._ef21:
             self.momentum_buffer.mul_(rho).add_(grad)
             return self.residual + self.momentum_buffer
-        return self.residual + grad
+        change = grad - (1 - rho) * self.momentum_buffer  # v - v_prev, v = rho*v_prev + g
+        self.momentum_buffer.add_(change)
+        return self.residual + change
 
     def _new_sketch(self, cols: int | None = None) -> CountSketch:
         """Sketching methods: an empty sketch of ``d`` coordinates, ``cols`` columns (None:
@@ -312,7 +327,7 @@ class Aggregator:
         """``e = a`` with ``a[delivered] = 0`` (and momentum stopping ``u[delivered] = 0``)."""
         accumulated[delivered] = 0
         self.residual = accumulated
-        if self.momentum_buffer is not None:
+        if self.momentum_buffer is not None and not self._ef21:  # EF21 keeps all of v
             self.momentum_buffer[delivered] = 0
 
     @contextmanager
@@ -328,23 +343,28 @@ class Aggregator:
         self, update: torch.Tensor, delivered_fraction: float | None = None
     ) -> torch.Tensor:
         """Count the step, record its statistics, and return ``update`` in the gradient's
-        dtype (sparse methods build it in the residual's dtype)."""
+        dtype (sparse methods build it in the residual's dtype). Under ``feedback="ef21"``
+        the update is added to the estimate ``G`` and ``G`` is returned."""
         self.steps += 1
         self._record(skipped=False, delivered_fraction=delivered_fraction)
+        if self._ef21:
+            if self.estimate is None:
+                self.estimate = torch.zeros_like(update)
+            self.estimate = self.estimate.to(update.device, update.dtype).add_(update)
+            update = self.estimate.clone()
         return update.to(self._grad_dtype)
 
     def rescale(self, factor: float) -> None:
-        """Multiply the residual and the momentum buffer by ``factor``.
+        """Multiply the residual, the momentum buffer and the EF21 estimate by ``factor``.
 
         Under ``torch.amp.GradScaler`` the gradients arrive multiplied by the loss scale,
         so the error feedback is kept in the same scaled units; when the scaler changes its
         scale, the hook rescales the state by ``new / old`` (a power of two with the
         scaler's default factors, so exact) and no mass is gained or lost.
         """
-        if self.residual is not None:
-            self.residual.mul_(factor)
-        if self.momentum_buffer is not None:
-            self.momentum_buffer.mul_(factor)
+        for state in (self.residual, self.momentum_buffer, self.estimate):
+            if state is not None:
+                state.mul_(factor)
 
     def _record(self, skipped: bool, delivered_fraction: float | None = None) -> None:
         c = self.comm.take_stats()
@@ -409,6 +429,8 @@ class Aggregator:
             )
         if self.momentum_buffer is not None:
             sd["momentum"] = self.momentum_buffer.clone()
+        if self.estimate is not None:
+            sd["estimate"] = self.estimate.clone()
         return sd
 
     def load_state_dict(self, sd: dict[str, Any]) -> None:
@@ -432,5 +454,6 @@ class Aggregator:
                     f"residual has shape {tuple(residual.shape)}, expected ({self.d},)"
                 )
             self.residual = residual.clone()
-        mom = sd.get("momentum")
+        mom, estimate = sd.get("momentum"), sd.get("estimate")
         self.momentum_buffer = mom.clone() if mom is not None else None
+        self.estimate = estimate.clone() if estimate is not None else None

@@ -26,6 +26,7 @@ __all__ = [
     "GSShape",
     "DEFAULT_DENSITY",
     "MANY_WORKERS",
+    "FEEDBACKS",
 ]
 
 #: What a non-finite gradient does (``CommonOptions.nonfinite``).
@@ -213,6 +214,10 @@ class DenseOptions(CommonOptions):
             )
 
 
+#: What ``TopkOptions.feedback`` accepts: classic error feedback, or EF21(-SGDM).
+FEEDBACKS: tuple[str, ...] = ("ef", "ef21")
+
+
 def _check_momentum(value: float) -> None:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < 1:
         raise _bad(
@@ -240,16 +245,31 @@ class TopkOptions(CommonOptions):
         local_clip: local gradient clipping: each rank scales its gradient to an l2 norm of
             at most ``local_clip / sqrt(P)`` before it enters the residual, so the sum over
             P ranks stays within about ``local_clip``; None = off.
+        feedback: what the error feedback compresses and what the step returns.
+            ``"ef"`` (default): classic error feedback: compress ``e + g`` (``e + u`` with
+            momentum), return the sparse averaged update. ``"ef21"``: EF21 (Richtarik et
+            al. 2021) and, with ``momentum``, EF21-SGDM (Fatkhullin et al. 2023): every rank
+            keeps ``v = momentum*v + g`` (no masking), compresses ``e + (v - v_prev)``,
+            and every rank returns the same dense estimate ``G += update`` of the ranks'
+            mean ``v``: the optimizer steps on a smooth but lagging estimate instead of on
+            sparse bursts. Measured (docs/study.md, "Keep your optimizer"): with
+            ``momentum=0.9`` and plain SGD it trains, behind the classic feedback under
+            momentum SGD; without inner momentum, under momentum SGD or AdamW, it lags
+            or diverges (the DDP hook warns).
     """
 
     momentum: float = 0.0
     warmup_steps: int = 0
     warmup_density: float = 0.25
     local_clip: float | None = None
+    feedback: str = "ef"
 
     def __post_init__(self) -> None:
         super().__post_init__()
         _check_momentum(self.momentum)
+        if self.feedback not in FEEDBACKS:
+            raise _bad("feedback", self.feedback, f"it must be one of {', '.join(FEEDBACKS)}",
+                       "Use 'ef' (the default) or 'ef21' (with momentum=0.9: EF21-SGDM).")
         if not _is_int(self.warmup_steps) or self.warmup_steps < 0:
             raise _bad("warmup_steps", self.warmup_steps, "it must be an integer >= 0",
                        "For example warmup_steps=100, or 0 for no density warm-up.")

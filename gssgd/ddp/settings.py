@@ -52,6 +52,11 @@ def check_overlap(overlap: object, method: str, whole_model: bool, options: dict
             "pre-filter needs the whole gradient's top coordinates before the first bucket "
             "is sketched. Drop prefilter or use overlap='none'."
         )
+    if options.get("feedback", "ef") != "ef":
+        raise ValueError(
+            f"feedback={options['feedback']!r} cannot be used with overlap='stream': the "
+            "streamed buckets keep classic error feedback only. Use overlap='none' for EF21."
+        )
     if options.get("local_clip") is not None:
         raise ValueError(
             f"local_clip={options['local_clip']!r} cannot be used with overlap='stream': "

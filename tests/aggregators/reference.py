@@ -174,14 +174,22 @@ def reference_run(
     pairwise sums in the recursive-doubling order), so those results can be compared
     bitwise; float64 is the exact math, for comparisons with a tolerance.
 
+    ``opts["feedback"] == "ef21"``: EF21(-SGDM) as its paper states it, per rank ``v = rho*v
+    + g`` and the estimate ``g_p``; the method compresses ``v - g_p`` (a sum over ranks
+    for the global selections); ``g_p += ``what rank p delivered; the update is the
+    ranks' mean estimate.
+
     Returns:
-        (updates per step as arrays, final residual per rank as arrays), in ``dtype``.
+        (updates per step as arrays, final residual per rank as arrays), in ``dtype``; under
+        EF21 the "residual" is ``v - g_p``, what rank p has not yet delivered.
     """
     steps, world = len(grads), len(grads[0])
     d = grads[0][0].numel()
     rho = dtype(opts.get("momentum", 0.0))
+    ef21 = opts.get("feedback", "ef") == "ef21"
     e = [np.zeros(d, dtype) for _ in range(world)]
     u = [np.zeros(d, dtype) for _ in range(world)]
+    estimate = [np.zeros(d, dtype) for _ in range(world)]  # EF21's g_p
     updates = []
     for t in range(steps):
         g = [grads[t][p].numpy().astype(dtype) for p in range(world)]
@@ -190,8 +198,8 @@ def reference_run(
             continue
         a = []
         for p in range(world):
-            u[p] = rho * u[p] + g[p] if rho > 0 else g[p]
-            a.append(e[p] + u[p])
+            u[p] = rho * u[p] + g[p] if rho > 0 or ef21 else g[p]
+            a.append(u[p] - estimate[p] if ef21 else e[p] + u[p])
         update = np.zeros(d, dtype)
         delivered: list[np.ndarray] = [np.array([], dtype=np.int64)] * world
         if method == "topk":
@@ -247,9 +255,11 @@ def reference_run(
         else:
             raise ValueError(method)
         for p in range(world):
+            if ef21:  # rank p's estimate takes what it delivered (a global choice: its part)
+                estimate[p][delivered[p]] += a[p][delivered[p]]
             a[p][delivered[p]] = 0
             e[p] = a[p]
-            if rho > 0:
+            if rho > 0 and not ef21:
                 u[p][delivered[p]] = 0
-        updates.append(update / world)
+        updates.append(sum(estimate) / world if ef21 else update / world)
     return updates, e

@@ -28,6 +28,12 @@ CONFIGS: dict[str, tuple[str, dict, int]] = {
     "topk_momentum": ("topk", {"density": 0.01, "momentum": 0.9}, D),
     "gtopk": ("gtopk", {"density": 0.01}, D),
     "gtopk_momentum": ("gtopk", {"density": 0.01, "momentum": 0.9}, D),
+    # EF21 (no momentum) and EF21-SGDM: a dense estimate, the same on every rank
+    "topk_ef21": ("topk", {"density": 0.01, "feedback": "ef21"}, D),
+    "gtopk_ef21m": ("gtopk", {"density": 0.01, "feedback": "ef21", "momentum": 0.9}, D),
+    "sketched_ef21m": ("sketched", {"density": 0.01, "feedback": "ef21", "momentum": 0.9,
+                                    **SKETCH}, D),
+    "gs_ef21m": ("gs", {"density": 0.01, "feedback": "ef21", "momentum": 0.9, **SKETCH}, D),
     "sketched": ("sketched", {"density": 0.01, **SKETCH}, D),
     "gs": ("gs", {"density": 0.01, **SKETCH}, D),
     "gs_backend": ("gs", {"density": 0.01, "allreduce": "backend", **SKETCH}, D),

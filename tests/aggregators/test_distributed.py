@@ -135,6 +135,25 @@ def test_no_gradient_mass_is_lost(world_size: int, name: str) -> None:
     torch.testing.assert_close(delivered + residuals, grads, rtol=1e-4, atol=1e-3)
 
 
+@pytest.mark.parametrize(("world_size", "name"), cases([n for n in CONFIGS if "ef21" in n]))
+def test_ef21_estimate_and_residuals_hold_all_the_momentum(world_size: int, name: str) -> None:
+    """EF21: ``P * G_T + sum_p e_p = sum_p v_p``, ``v_p = rho*v_p + g_p`` over the run: what
+    the shared estimate has not taken up is in the residuals, no more, no less."""
+    _, opts, d = CONFIGS[name]
+    rho = opts.get("momentum", 0.0)
+    v = torch.zeros(d, dtype=torch.float64)
+    for p in range(world_size):
+        vp = torch.zeros(d, dtype=torch.float64)
+        for t in range(STEPS):
+            vp = rho * vp + make_grad(p, t, d).double()
+        v += vp
+    ranks = results(world_size)
+    estimate = world_size * ranks[0][name]["updates"][-1].double()
+    residuals = sum(r[name]["residual"].double() for r in ranks)
+    assert v.abs().max() > 1  # the invariant is not trivially zero
+    torch.testing.assert_close(estimate + residuals, v, rtol=1e-4, atol=1e-3)
+
+
 @pytest.mark.parametrize("world_size", [3, 4])
 def test_half_tables_halve_the_sketch_bytes_and_pick_what_float32_picks(world_size: int) -> None:
     """16-bit tables round only the choice of candidates; on this data, not even that."""
