@@ -1,4 +1,5 @@
-"""The hook warns (once) when an optimizer with momentum runs on top of a sparse method."""
+"""The hook warns (once) when an optimizer steps on a sparse method's hook in a combination
+that measured badly, and stays quiet for those that measured well."""
 
 from __future__ import annotations
 
@@ -13,13 +14,16 @@ from gssgd.ddp import HookState
 
 @pytest.fixture()
 def fresh_warning(monkeypatch: pytest.MonkeyPatch):
-    monkeypatch.setattr(recipe, "_warned_momentum", False)
+    monkeypatch.setattr(recipe, "_warned", False)
     yield
 
 
-def _step(momentum: float) -> list[warnings.WarningMessage]:
+def _step(optimizer: str = "sgd", momentum: float = 0.0) -> list[warnings.WarningMessage]:
     p = torch.nn.Parameter(torch.ones(3))
-    opt = torch.optim.SGD([p], lr=0.1, momentum=momentum)
+    if optimizer == "adamw":
+        opt: torch.optim.Optimizer = torch.optim.AdamW([p], lr=0.1)
+    else:
+        opt = torch.optim.SGD([p], lr=0.1, momentum=momentum)
     p.grad = torch.ones(3)
     with warnings.catch_warnings(record=True) as seen:
         warnings.simplefilter("always")
@@ -27,21 +31,47 @@ def _step(momentum: float) -> list[warnings.WarningMessage]:
     return [w for w in seen if "gssgd" in str(w.message)]
 
 
-def test_momentum_on_a_sparse_method_warns_once_with_the_fix(fresh_warning) -> None:
-    state = HookState("gs", density=0.01)
-    first = _step(0.9)
+def test_momentum_at_low_density_warns_once_with_both_measurements(fresh_warning) -> None:
+    state = HookState("gs", density=0.001)
+    first = _step(momentum=0.9)
     assert len(first) == 1
     text = str(first[0].message)
     assert "momentum=0.9" in text and "'gs'" in text and "momentum=0" in text
-    assert "HookState('gs', ..., momentum=0.9)" in text
-    assert _step(0.9) == []  # once per process
+    assert "MNIST" in text and "LSTM" in text
+    assert _step(momentum=0.9) == []  # once per process
     del state
 
 
-def test_no_warning_for_plain_sgd_or_a_dense_method(fresh_warning) -> None:
-    state = HookState("topk", density=0.01)
-    assert _step(0.0) == []
+@pytest.mark.parametrize("optimizer", ["sgd", "adamw"])
+def test_ef21_without_inner_momentum_under_an_optimizer_with_momentum_warns(
+    fresh_warning, optimizer: str
+) -> None:
+    state = HookState("topk", density=0.01, feedback="ef21")
+    seen = _step(optimizer, momentum=0.9)
+    assert len(seen) == 1
+    text = str(seen[0].message)
+    assert "feedback='ef'" in text and "feedback='ef21', momentum=0.9" in text
     del state
+
+
+@pytest.mark.parametrize(
+    ("options", "optimizer", "momentum"),
+    [
+        ({"density": 0.01}, "sgd", 0.9),  # momentum SGD at 0.01: the LSTM's best recipe
+        ({"density": 0.01}, "adamw", 0.0),  # AdamW on the classic error feedback
+        ({"density": 0.001}, "sgd", 0.0),  # plain SGD: the image recipe
+        ({"density": 0.001, "feedback": "ef21", "momentum": 0.9}, "sgd", 0.0),  # EF21-SGDM
+    ],
+)
+def test_combinations_that_measured_well_do_not_warn(
+    fresh_warning, options: dict, optimizer: str, momentum: float
+) -> None:
+    state = HookState("gs", **options)
+    assert _step(optimizer, momentum) == []
+    del state
+
+
+def test_no_warning_for_a_dense_method(fresh_warning) -> None:
     dense = HookState("dense")
-    assert _step(0.9) == []  # no sparse state alive: momentum after an all-reduce is fine
+    assert _step(momentum=0.9) == []  # no sparse state alive: momentum after an all-reduce
     del dense

@@ -10,11 +10,17 @@ import argparse
 import dataclasses
 from typing import Any
 
-from gssgd.aggregators.options import PAYLOAD_DTYPES
+from gssgd.aggregators.options import FEEDBACKS, PAYLOAD_DTYPES
 from gssgd.amp import AMP_DTYPES
 from gssgd.cli.errors import run_command
-from gssgd.methods import DENSE_RECIPE, METHODS, SPARSE_RECIPE, SPARSE_WARMUP_STEPS
-from gssgd.train.config import TrainConfig, setting_applies_to
+from gssgd.methods import (
+    DENSE_RECIPE,
+    METHODS,
+    SPARSE_RECIPE,
+    SPARSE_WARMUP_STEPS,
+    TEXT_RECIPE,
+)
+from gssgd.train.config import ADAMW_LR, OPTIMIZERS, TrainConfig, setting_applies_to
 from gssgd.train.launch import DEVICES
 from gssgd.train.loop import STATUS_COMPLETED, run_training
 from gssgd.train.models import MODELS
@@ -121,15 +127,21 @@ def _optimisation_flags(parser: argparse.ArgumentParser) -> None:
                      help="total steps (a resumed run continues up to this many)")
     opt.add_argument("--batch-size", type=int, default=c.batch_size,
                      help="samples (text: windows) per worker per step")
+    opt.add_argument("--optimizer", choices=OPTIMIZERS, default=c.optimizer,
+                     help="sgd (default) or adamw")
     opt.add_argument("--lr", type=float, default=None,
-                     help="SGD learning rate (constant); default: the method's recipe, "
-                     f"{DENSE_RECIPE[0]} for dense methods, {SPARSE_RECIPE[0]} for sparse ones")
+                     help="learning rate (constant); default: SGD's recipe, "
+                     f"{DENSE_RECIPE[0]} for dense methods, {SPARSE_RECIPE[0]} for sparse ones, "
+                     f"{TEXT_RECIPE[0]} for every method on a language model; AdamW: {ADAMW_LR}")
     opt.add_argument("--momentum", type=float, default=None,
                      help="SGD momentum, applied after aggregation; default: "
                      f"{DENSE_RECIPE[1]} for dense methods, {SPARSE_RECIPE[1]} for sparse ones "
-                     "(optimizer momentum on a sparse, error-fed update is unstable: use "
-                     "--local-momentum instead)")
-    opt.add_argument("--weight-decay", type=float, default=c.weight_decay, help="SGD weight decay")
+                     f"on images (there it hurt the error-fed update), {TEXT_RECIPE[1]} for "
+                     "every method on a language model")
+    opt.add_argument("--weight-decay", type=float, default=c.weight_decay,
+                     help="weight decay (AdamW: decoupled); default 0")
+    opt.add_argument("--betas", type=float, nargs=2, default=c.betas, metavar=("B1", "B2"),
+                     help="AdamW's betas (default 0.9 0.999)")
     opt.add_argument("--seq-len", type=int, default=c.seq_len, help="characters per window (text)")
     opt.add_argument("--seed", type=int, default=c.seed,
                      help="seeds the model init, the batches and the sketch hashes")
@@ -181,6 +193,11 @@ def _aggregation_flags(parser: argparse.ArgumentParser) -> None:
     agg.add_argument("--local-clip", type=float, default=None, metavar="NORM",
                      help="local gradient clipping (DGC): each worker's gradient is scaled to "
                      f"a norm of at most NORM/sqrt(P) ({_applies('local_clip')}; default off)")
+    agg.add_argument("--feedback", choices=FEEDBACKS, default=None,
+                     help=f"{_applies('feedback')}: error feedback: ef (classic: the sparse "
+                     "update goes to the optimizer) or ef21 (EF21-SGDM: a dense estimate of the "
+                     "workers' mean (momentum) gradient, kept alike on every worker; "
+                     "--local-momentum is its momentum); default ef")
     agg.add_argument("--payload-dtype", choices=tuple(PAYLOAD_DTYPES), default=None,
                      help=f"{_applies('payload_dtype')}: dtype of the all-reduced gradient "
                      "(default float32; 16 bits are scaled by 1/P first)")

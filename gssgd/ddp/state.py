@@ -60,8 +60,12 @@ class HookState(HookCore):
             ``nonfinite="skip"``, the default) the first skipped non-finite step warns
             once that a GradScaler run must pass ``scaler=``.
         **options: the method's options (``k`` instead of ``density``; ``rows``, ``cols``,
-            ``candidates``, ``exact``, ``allreduce``, ``table_dtype``, ``momentum``, ``seed``, ``dtype``,
-            ``nonfinite``: "skip", "raise" or "propagate"; see :func:`gssgd.make_aggregator`).
+            ``candidates``, ``exact``, ``allreduce``, ``table_dtype``, ``momentum``,
+            ``feedback`` ("ef" or "ef21"), ``seed``, ``dtype``, ``nonfinite``: "skip",
+            "raise" or "propagate"; see :func:`gssgd.make_aggregator`). Keep your
+            optimizer: momentum SGD and AdamW step on the classic error-fed update
+            (``feedback="ef"``, the default); the combinations that measured badly are
+            warned about once (:mod:`gssgd.ddp.recipe`).
 
     Attributes:
         iter: the number of DDP iterations this state has seen (saved in checkpoints).
@@ -135,8 +139,8 @@ class HookState(HookCore):
             self.bind(model)
 
     def _watch_recipe(self) -> None:
-        """For a sparse method: warn (once per process) if an optimizer with momentum steps
-        while this state is alive (:mod:`gssgd.ddp.recipe`)."""
+        """For a sparse method: warn (once per process) if an optimizer steps on this state
+        in a combination that measured badly (:mod:`gssgd.ddp.recipe`)."""
         recipe.watch(self)
 
     def __repr__(self) -> str:

@@ -20,13 +20,15 @@ from gssgd.amp import AMP_DTYPES
 from gssgd.ddp import STREAMING_METHODS, HookSettings
 from gssgd.methods import METHODS, applies_to, get_method
 from gssgd.train.launch import DEVICES
-from gssgd.train.models import MODELS
+from gssgd.train.models import MODELS, TEXT_MODELS
 
 __all__ = [
+    "ADAMW_LR",
     "DEFAULT_POWERSGD_RANK",
     "DEFAULT_START_ITER",
     "DEFAULT_WORKERS",
     "METHOD_SETTINGS",
+    "OPTIMIZERS",
     "TrainConfig",
     "check_settings_apply",
     "flag",
@@ -42,6 +44,11 @@ DEFAULT_START_ITER = 2
 #: PowerSGD's matrix approximation rank when ``--powersgd-rank`` is not given.
 DEFAULT_POWERSGD_RANK = 2
 
+#: What ``--optimizer`` accepts.
+OPTIMIZERS: tuple[str, ...] = ("sgd", "adamw")
+#: AdamW's learning rate when ``--lr`` is not given.
+ADAMW_LR = 1e-3
+
 #: TrainConfig fields that are aggregator options under another name.
 _OPTION_NAMES = {"local_momentum": "momentum", "payload_dtype": "dtype"}
 #: TrainConfig fields that apply to some methods only (None or False = not given).
@@ -52,6 +59,7 @@ METHOD_SETTINGS: tuple[str, ...] = (
     "warmup_steps",
     "warmup_density",
     "local_clip",
+    "feedback",
     "payload_dtype",
     "rows",
     "cols",
@@ -156,9 +164,11 @@ class TrainConfig:
     # -- optimisation
     steps: int = 500  # total steps; a resumed run continues up to this many
     batch_size: int = 32  # samples (text: windows) per worker per step
-    lr: float | None = None  # SGD learning rate (constant); None: the method's recipe
+    optimizer: str = "sgd"  # sgd or adamw
+    lr: float | None = None  # learning rate (constant); None: the method's recipe
     momentum: float | None = None  # SGD momentum after aggregation; None: the method's recipe
-    weight_decay: float = 0.0  # SGD weight decay
+    weight_decay: float = 0.0  # weight decay (AdamW: decoupled)
+    betas: tuple[float, float] = (0.9, 0.999)  # AdamW's betas
     seq_len: int = 64  # characters per window (text data)
     seed: int = 0  # seeds the model init, the batches and the sketch hashes
     # -- workers
@@ -176,6 +186,7 @@ class TrainConfig:
     warmup_steps: int | None = None  # density warm-up: steps from warmup_density down to density
     warmup_density: float | None = None  # the warm-up's starting density (default 0.25)
     local_clip: float | None = None  # clip each worker's gradient to this norm / sqrt(P)
+    feedback: str | None = None  # error feedback: ef (classic, default) or ef21 (EF21-SGDM)
     payload_dtype: str | None = None  # dense: float32 (default), float16 or bfloat16 payload
     rows: int | None = None  # sketch rows, odd (sketched, gs; default 1)
     cols: int | None = None  # sketch columns (sketched, gs; default 40·k, capped at d/(4 rows))
@@ -213,9 +224,7 @@ class TrainConfig:
         if self.model is not None and self.model not in MODELS:
             raise _bad("model", self.model, f"it must be one of {', '.join(MODELS)}",
                        "Leave it out for the dataset's default.")
-        recipe_lr, recipe_momentum = get_method(self.method).recipe()
-        self.lr = recipe_lr if self.lr is None else self.lr
-        self.momentum = recipe_momentum if self.momentum is None else self.momentum
+        self._apply_recipe()
         if self.warmup_steps is None:
             self.warmup_steps = get_method(self.method).recipe_warmup_steps() or None
         for name in ("steps", "batch_size", "seq_len", "threads"):
@@ -231,6 +240,7 @@ class TrainConfig:
         _check_real("lr", self.lr, "> 0", lambda v: v > 0, "For example 0.05.")
         _check_real("momentum", self.momentum, "in [0, 1)", lambda v: 0 <= v < 1, "Or 0 for none.")
         _check_real("weight_decay", self.weight_decay, ">= 0", lambda v: v >= 0)
+        self._check_betas()
         _check_real("timeout", self.timeout, "> 0 seconds", lambda v: v > 0, "Default: 300.")
         if self.device not in DEVICES:
             raise _bad("device", self.device, f"it must be one of {', '.join(DEVICES)}")
@@ -252,6 +262,44 @@ class TrainConfig:
         self._check_method_settings()
         self.fail_at = _rank_step("fail_at", self.fail_at)
         self.stall_at = _rank_step("stall_at", self.stall_at)
+
+    @property
+    def trains_text(self) -> bool:
+        """Whether the run trains a language model (``lm``, ``gpt``; the default model of
+        ``shakespeare`` and ``text:PATH``), whose default recipe is
+        :data:`~gssgd.methods.TEXT_RECIPE`."""
+        if self.model is not None:
+            return self.model in TEXT_MODELS
+        return self.dataset == "shakespeare" or self.dataset.startswith("text:")
+
+    def _apply_recipe(self) -> None:
+        """Fill the learning rate and momentum left out: SGD's from the method's recipe,
+        AdamW's :data:`ADAMW_LR` (AdamW has no ``momentum``: its betas play that part).
+
+        Raises:
+            ValueError: an unknown optimizer, or ``momentum`` given with AdamW."""
+        if self.optimizer not in OPTIMIZERS:
+            raise _bad("optimizer", self.optimizer, f"it must be one of {', '.join(OPTIMIZERS)}",
+                       "For example --optimizer adamw.")
+        if self.optimizer == "adamw":
+            if self.momentum not in (None, 0, 0.0):
+                raise _bad("momentum", self.momentum, "it must be left out with AdamW",
+                           "AdamW's first moment is --betas' first value.")
+            self.lr = ADAMW_LR if self.lr is None else self.lr
+            self.momentum = 0.0
+            return
+        recipe_lr, recipe_momentum = get_method(self.method).recipe(text=self.trains_text)
+        self.lr = recipe_lr if self.lr is None else self.lr
+        self.momentum = recipe_momentum if self.momentum is None else self.momentum
+
+    def _check_betas(self) -> None:
+        betas = tuple(self.betas) if isinstance(self.betas, (tuple, list)) else self.betas
+        if not (isinstance(betas, tuple) and len(betas) == 2 and all(
+                isinstance(b, (int, float)) and not isinstance(b, bool) and 0 <= b < 1
+                for b in betas)):
+            raise _bad("betas", self.betas, "it must be two numbers in [0, 1)",
+                       "For example --betas 0.9 0.999.")
+        self.betas = (float(betas[0]), float(betas[1]))
 
     def _check_simulated(self) -> None:
         """What a simulated world (:mod:`gssgd.train.simulate`) runs: an aggregator method

@@ -46,13 +46,13 @@ from gssgd.train.models_wide import CharGPT, WideResNet
 from gssgd.train.resnet_parts import BasicBlock as BasicBlock  # still importable from here
 from gssgd.train.resnet_parts import resnet_trunk
 
-__all__ = ["MODELS", "build_model", "default_model"]
+__all__ = ["MODELS", "TEXT_MODELS", "build_model", "default_model"]
 
 MODELS: tuple[str, ...] = ("mlp", "cnn", "resnet", "lm", "wresnet", "gpt")
 """The model names :func:`build_model` accepts."""
 
 _IMAGE_MODELS = ("mlp", "cnn", "resnet", "wresnet")
-_TEXT_MODELS = ("lm", "gpt")
+TEXT_MODELS: tuple[str, ...] = ("lm", "gpt")
 
 
 class MLP(nn.Module):
@@ -173,13 +173,13 @@ def build_model(name: str, data: ImageData | TextData) -> nn.Module:
         raise ValueError(f"unknown model {name!r}; valid models are {', '.join(MODELS)}")
     suggestion = default_model(data)  # also checks the type of data
     if isinstance(data, TextData):
-        if name not in _TEXT_MODELS:
+        if name not in TEXT_MODELS:
             raise ValueError(
                 f"model {name!r} needs image data but dataset {data.name!r} is text; use "
                 f"--model lm (or --model gpt)"
             )
         return CharGPT(data.vocab_size) if name == "gpt" else CharLSTM(data.vocab_size)
-    if name in _TEXT_MODELS:
+    if name in TEXT_MODELS:
         raise ValueError(
             f"model {name!r} needs text data but dataset {data.name!r} holds images or features; "
             f"use one of {', '.join(_IMAGE_MODELS)} (e.g. --model {suggestion})"

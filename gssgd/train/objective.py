@@ -39,7 +39,12 @@ def train_batch(
 
 
 def make_optimizer(model: nn.Module, cfg: TrainConfig) -> torch.optim.Optimizer:
-    """The run's optimizer over ``model``: SGD with ``cfg``'s lr, momentum and weight decay."""
+    """The run's optimizer over ``model``: SGD with ``cfg``'s lr, momentum and weight decay,
+    or AdamW with its lr, betas and (decoupled) weight decay."""
+    if cfg.optimizer == "adamw":
+        return torch.optim.AdamW(
+            model.parameters(), lr=cfg.lr, betas=cfg.betas, weight_decay=cfg.weight_decay
+        )
     return torch.optim.SGD(
         model.parameters(), lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay
     )

@@ -222,6 +222,11 @@ def test_non_finite_loss_stops_every_worker_cleanly(first_runs) -> None:
         ({"bucket_cap_mb": 0}, r"--bucket-cap-mb=0 is invalid: it must be a number in \(0, 1024\]"),
         ({"method": "gs", "table_dtype": "int8"}, "--table-dtype='int8' is invalid"),
         ({"method": "topk", "table_dtype": "float16"}, "--table-dtype does not apply to --method topk"),
+        ({"optimizer": "adam"}, r"--optimizer='adam' is invalid: it must be one of sgd, adamw"),
+        ({"optimizer": "adamw", "momentum": 0.9}, "--momentum=0.9 is invalid: .* AdamW"),
+        ({"optimizer": "adamw", "betas": (0.9, 1.0)}, r"--betas=\(0.9, 1.0\) is invalid"),
+        ({"method": "topk", "feedback": "ef22"}, "--feedback='ef22' is invalid: .* ef, ef21"),
+        ({"method": "dense", "feedback": "ef21"}, "--feedback does not apply to --method dense"),
     ],
 )
 def test_bad_settings_name_the_flag_the_range_and_the_fix(
@@ -229,6 +234,25 @@ def test_bad_settings_name_the_flag_the_range_and_the_fix(
 ) -> None:
     with pytest.raises(ValueError, match=match):
         TrainConfig(**settings)
+
+
+@pytest.mark.parametrize(
+    ("settings", "lr", "momentum"),
+    [
+        ({"method": "gs"}, 0.2, 0.0),  # images: plain SGD with error feedback
+        ({"method": "dense"}, 0.05, 0.9),
+        ({"method": "gs", "dataset": "shakespeare"}, 1.6, 0.9),  # a language model: the
+        ({"method": "dense", "dataset": "shakespeare"}, 1.6, 0.9),  # same optimizer for all
+        ({"method": "topk", "dataset": "text:x.txt", "model": "gpt"}, 1.6, 0.9),
+        ({"method": "topk", "optimizer": "adamw"}, 0.001, 0.0),
+        ({"method": "topk", "dataset": "shakespeare", "lr": 0.3, "momentum": 0.5}, 0.3, 0.5),
+    ],
+)
+def test_the_default_recipe_follows_the_model_family_and_the_optimizer(
+    settings: dict[str, Any], lr: float, momentum: float
+) -> None:
+    cfg = TrainConfig(**settings)
+    assert (cfg.lr, cfg.momentum) == (lr, momentum)
 
 
 def test_density_too_small_for_k_is_caught_before_any_worker_starts(tmp_path: Path) -> None:

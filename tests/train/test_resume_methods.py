@@ -31,7 +31,17 @@ BASE: dict[str, Any] = dict(dataset="digits", workers=2, batch_size=16, eval_eve
 #: Steps of the whole run. Compression starts at step 2 (the default start iteration), so
 #: the resume at STEPS // 2 = 4 lands among compressed steps, with residuals to carry.
 STEPS = 8
-MOMENTUM = {"none": {}, "local_momentum": {"local_momentum": 0.9}, "per_bucket": {"per_bucket": True}}
+MOMENTUM = {
+    "none": {},
+    "local_momentum": {"local_momentum": 0.9},
+    "per_bucket": {"per_bucket": True},
+    # the optimizers users keep: momentum SGD and AdamW on EF21's estimate, and EF21-SGDM
+    "momentum_sgd": {"momentum": 0.9, "feedback": "ef21"},
+    "adamw": {"optimizer": "adamw", "weight_decay": 0.01, "feedback": "ef21"},
+    "ef21m": {"local_momentum": 0.9, "feedback": "ef21"},
+}
+#: the variants whose aggregators keep EF21's estimate
+EF21 = ("momentum_sgd", "adamw", "ef21m")
 
 
 def _cases() -> list:
@@ -126,7 +136,8 @@ def test_every_gssgd_method_of_the_loop_is_resumed() -> None:
     one, this says so rather than the file silently testing less)."""
     assert {"topk", "gtopk", "sketched", "gs"} <= set(RESUMED), METHODS
     for method in ("topk", "gtopk", "sketched", "gs"):
-        assert (method, "local_momentum") in CASES and (method, "none") in CASES
+        for variant in MOMENTUM:
+            assert (method, variant) in CASES
 
 
 @pytest.mark.parametrize(("method", "variant"), CASES, ids=[f"{m}-{v}" for m, v in CASES])
@@ -166,10 +177,14 @@ def test_the_resume_point_carries_state(runs: dict, method: str, variant: str) -
         assert 0 < sd["steps"] < STEPS // 2  # it compressed before (after the dense start)
         if method != "dense":
             assert torch.count_nonzero(sd["residual"]) > 0
-        if variant == "local_momentum":
+        if variant in ("local_momentum", *EF21):
             assert torch.count_nonzero(sd["momentum"]) > 0
         else:
             assert "momentum" not in sd
+        if variant in EF21:
+            assert torch.count_nonzero(sd["estimate"]) > 0
+        else:
+            assert "estimate" not in sd
 
 
 def test_metrics_hold_every_step_once(runs: dict) -> None:
