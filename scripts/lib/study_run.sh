@@ -7,7 +7,8 @@
 #
 # Makes $DIR/logs and its status.tsv (one row per command run: name, exit status, seconds,
 # command). `execute` runs COMMAND unless DONE_FILE exists (so a study script can be rerun
-# and picks up where it stopped), with its output in $DIR/logs/NAME.log; a failure is
+# and picks up where it stopped) or another invocation is running it (a claim directory
+# beside DONE_FILE's, made atomically), with its output in $DIR/logs/NAME.log; a failure is
 # printed with the log's last lines and does not stop the study.
 mkdir -p "$DIR/logs"
 STATUS=$DIR/logs/status.tsv
@@ -16,11 +17,15 @@ STATUS=$DIR/logs/status.tsv
 execute() {  # execute NAME DONE_FILE COMMAND...
     local name=$1 done=$2; shift 2
     [ -f "$done" ] && { echo "skip  $name"; return 0; }
+    local claim; claim="$(dirname "$done").claim"  # beside the run's directory
+    mkdir -p "$(dirname "$claim")"
+    mkdir "$claim" 2> /dev/null || { echo "busy  $name"; return 0; }
     echo "run   $name: $*"
     local t0=$SECONDS
     "$@" > "$DIR/logs/$name.log" 2>&1
     local rc=$?
     printf '%s\t%s\t%s\t%s\n' "$name" "$rc" "$((SECONDS - t0))" "$*" >> "$STATUS"
+    rmdir "$claim"
     [ $rc -ne 0 ] && { echo "FAIL  $name (exit $rc)"; tail -3 "$DIR/logs/$name.log"; }
     return 0
 }

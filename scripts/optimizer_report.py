@@ -1,0 +1,205 @@
+"""Summarise scripts/optimizer_study.sh: sparse methods' final test loss against dense's,
+by optimizer recipe, on the language models.
+
+    .venv/bin/python scripts/optimizer_report.py [RUNS_DIR] [OUT_DIR]
+
+Reads RUNS_DIR/<model>/s<seed>/dense-lr<lr>/ and RUNS_DIR/<model>/s<seed>/d<density>/
+<method>-<recipe>/ (their summary.json and metrics.jsonl; default runs/optimizer) and
+writes OUT_DIR (default docs/results/optimizer): summary.json, summary.md (per model and
+density, every method and recipe as its mean final test loss over seeds and its gap to
+dense with dense's best learning rate, the targets judged on each method's best recipe)
+and <model>_d<density>.png (test loss against steps and against the busiest worker's
+cumulative bytes, seed 0, dense and each method's best recipe).
+
+A run that did not complete (a collapsed sketch the guard stopped, a divergence) counts
+as missing the target; its status is in the table.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import sys
+from pathlib import Path
+from typing import Any
+
+from gssgd.cli.compare import busier_bytes
+
+#: The issue's targets: the largest gap to dense's loss, by density.
+TARGETS = {"0.01": 0.03, "0.001": 0.08}
+#: Seeds a target is judged on; fewer are marked in the table.
+SEEDS = 3
+
+
+def _read_run(run: Path) -> dict[str, Any] | None:
+    summary_file = run / "summary.json"
+    if not summary_file.exists():
+        return None
+    summary = json.loads(summary_file.read_text())
+    lines = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines() if x]
+    total, curve = 0.0, []
+    for r in lines:
+        total += busier_bytes(r)
+        if r.get("test_loss") is not None:
+            curve.append((r["step"], r["test_loss"], total))
+    loss = summary.get("final_test_loss")
+    return {"status": summary["status"], "loss": loss, "curve": curve,
+            "seed": int(run.parent.name.removeprefix("s")) if run.parent.name.startswith("s")
+            else int(run.parent.parent.name.removeprefix("s")),
+            "bytes_per_step": total / max(len(lines), 1)}
+
+
+def _collect(root: Path) -> dict[str, Any]:
+    """{model: {"dense": {lr: [runs]}, "sparse": {density: {(method, recipe): [runs]}}}}."""
+    out: dict[str, Any] = {}
+    for model_dir in sorted(p for p in root.iterdir() if p.is_dir() and p.name != "logs"):
+        model = out.setdefault(model_dir.name, {"dense": {}, "sparse": {}})
+        for seed_dir in sorted(model_dir.glob("s*")):
+            for run in sorted(seed_dir.glob("dense-lr*")):
+                got = _read_run(run)
+                if got:
+                    model["dense"].setdefault(run.name.removeprefix("dense-lr"), []).append(got)
+            for density_dir in sorted(seed_dir.glob("d*")):
+                density = density_dir.name.removeprefix("d")
+                for run in sorted(density_dir.iterdir()):
+                    got = _read_run(run)
+                    if got:
+                        method, recipe = run.name.split("-", 1)
+                        cell = model["sparse"].setdefault(density, {})
+                        cell.setdefault((method, recipe), []).append(got)
+    return out
+
+
+def _mean_loss(runs: list[dict[str, Any]]) -> float | None:
+    """Mean final loss over seeds, None if any run did not complete."""
+    if any(r["status"] != "completed" or r["loss"] is None for r in runs):
+        return None
+    return statistics.fmean(r["loss"] for r in runs)
+
+
+def _paired_gap(runs: list[dict[str, Any]], dense: dict[int, float]) -> float | None:
+    """Mean over seeds of ``loss / dense loss of the same seed - 1`` (None: a run did not
+    complete, or a seed has no dense run at the reference learning rate)."""
+    if _mean_loss(runs) is None or any(r["seed"] not in dense for r in runs):
+        return None
+    return statistics.fmean(r["loss"] / dense[r["seed"]] - 1 for r in runs)
+
+
+def _summarise(data: dict[str, Any]) -> dict[str, Any]:
+    summary: dict[str, Any] = {}
+    for model, parts in data.items():
+        dense = {lr: _mean_loss(runs) for lr, runs in parts["dense"].items()}
+        ok = {lr: v for lr, v in dense.items() if v is not None}
+        if not ok:
+            continue
+        best_lr = min(ok, key=ok.get)
+        ref = ok[best_lr]
+        by_seed = {r["seed"]: r["loss"] for r in parts["dense"][best_lr]}
+        entry: dict[str, Any] = {"dense": {"lr": best_lr, "loss": ref, "sweep": dense,
+                                           "seeds": len(parts["dense"][best_lr]),
+                                           "by_seed": by_seed},
+                                 "densities": {}}
+        for density, cells in sorted(parts["sparse"].items(), key=lambda x: -float(x[0])):
+            rows: dict[str, Any] = {}
+            for (method, recipe), runs in sorted(cells.items()):
+                loss = _mean_loss(runs)
+                rows.setdefault(method, {})[recipe] = {
+                    "loss": loss, "gap": _paired_gap(runs, by_seed),
+                    "seeds": len(runs), "status": sorted({r["status"] for r in runs}),
+                    "bytes_per_step": statistics.fmean(r["bytes_per_step"] for r in runs)}
+            target = TARGETS.get(density)
+            for recipes in rows.values():
+                done = {r: v for r, v in recipes.items() if v["gap"] is not None}
+                best = min(done, key=lambda r: done[r]["gap"]) if done else None
+                recipes["_best"] = best
+                recipes["_met"] = (best is not None and target is not None
+                                   and done[best]["gap"] <= target)
+            entry["densities"][density] = {"target": target, "methods": rows}
+        summary[model] = entry
+    return summary
+
+
+def _markdown(summary: dict[str, Any]) -> str:
+    out = ["# Keep your optimizer: sparse methods' final test loss against dense's", "",
+           "Made by `scripts/optimizer_report.py` from `scripts/optimizer_study.sh`'s runs. "
+           "Each cell: mean final test loss over the seeds, its gap to dense with dense's "
+           "best learning rate (each seed against dense's run of the same seed, averaged), "
+           "(seeds). A run that did not complete shows its status.", ""]
+    for model, entry in summary.items():
+        dense = entry["dense"]
+        sweep = ", ".join(f"lr {lr}: {v:.4f}" if v is not None else f"lr {lr}: failed"
+                          for lr, v in sorted(dense["sweep"].items(), key=lambda x: float(x[0])))
+        out += [f"## {model}", "", f"Dense (sweep, {dense['seeds']} seed(s) at the best): "
+                f"{sweep}. Reference: lr {dense['lr']}, loss {dense['loss']:.4f}.", ""]
+        for density, cell in entry["densities"].items():
+            recipes = sorted({r for m in cell["methods"].values() for r in m if r[0] != "_"})
+            target = cell["target"]
+            out += [f"### density {density} (target: within {target:.0%} of dense)"
+                    if target is not None else f"### density {density}", "",
+                    "| method | " + " | ".join(recipes) + " | best | target |",
+                    "|---" * (len(recipes) + 3) + "|"]
+            for method, row in cell["methods"].items():
+                cells = []
+                for recipe in recipes:
+                    v = row.get(recipe)
+                    if v is None:
+                        cells.append("")
+                    elif v["loss"] is None or v["gap"] is None:
+                        cells.append(f"{'/'.join(v['status'])} ({v['seeds']})")
+                    else:
+                        cells.append(f"{v['loss']:.4f} ({v['gap']:+.1%}, {v['seeds']})")
+                met = "met" if row["_met"] else "missed"
+                seeds = row[row["_best"]]["seeds"] if row["_best"] else 0
+                if seeds < SEEDS:
+                    met += f" ({seeds} seed{'s' if seeds > 1 else ''})"
+                out.append(f"| {method} | " + " | ".join(cells) + f" | {row['_best']} | {met} |")
+            out.append("")
+    return "\n".join(out) + "\n"
+
+
+def _plot(data: dict[str, Any], summary: dict[str, Any], out_dir: Path) -> list[Path]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    written = []
+    for model, entry in summary.items():
+        dense_runs = data[model]["dense"][entry["dense"]["lr"]]
+        for density, cell in entry["densities"].items():
+            fig, (by_step, by_bytes) = plt.subplots(1, 2, figsize=(11, 4))
+            curves = [(f"dense (lr {entry['dense']['lr']})", dense_runs[0]["curve"])]
+            for method, row in cell["methods"].items():
+                if row["_best"] is not None:
+                    runs = data[model]["sparse"][density][(method, row["_best"])]
+                    curves.append((f"{method} ({row['_best']})", runs[0]["curve"]))
+            for label, curve in curves:
+                steps, losses, sent = zip(*curve, strict=True) if curve else ((), (), ())
+                by_step.plot(steps, losses, marker="o", label=label)
+                by_bytes.plot(sent, losses, marker="o", label=label)
+            by_step.set(xlabel="step", ylabel="test loss", title=f"{model}, density {density}")
+            by_bytes.set(xlabel="bytes (busiest worker, cumulative)", xscale="log",
+                         ylabel="test loss")
+            by_step.legend(fontsize=8)
+            fig.tight_layout()
+            path = out_dir / f"{model}_d{density}.png"
+            fig.savefig(path, dpi=110)
+            plt.close(fig)
+            written.append(path)
+    return written
+
+
+def main(argv: list[str]) -> None:
+    root = Path(argv[1]) if len(argv) > 1 else Path("runs/optimizer")
+    out_dir = Path(argv[2]) if len(argv) > 2 else Path("docs/results/optimizer")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    data = _collect(root)
+    summary = _summarise(data)
+    (out_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    (out_dir / "summary.md").write_text(_markdown(summary))
+    for path in [out_dir / "summary.json", out_dir / "summary.md", *_plot(data, summary, out_dir)]:
+        print(f"wrote {path}")
+
+
+if __name__ == "__main__":
+    main(sys.argv)

@@ -1,0 +1,73 @@
+#!/usr/bin/env bash
+# Keep your optimizer: sparse methods under momentum SGD and AdamW on the language models.
+#   bash scripts/optimizer_study.sh lstm "0" "0.01 0.001"      # model, seeds, densities
+#   RECIPES="ef21m" METHODS="topk gs" bash scripts/optimizer_study.sh lstm "0 1 2" 0.01
+#   bash scripts/optimizer_study.sh gpt "0" 0.01
+# P = 4 as a simulated world (the same aggregators and bytes as 4 processes, tested equal),
+# two runs at a time (one core each). lstm: the character LSTM, momentum SGD; lstm-adamw:
+# the same LSTM with AdamW; gpt: the character GPT, AdamW. Every run: Shakespeare, STEPS
+# steps (default 1500), global batch BATCH (default 128).
+# DENSE: dense's lr sweep (lstm: momentum 0.9; otherwise AdamW). RECIPES, each for every sparse
+# method in METHODS:
+#   sgd     plain SGD (lr 0.2, the pre-#23 default), classic error feedback
+#   mom     the optimizer's momentum 0.9 on the classic error-fed update (lr as dense's)
+#   dgc     DGC: local momentum 0.9 with factor masking, plain SGD (lr as dense's)
+#   ef21m   EF21-SGDM: --feedback ef21 --local-momentum 0.9, plain SGD (lr as dense's)
+#   ef21    EF21 without momentum, the optimizer's own momentum 0.9 on its estimate
+#   adamw   AdamW on the classic error-fed update (lstm-adamw, gpt)
+#   ef21a   AdamW on EF21's estimate (lstm-adamw, gpt)
+# A run is named METHOD-RECIPE-lrLR (sgd: METHOD-sgd, its lr is fixed).
+# Raw runs go to runs/optimizer (git-ignored); scripts/optimizer_report.py summarises them.
+set -u
+cd "$(dirname "$0")/.." && DIR=runs/optimizer
+source scripts/lib/study_run.sh
+MODEL=${1:-lstm}
+SEEDS=${2:-"0"}
+DENSITIES=${3:-"0.01 0.001"}
+STEPS=${STEPS:-1500}
+METHODS=${METHODS:-"topk gtopk sketched gs"}
+JOBS=${JOBS:-2}
+BATCH=${BATCH:-128}
+if [ "$MODEL" = gpt ] || [ "$MODEL" = lstm-adamw ]; then
+  DENSE=${DENSE:-"0.001 0.003"}; RECIPES=${RECIPES:-"adamw ef21a"}; LR=${LR:-0.003}
+  model=(--model "$([ "$MODEL" = gpt ] && echo gpt || echo lm)" --optimizer adamw)
+else
+  DENSE=${DENSE:-"0.05 0.1 0.2"}; RECIPES=${RECIPES:-"sgd mom dgc ef21m ef21"}; LR=${LR:-0.1}
+  model=(--model lm)
+fi
+running=0
+launch() {  # launch NAME OUT ARGS...: one run in the background, at most JOBS at a time
+  local name=$1 out=$2; shift 2
+  if [ "$running" -ge "$JOBS" ]; then wait -n; running=$((running - 1)); fi
+  execute "$name" "$out/summary.json" .venv/bin/gssgd train "${base[@]}" "$@" --out "$out" &
+  running=$((running + 1))
+}
+for seed in $SEEDS; do
+  base=(--simulate --dataset shakespeare "${model[@]}" --workers 4 --global-batch "$BATCH"
+        --steps "$STEPS" --seed "$seed" --eval-every 250 --no-progress --overwrite)
+  for lr in $DENSE; do
+    [ "$MODEL" = lstm ] && mom=(--momentum 0.9) || mom=()
+    launch "$MODEL-s$seed-dense-lr$lr" "$DIR/$MODEL/s$seed/dense-lr$lr" --method dense \
+      --lr "$lr" "${mom[@]}"
+  done
+  for density in $DENSITIES; do
+    for recipe in $RECIPES; do
+      case $recipe in
+        sgd) extra=(--lr 0.2 --momentum 0) ;;
+        mom) extra=(--lr "$LR" --momentum 0.9) ;;
+        dgc) extra=(--lr "$LR" --momentum 0 --local-momentum 0.9) ;;
+        ef21m) extra=(--lr "$LR" --momentum 0 --feedback ef21 --local-momentum 0.9) ;;
+        ef21) extra=(--lr "$LR" --momentum 0.9 --feedback ef21) ;;
+        adamw) extra=(--lr "$LR") ;;
+        ef21a) extra=(--lr "$LR" --feedback ef21) ;;
+        *) echo "unknown recipe $recipe"; exit 2 ;;
+      esac
+      for method in $METHODS; do
+        name=$method-$recipe; [ "$recipe" != sgd ] && name=$name-lr$LR
+        launch "$MODEL-s$seed-d$density-$name" "$DIR/$MODEL/s$seed/d$density/$name" \
+          --method "$method" --density "$density" "${extra[@]}"
+      done
+    done
+  done
+done
+wait
