@@ -28,17 +28,17 @@ from pathlib import Path
 from typing import Any
 
 from gssgd.cli.compare import busier_bytes
+from gssgd.train.metrics import read_run
 
 #: Within this many points of dense's final accuracy counts as reaching it.
 MARGIN = 0.005
 
 
 def _read_run(run: Path) -> dict[str, Any] | None:
-    summary_file = run / "summary.json"
-    if not summary_file.exists():
+    got = read_run(run)
+    if got is None:
         return None
-    summary = json.loads(summary_file.read_text())
-    lines = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines() if x]
+    summary, lines = got
     busier = [busier_bytes(r) for r in lines]
     final_k = lines[-1].get("k")
     steady = [b for b, r in zip(busier, lines, strict=True)

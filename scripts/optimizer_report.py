@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from gssgd.cli.compare import busier_bytes
+from gssgd.train.metrics import read_run
 
 #: The issue's targets: the largest gap to dense's loss, by density.
 TARGETS = {"0.01": 0.03, "0.001": 0.08}
@@ -32,11 +33,10 @@ SEEDS = 3
 
 
 def _read_run(run: Path) -> dict[str, Any] | None:
-    summary_file = run / "summary.json"
-    if not summary_file.exists():
+    got = read_run(run)
+    if got is None:
         return None
-    summary = json.loads(summary_file.read_text())
-    lines = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines() if x]
+    summary, lines = got
     total, curve = 0.0, []
     for r in lines:
         total += busier_bytes(r)

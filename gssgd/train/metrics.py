@@ -52,6 +52,7 @@ __all__ = [
     "STATUS_NONFINITE",
     "StepBytes",
     "read_metrics",
+    "read_run",
     "run_summary",
     "step_record",
     "summary_line",
@@ -244,6 +245,17 @@ def read_metrics(path: Path | str) -> list[dict[str, Any]]:
         except json.JSONDecodeError:
             continue
     return records
+
+
+def read_run(run_dir: Path | str) -> tuple[dict[str, Any], list[dict[str, Any]]] | None:
+    """A finished run directory's ``summary.json`` and ``metrics.jsonl`` records, or None
+    while it has no summary (not finished, or not a run). Study reports read runs with it."""
+    run_dir = Path(run_dir)
+    summary_file = run_dir / SUMMARY_FILE
+    if not summary_file.is_file():
+        return None
+    summary = json.loads(summary_file.read_text(encoding="utf-8"))
+    return summary, read_metrics(run_dir / METRICS_FILE)
 
 
 def write_json(path: Path | str, content: dict[str, Any]) -> None:
