@@ -82,7 +82,7 @@ The defaults are the main job: MNIST, CNN, 4 workers, five methods, density 0.00
 method at its recipe (dense: SGD momentum 0.9, lr 0.05; sparse: plain SGD with error
 feedback, lr 0.2, 100 density warm-up steps), about five minutes on a 2-core machine.
 On a language model (--model lm or gpt, the default for text) every method trains with SGD
-momentum 0.9 at lr 1.6; --optimizer adamw trains every method with AdamW. The table's
+momentum 0.9 at lr 0.8; --optimizer adamw trains every method with AdamW. The table's
 "vs dense" column is each method's loss against dense's (text) or its accuracy in points.
 """
 
