@@ -195,3 +195,17 @@ def test_compare_table_shows_each_method_against_dense_and_its_optimizer() -> No
     assert "sgd lr 1.6, m 0.9" in lines["topk"] and "adamw lr 0.001" in lines["gs"]
     images = table({"dense": {"final_test_accuracy": 0.98}, "gs": {"final_test_accuracy": 0.9775}})
     assert "-0.25 pt" in images.splitlines()[3]
+
+
+def test_compare_trains_every_method_with_adamw_when_told(
+    tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    out = tmp_path / "adamw"
+    code = main(["compare", "--methods", "dense,topk", *QUICK, "--steps", "6", "--eval-every",
+                 "0", "--optimizer", "adamw", "--weight-decay", "0.01", "--out", str(out)])
+    assert code == 0
+    for method in ("dense", "topk"):
+        config = json.loads((out / method / "config.json").read_text())
+        assert (config["optimizer"], config["lr"], config["weight_decay"]) == ("adamw", 0.001, 0.01)
+    table = capsys.readouterr().out
+    assert table.count("adamw lr 0.001") == 2 and "vs dense" in table
