@@ -268,9 +268,9 @@ class Aggregator:
     def _error_compensated(self, grad: torch.Tensor) -> torch.Tensor:
         """The vector to compress: ``a = e + g`` (classic), ``a = e + u`` with local
         momentum ``u = rho*u + g``, or under ``feedback="ef21"`` ``a = e + (v - v_prev)``
-        with ``v = rho*v + g`` (``v = g`` without momentum). In EF21 ``e = v - G`` on every
-        rank summed, so compressing ``a`` is compressing the gap between the ranks' (momentum)
-        gradient and the shared estimate ``G``.
+        with ``v = rho*v + g`` (``v = g`` without momentum). In EF21 the residuals hold
+        what the shared estimate lacks, ``sum_p e_p = sum_p v_p - P*G``, so compressing
+        ``a`` is compressing the gap between the ranks' (momentum) gradients and ``G``.
 
         With ``local_clip`` the gradient is first scaled to an l2 norm of at most
         ``local_clip / sqrt(P)`` (DGC's local gradient clipping)."""
