@@ -35,7 +35,7 @@ SEEDS = 3
 PLOTTED = {"lstm": "mom-lr0.8"}
 
 
-def _read_run(run: Path) -> dict[str, Any] | None:
+def _read_run(run: Path, seed: int) -> dict[str, Any] | None:
     got = read_run(run)
     if got is None:
         return None
@@ -47,8 +47,7 @@ def _read_run(run: Path) -> dict[str, Any] | None:
             curve.append((r["step"], r["test_loss"], total))
     loss = summary.get("final_test_loss")
     return {"status": summary["status"], "loss": loss, "curve": curve,
-            "seed": int(run.parent.name.removeprefix("s")) if run.parent.name.startswith("s")
-            else int(run.parent.parent.name.removeprefix("s")),
+            "seed": seed,
             "bytes_per_step": total / max(len(lines), 1)}
 
 
@@ -58,14 +57,15 @@ def _collect(root: Path) -> dict[str, Any]:
     for model_dir in sorted(p for p in root.iterdir() if p.is_dir() and p.name != "logs"):
         model = out.setdefault(model_dir.name, {"dense": {}, "sparse": {}})
         for seed_dir in sorted(model_dir.glob("s*")):
+            seed = int(seed_dir.name.removeprefix("s"))
             for run in sorted(seed_dir.glob("dense-lr*")):
-                got = _read_run(run)
+                got = _read_run(run, seed)
                 if got:
                     model["dense"].setdefault(run.name.removeprefix("dense-lr"), []).append(got)
             for density_dir in sorted(seed_dir.glob("d*")):
                 density = density_dir.name.removeprefix("d")
                 for run in sorted(density_dir.iterdir()):
-                    got = _read_run(run)
+                    got = _read_run(run, seed)
                     if got:
                         method, recipe = run.name.split("-", 1)
                         cell = model["sparse"].setdefault(density, {})
