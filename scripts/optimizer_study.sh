@@ -14,6 +14,11 @@
 #   dgc     DGC: local momentum 0.9 with factor masking, plain SGD (lr as dense's)
 #   ef21m   EF21-SGDM: --feedback ef21 --local-momentum 0.9, plain SGD (lr as dense's)
 #   ef21    EF21 without momentum, the optimizer's own momentum 0.9 on its estimate
+#   glob    the aggregator's momentum 0.9 on the averaged update, masked where delivered
+#           (--feedback global), plain SGD (lr as dense's)
+#   fetch   FetchSGD (sketched and gs only): momentum 0.9 and error in sketch space, plain
+#           SGD, 5 rows with as many numbers per round as gs's default sends (its table and
+#           its exact round), no exact round
 #   adamw   AdamW on the classic error-fed update (lstm-adamw, gpt)
 #   ef21a   AdamW on EF21's estimate (lstm-adamw, gpt)
 # A run is named METHOD-RECIPE-lrLR (sgd: METHOD-sgd, its lr is fixed).
@@ -35,6 +40,18 @@ else
   DENSE=${DENSE:-"0.05 0.1 0.2"}; RECIPES=${RECIPES:-"sgd mom dgc ef21m ef21"}; LR=${LR:-0.1}
   model=(--model lm)
 fi
+fetch_cols() {  # fetch_cols DENSITY: FetchSGD's columns for 5 rows at gs's numbers per round
+  .venv/bin/python - "$density" "$MODEL" <<'PY'
+import sys
+from gssgd.aggregators.options import default_candidates, default_sketch_cols, resolve_k
+from gssgd.train.data import load_dataset
+from gssgd.train.models import build_model
+model = "gpt" if sys.argv[2] == "gpt" else "lm"
+d = sum(p.numel() for p in build_model(model, load_dataset("shakespeare")).parameters())
+k = resolve_k(d, float(sys.argv[1]), None)
+print((default_sketch_cols(d, k) + default_candidates(d, k) * k) // 5)
+PY
+}
 running=0
 launch() {  # launch NAME OUT ARGS...: one run in the background, at most JOBS at a time
   local name=$1 out=$2; shift 2
@@ -58,11 +75,17 @@ for seed in $SEEDS; do
         dgc) extra=(--lr "$LR" --momentum 0 --local-momentum 0.9) ;;
         ef21m) extra=(--lr "$LR" --momentum 0 --feedback ef21 --local-momentum 0.9) ;;
         ef21) extra=(--lr "$LR" --momentum 0.9 --feedback ef21) ;;
+        glob) extra=(--lr "$LR" --momentum 0 --feedback global --local-momentum 0.9) ;;
+        fetch) extra=(--lr "$LR" --momentum 0 --feedback fetchsgd --local-momentum 0.9
+                      --rows 5 --cols "$(fetch_cols "$density")") ;;
         adamw) extra=(--lr "$LR") ;;
         ef21a) extra=(--lr "$LR" --feedback ef21) ;;
         *) echo "unknown recipe $recipe"; exit 2 ;;
       esac
       for method in $METHODS; do
+        if [ "$recipe" = fetch ]; then
+          case $method in sketched) ;; gs) extra+=(--no-exact) ;; *) continue ;; esac
+        fi
         name=$method-$recipe; [ "$recipe" != sgd ] && name=$name-lr$LR
         launch "$MODEL-s$seed-d$density-$name" "$DIR/$MODEL/s$seed/d$density/$name" \
           --method "$method" --density "$density" "${extra[@]}"

@@ -55,8 +55,28 @@ def test_ef21_without_inner_momentum_under_an_optimizer_with_momentum_warns(
 
 
 @pytest.mark.parametrize(
+    ("options", "optimizer"),
+    [
+        ({"feedback": "global", "momentum": 0.9}, "sgd"),
+        ({"feedback": "global", "momentum": 0.9}, "adamw"),
+        ({"feedback": "fetchsgd", "momentum": 0.9, "exact": False, "rows": 3}, "sgd"),
+    ],
+)
+def test_an_optimizer_with_momentum_on_a_feedback_with_its_own_momentum_warns(
+    fresh_warning, options: dict, optimizer: str
+) -> None:
+    state = HookState("gs", density=0.01, **options)
+    seen = _step(optimizer, momentum=0.9)
+    assert len(seen) == 1
+    text = str(seen[0].message)
+    assert "applied twice" in text and f"feedback={options['feedback']!r}" in text
+    del state
+
+
+@pytest.mark.parametrize(
     ("options", "optimizer", "momentum"),
     [
+        ({"density": 0.01, "feedback": "global", "momentum": 0.9}, "sgd", 0.0),
         ({"density": 0.01}, "sgd", 0.9),  # momentum SGD at 0.01: the LSTM's best recipe
         ({"density": 0.01}, "adamw", 0.0),  # AdamW on the classic error feedback
         ({"density": 0.001}, "sgd", 0.0),  # plain SGD: the image recipe

@@ -20,6 +20,7 @@ import torch.distributed as dist
 
 from gssgd.aggregators.options import CommonOptions
 from gssgd.aggregators.schedule import DensityWarmup
+from gssgd.aggregators.sketch_feedback import SketchFeedback
 from gssgd.comm import CONTROL_BYTES, Communicator, Traffic, allgather
 from gssgd.sketch import CountSketch, HashCache
 
@@ -118,7 +119,11 @@ class Aggregator:
         self.comm = Communicator(group)
         self.rank, self.world_size = self.comm.rank, self.comm.world_size
         self.residual: torch.Tensor | None = None
+        #: the velocity: each rank's own (``feedback`` "ef" with momentum, "ef21"), or the
+        #: aggregator's, alike on every rank (``feedback="global"``)
         self.momentum_buffer: torch.Tensor | None = None
+        #: ``feedback="fetchsgd"``: the velocity and error tables (the sketching methods)
+        self.sketch_feedback: SketchFeedback | None = None
         #: ``feedback="ef21"``: the dense estimate ``G`` every rank returns (the same on all)
         self.estimate: torch.Tensor | None = None
         self.steps = 0
@@ -261,14 +266,21 @@ class Aggregator:
         return torch.zeros_like(grad)
 
     @property
+    def _feedback(self) -> str:
+        """The error feedback mode (``options.feedback``; "ef" for methods without one)."""
+        return getattr(self.options, "feedback", "ef")
+
+    @property
     def _ef21(self) -> bool:
         """Whether this aggregator runs EF21(-SGDM) (``feedback="ef21"``)."""
-        return getattr(self.options, "feedback", "ef") == "ef21"
+        return self._feedback == "ef21"
 
     def _error_compensated(self, grad: torch.Tensor) -> torch.Tensor:
-        """The vector to compress: ``a = e + g`` (classic), ``a = e + u`` with local
-        momentum ``u = rho*u + g``, or under ``feedback="ef21"`` ``a = e + (v - v_prev)``
-        with ``v = rho*v + g`` (``v = g`` without momentum). In EF21 the residuals hold
+        """The vector to compress: ``a = e + g`` (classic, and ``feedback="global"``, whose
+        momentum comes after the aggregation), ``a = e + u`` with local momentum
+        ``u = rho*u + g``, under ``feedback="ef21"`` ``a = e + (v - v_prev)`` with
+        ``v = rho*v + g`` (``v = g`` without momentum), or under ``feedback="fetchsgd"``
+        just ``g`` (its error lives in sketch space). In EF21 the residuals hold
         what the shared estimate lacks, ``sum_p e_p = sum_p v_p - P*G``, so compressing
         ``a`` is compressing the gap between the ranks' (momentum) gradients and ``G``.
 
@@ -282,11 +294,13 @@ class Aggregator:
                 grad = grad * (limit / norm)
         dtype = state_dtype(grad.dtype)
         grad = grad.to(dtype)
+        if self._feedback == "fetchsgd":
+            return grad.clone()  # the sketch is built from it; nothing is kept here
         if self.residual is None:
             self.residual = torch.zeros_like(grad)
         elif self.residual.device != grad.device or self.residual.dtype != dtype:
             self.residual = self.residual.to(grad.device, dtype)
-        rho = getattr(self.options, "momentum", 0.0)
+        rho = getattr(self.options, "momentum", 0.0) if self._feedback != "global" else 0.0
         if rho == 0 and not self._ef21:
             return self.residual + grad
         if self.momentum_buffer is None:
@@ -327,7 +341,7 @@ class Aggregator:
         """``e = a`` with ``a[delivered] = 0`` (and momentum stopping ``u[delivered] = 0``)."""
         accumulated[delivered] = 0
         self.residual = accumulated
-        if self.momentum_buffer is not None and not self._ef21:  # EF21 keeps all of v
+        if self.momentum_buffer is not None and self._feedback == "ef":  # the local u only
             self.momentum_buffer[delivered] = 0
 
     @contextmanager
@@ -344,10 +358,20 @@ class Aggregator:
     ) -> torch.Tensor:
         """Count the step, record its statistics, and return ``update`` in the gradient's
         dtype (sparse methods build it in the residual's dtype). Under ``feedback="ef21"``
-        the update is added to the estimate ``G`` and ``G`` is returned."""
+        the update is added to the estimate ``G`` and ``G`` is returned; under
+        ``feedback="global"`` the aggregator's velocity ``M`` is zeroed where ``update``
+        is not (the delivered coordinates), ``M = momentum*M + update``, and ``M`` is
+        returned."""
         self.steps += 1
         self._record(skipped=False, delivered_fraction=delivered_fraction)
-        if self._ef21:
+        if self._feedback == "global":
+            if self.momentum_buffer is None:
+                self.momentum_buffer = torch.zeros_like(update)
+            velocity = self.momentum_buffer.to(update.device, update.dtype)
+            velocity[update != 0] = 0
+            self.momentum_buffer = velocity.mul_(self.options.momentum).add_(update)
+            update = velocity.clone()
+        elif self._ef21:
             if self.estimate is None:
                 self.estimate = torch.zeros_like(update)
             self.estimate = self.estimate.to(update.device, update.dtype).add_(update)
@@ -365,6 +389,8 @@ class Aggregator:
         for state in (self.residual, self.momentum_buffer, self.estimate):
             if state is not None:
                 state.mul_(factor)
+        if self.sketch_feedback is not None:
+            self.sketch_feedback.rescale(factor)
 
     def _record(self, skipped: bool, delivered_fraction: float | None = None) -> None:
         c = self.comm.take_stats()
@@ -431,6 +457,8 @@ class Aggregator:
             sd["momentum"] = self.momentum_buffer.clone()
         if self.estimate is not None:
             sd["estimate"] = self.estimate.clone()
+        if self.sketch_feedback is not None:
+            sd["sketch_feedback"] = self.sketch_feedback.state_dict()
         return sd
 
     def load_state_dict(self, sd: dict[str, Any]) -> None:
@@ -457,3 +485,5 @@ class Aggregator:
         mom, estimate = sd.get("momentum"), sd.get("estimate")
         self.momentum_buffer = mom.clone() if mom is not None else None
         self.estimate = estimate.clone() if estimate is not None else None
+        if self.sketch_feedback is not None:
+            self.sketch_feedback.load_state_dict(sd.get("sketch_feedback", {}))

@@ -18,6 +18,11 @@ Steps (per rank p, each step):
     6. Update: the k values / P. Error feedback: ``e_p = a_p`` with those k coordinates
        zeroed on every rank.
 
+With ``feedback="fetchsgd"`` the ranks sketch their plain gradients and keep no residual;
+steps 4-6 become FetchSGD's momentum and error accumulation on the summed table, alike on
+every rank (:mod:`gssgd.aggregators.sketch_feedback`): one all-reduce of the tables per
+step, and no guard audits (no rank holds the global accumulated vector to audit against).
+
 Communication per rank is ``O((rows*cols + m*k) * log P)``, independent of ``d``.
 
 Tuning: ``cols`` sets the recovery noise (about ``||a|| / sqrt(cols)``); ``candidates`` m
@@ -39,6 +44,7 @@ from gssgd._select import topk_indices
 from gssgd.aggregators.base import Aggregator
 from gssgd.aggregators.guard import CollapseGuard, SketchCollapseError, audit_interval
 from gssgd.aggregators.options import GSOptions
+from gssgd.aggregators.sketch_feedback import SketchFeedback
 from gssgd.comm import Traffic, recursive_doubling, ring_allreduce
 
 log = logging.getLogger(__name__)
@@ -75,6 +81,8 @@ class GlobalSketchSGD(Aggregator):
         """The table all-reduce of ``cols`` columns and, with ``exact``, the one of the
         ``candidates`` values: what a step sends besides its control messages."""
         reduce = ring_allreduce if options.allreduce == "backend" else recursive_doubling
+        if options.feedback == "fetchsgd":  # the steady table all along
+            cols = options.cols
         out = reduce(options.rows * cols * options.table_dtype.itemsize, world_size)
         if options.exact:
             out = out + reduce(candidates * 4, world_size)
@@ -86,6 +94,8 @@ class GlobalSketchSGD(Aggregator):
         self.guard = CollapseGuard()
         self.grows = 0
         self._build_sketch(self.options.cols)
+        if self.options.feedback == "fetchsgd":
+            self.sketch_feedback = SketchFeedback(self.options.momentum)
 
     def _build_sketch(self, cols: int) -> None:
         """A sketch of ``cols`` columns, and the guard's later audits spaced for its bytes."""
@@ -159,13 +169,25 @@ class GlobalSketchSGD(Aggregator):
         if skipped is not None:
             return skipped
         k = self.step_k  # k, or more during a density warm-up
+        fetch = self.sketch_feedback
         with self._timed("compress"):
             accumulated = self._error_compensated(grad)
-            sketch, num_candidates = self._sketch_of_step(accumulated)
+            if fetch is not None:  # FetchSGD keeps one table shape for its state
+                sketch = self.sketch = self.sketch.to(accumulated.device,
+                                                      accumulated.dtype).zero_()
+                num_candidates = k
+            else:
+                sketch, num_candidates = self._sketch_of_step(accumulated)
             sketch.accumulate(self._prefiltered(accumulated, k))
 
         summed = sketch.with_table(self._sum_tables(sketch.table))
 
+        if fetch is not None:
+            with self._timed("decompress"):
+                chosen, values = fetch.recover(summed, k)
+                update = torch.zeros_like(accumulated)
+                update[chosen] = values / self.world_size
+            return self._finish(update)
         update, delivered = self._recover_and_update(accumulated, summed, k, num_candidates)
         return self._finish(update, delivered_fraction=delivered)
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, fields, replace
+from typing import ClassVar
 
 import torch
 
@@ -214,8 +215,10 @@ class DenseOptions(CommonOptions):
             )
 
 
-#: What ``TopkOptions.feedback`` accepts: classic error feedback, or EF21(-SGDM).
-FEEDBACKS: tuple[str, ...] = ("ef", "ef21")
+#: What ``feedback`` accepts (:class:`TopkOptions`): classic error feedback, EF21(-SGDM),
+#: the aggregator's global momentum with masking, or FetchSGD's sketch-space momentum and
+#: error (the sketching methods only: :class:`SketchedOptions`).
+FEEDBACKS: tuple[str, ...] = ("ef", "ef21", "global", "fetchsgd")
 
 
 def _check_momentum(value: float) -> None:
@@ -245,17 +248,36 @@ class TopkOptions(CommonOptions):
         local_clip: local gradient clipping: each rank scales its gradient to an l2 norm of
             at most ``local_clip / sqrt(P)`` before it enters the residual, so the sum over
             P ranks stays within about ``local_clip``; None = off.
-        feedback: what the error feedback compresses and what the step returns.
-            ``"ef"`` (default): classic error feedback: compress ``e + g`` (``e + u`` with
-            momentum), return the sparse averaged update. ``"ef21"``: EF21 (Richtarik et
-            al. 2021) and, with ``momentum``, EF21-SGDM (Fatkhullin et al. 2023): every rank
-            keeps ``v = momentum*v + g`` (no masking), compresses ``e + (v - v_prev)``,
-            and every rank returns the same dense estimate ``G += update`` of the ranks'
-            mean ``v``: the optimizer steps on a smooth but lagging estimate instead of on
-            sparse bursts. Measured (docs/study.md, "Keep your optimizer"): with
-            ``momentum=0.9`` and plain SGD it trains, behind the classic feedback under
-            momentum SGD; without inner momentum, under momentum SGD or AdamW, it lags
-            or diverges (the DDP hook warns).
+        feedback: what the error feedback compresses and what the step returns
+            (``momentum`` is the momentum of each mode; docs/study.md, "Keep your
+            optimizer", has the measurements):
+
+            * ``"ef"`` (default): classic error feedback: compress ``e + g`` (``e + u``
+              with DGC's local momentum), return the sparse averaged update.
+            * ``"ef21"``: EF21 (Richtarik et al. 2021) and, with ``momentum``, EF21-SGDM
+              (Fatkhullin et al. 2023): every rank keeps ``v = momentum*v + g`` (no
+              masking), compresses ``e + (v - v_prev)``, and every rank returns the same
+              dense estimate ``G += update`` of the ranks' mean ``v``: the optimizer steps
+              on a smooth but lagging estimate instead of on sparse bursts. With
+              ``momentum=0.9`` and plain SGD it trains, behind the classic feedback under
+              momentum SGD; without inner momentum, under momentum SGD or AdamW, it lags
+              or diverges (the DDP hook warns).
+            * ``"global"``: classic error feedback on ``e + g``, and momentum kept by the
+              aggregator on the aggregated update, alike on every rank, with masking:
+              ``M[delivered] = 0`` (the coordinates the update carries), then
+              ``M = momentum*M + update``; the step returns ``M``. A coordinate's earlier
+              velocity stops where a fresh delivery (which carries its accumulated
+              gradients) arrives, as DGC masks its local velocity. Needs ``momentum`` > 0
+              and plain SGD.
+            * ``"fetchsgd"`` (Sketched-SGD and gs-SGD only; FetchSGD, Rothchild et al.
+              2020): no residual on the ranks; the summed sketch ``S`` of the gradients
+              feeds a velocity ``S_u = momentum*S_u + S`` and an error ``S_e += S_u`` kept
+              in sketch space (alike on every rank for gs, on the server for Sketched-SGD);
+              the top k of ``S_e``'s estimates are delivered, their sketch is subtracted
+              from ``S_e``, and ``S_u`` is zeroed in the buckets they touch. One round of
+              tables, no exact round (gs needs ``exact=False``) and no density warm-up
+              (its tables keep one shape); use plain SGD and ``rows`` > 1 (one row cannot
+              tell a bucket's coordinates apart).
     """
 
     momentum: float = 0.0
@@ -263,13 +285,27 @@ class TopkOptions(CommonOptions):
     warmup_density: float = 0.25
     local_clip: float | None = None
     feedback: str = "ef"
+    #: the ``feedback`` modes this method implements
+    feedbacks: ClassVar[tuple[str, ...]] = ("ef", "ef21", "global")
 
     def __post_init__(self) -> None:
         super().__post_init__()
         _check_momentum(self.momentum)
-        if self.feedback not in FEEDBACKS:
-            raise _bad("feedback", self.feedback, f"it must be one of {', '.join(FEEDBACKS)}",
+        if self.feedback not in self.feedbacks:
+            sketching = "" if "fetchsgd" in self.feedbacks else (
+                " ('fetchsgd' needs a sketching method: sketched or gs)")
+            raise _bad("feedback", self.feedback,
+                       f"it must be one of {', '.join(self.feedbacks)} for this method"
+                       + sketching,
                        "Use 'ef' (the default) or 'ef21' (with momentum=0.9: EF21-SGDM).")
+        if self.feedback == "fetchsgd" and self.warmup_steps:
+            raise _bad("warmup_steps", self.warmup_steps,
+                       "feedback='fetchsgd' keeps its error in tables of one shape, which cannot "
+                       "recover a warm-up's larger k", "Use warmup_steps=0 (--warmup-steps 0).")
+        if self.feedback == "global" and self.momentum == 0:
+            raise _bad("momentum", self.momentum,
+                       "feedback='global' is the aggregator's momentum, so it must be in "
+                       "(0, 1)", "For example momentum=0.9 (--local-momentum 0.9).")
         if not _is_int(self.warmup_steps) or self.warmup_steps < 0:
             raise _bad("warmup_steps", self.warmup_steps, "it must be an integer >= 0",
                        "For example warmup_steps=100, or 0 for no density warm-up.")
@@ -311,6 +347,7 @@ class SketchedOptions(TopkOptions):
     candidates: int | None = None
     seed: int = 0
     hash_cache: bool | None = None
+    feedbacks: ClassVar[tuple[str, ...]] = FEEDBACKS
 
     def use_hash_cache(self, d: int) -> bool:
         """Whether a sketch of length ``d`` should cache its hashes."""
@@ -443,6 +480,8 @@ class GSOptions(SketchedOptions):
         given = {f.name: getattr(self, f.name) for f in fields(self)}
         defaults = {name: getattr(shape, name) for name in
                     ("cols", "candidates", "allreduce", "table_dtype", "prefilter")}
+        if self.feedback == "fetchsgd":
+            defaults["prefilter"] = 0  # no residual would keep what a pre-filter drops
         return replace(self, **{n: v for n, v in defaults.items() if given[n] is None})
 
     def __post_init__(self) -> None:
@@ -472,3 +511,11 @@ class GSOptions(SketchedOptions):
             raise _bad("prefilter", self.prefilter,
                        "it must be an integer >= 0 (0: off; f: each rank sketches its f*k "
                        "largest coordinates)", "Use 8, or 0 to sketch the whole vector.")
+        if self.feedback == "fetchsgd" and self.exact:
+            raise _bad("exact", self.exact,
+                       "feedback='fetchsgd' keeps the error in sketch space and has no exact "
+                       "round", "Pass exact=False (--no-exact) with feedback='fetchsgd'.")
+        if self.feedback == "fetchsgd" and self.prefilter:
+            raise _bad("prefilter", self.prefilter,
+                       "feedback='fetchsgd' keeps no residual on the ranks, so a pre-filter "
+                       "would lose what it drops", "Use prefilter=0 with feedback='fetchsgd'.")

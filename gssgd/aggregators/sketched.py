@@ -16,6 +16,12 @@ Steps (per rank p, each step):
 
 The server's link carries P-1 sketches in and P-1 copies of each reply out per step: the
 bottleneck gs-SGD removes.
+
+With ``feedback="fetchsgd"`` (FetchSGD, Rothchild et al. 2020, which uses this topology) the
+ranks sketch their plain gradients and keep no residual; the server keeps the momentum and
+the error in sketch space (:mod:`gssgd.aggregators.sketch_feedback`), recovers the k
+largest estimates and sends (index, value) to every rank: steps 4-5's candidate rounds
+are not taken.
 """
 
 from __future__ import annotations
@@ -25,6 +31,7 @@ import torch
 from gssgd._select import topk_indices
 from gssgd.aggregators.base import Aggregator, index_dtype
 from gssgd.aggregators.options import SketchedOptions
+from gssgd.aggregators.sketch_feedback import SketchFeedback
 from gssgd.comm import Traffic, star
 
 __all__ = ["SketchedSGD"]
@@ -47,6 +54,9 @@ class SketchedSGD(Aggregator):
         k_t = cls.k_at_step(d, k, options, step)
         cols, c = options.shape_at(d, k, k_t)
         k, table = k_t, options.rows * cols * v
+        if options.feedback == "fetchsgd":  # tables in, (index, value) out; steady shape
+            table = options.rows * options.cols * v
+            return cls.control_traffic(p) + star(table, 0, p) + star(0, k * (i + v), p)
         return (
             cls.control_traffic(p)
             + star(table, 0, p)
@@ -59,6 +69,8 @@ class SketchedSGD(Aggregator):
         super().__init__(*args, **kwargs)
         self.sketch = self._new_sketch()
         self.num_candidates = self.options.num_candidates(self.k, self.d)
+        if self.options.feedback == "fetchsgd":
+            self.sketch_feedback = SketchFeedback(self.options.momentum)
 
     def step(self, grad: torch.Tensor) -> torch.Tensor:
         skipped = self._begin(grad)
@@ -68,10 +80,17 @@ class SketchedSGD(Aggregator):
         k = self.step_k  # k, or more during a density warm-up
         with self._timed("compress"):
             accumulated = self._error_compensated(grad)
-            sketch, num_candidates = self._sketch_of_step(accumulated)
+            if self.sketch_feedback is not None:  # FetchSGD keeps one table shape
+                sketch = self.sketch = self.sketch.to(accumulated.device,
+                                                      accumulated.dtype).zero_()
+                num_candidates = k
+            else:
+                sketch, num_candidates = self._sketch_of_step(accumulated)
             sketch.accumulate(accumulated)
 
         tables = self.comm.gather_to_root([sketch.table])
+        if self.sketch_feedback is not None:
+            return self._fetch_step(sketch, tables, accumulated, k)
         candidates = torch.empty(num_candidates, dtype=index_dtype(self.d), device=grad.device)
         if is_server:
             with self._timed("decompress"):
@@ -102,4 +121,27 @@ class SketchedSGD(Aggregator):
             update = torch.zeros_like(accumulated)  # in the residual's dtype
             update[final_idx] = final_vals / self.world_size
             self._keep_residual(accumulated, final_idx)
+        return self._finish(update)
+
+    def _fetch_step(self, sketch, tables: list, accumulated: torch.Tensor, k: int
+                    ) -> torch.Tensor:
+        """FetchSGD's server step: sum the tables in rank order, recover from the error
+        sketch (:class:`~gssgd.aggregators.sketch_feedback.SketchFeedback`, on rank 0
+        only), and send the k (index, value) pairs to every rank."""
+        device = accumulated.device
+        final = [
+            torch.empty(k, dtype=index_dtype(self.d), device=device),
+            torch.empty(k, dtype=accumulated.dtype, device=device),
+        ]
+        if self.rank == 0:
+            with self._timed("decompress"):
+                summed = sketch.copy()
+                for (table,) in tables[1:]:
+                    summed.table += table
+                chosen, values = self.sketch_feedback.recover(summed, k)
+                final = [chosen.to(final[0].dtype), values]
+        final_idx, final_vals = self.comm.broadcast_from_root(final)
+        with self._timed("decompress"):
+            update = torch.zeros_like(accumulated)
+            update[final_idx.to(torch.int64)] = final_vals / self.world_size
         return self._finish(update)

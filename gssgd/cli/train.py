@@ -181,8 +181,10 @@ def _aggregation_flags(parser: argparse.ArgumentParser) -> None:
     sparse.add_argument("--k", type=int, default=None,
                         help="coordinates sent per worker, instead of --density")
     agg.add_argument("--local-momentum", type=float, default=None,
-                     help="aggregator-side momentum with momentum stopping "
-                     f"({_applies('local_momentum')}; default 0 = off)")
+                     help="the error feedback's momentum, with momentum stopping: each "
+                     "worker's own (--feedback ef: DGC's; ef21: EF21-SGDM's), the "
+                     "aggregator's on the averaged update (global), or the sketch's "
+                     f"(fetchsgd) ({_applies('local_momentum')}; default 0 = off)")
     agg.add_argument("--warmup-steps", type=int, default=None,
                      help="density warm-up (DGC): the first N aggregation steps send "
                      "exponentially fewer coordinates, from --warmup-density down to --density "
@@ -195,9 +197,12 @@ def _aggregation_flags(parser: argparse.ArgumentParser) -> None:
                      f"a norm of at most NORM/sqrt(P) ({_applies('local_clip')}; default off)")
     agg.add_argument("--feedback", choices=FEEDBACKS, default=None,
                      help=f"{_applies('feedback')}: error feedback: ef (classic: the sparse "
-                     "update goes to the optimizer) or ef21 (EF21-SGDM: a dense estimate of the "
-                     "workers' mean (momentum) gradient, kept alike on every worker; "
-                     "--local-momentum is its momentum); default ef")
+                     "update goes to the optimizer), ef21 (EF21-SGDM: a dense estimate of the "
+                     "workers' mean (momentum) gradient, kept alike on every worker), global "
+                     "(momentum on the averaged update, masked where coordinates are "
+                     "delivered) or fetchsgd (sketched and gs: FetchSGD's momentum and error "
+                     "in sketch space; with --no-exact and --rows > 1); --local-momentum is "
+                     "its momentum; default ef")
     agg.add_argument("--payload-dtype", choices=tuple(PAYLOAD_DTYPES), default=None,
                      help=f"{_applies('payload_dtype')}: dtype of the all-reduced gradient "
                      "(default float32; 16 bits are scaled by 1/P first)")

@@ -55,7 +55,8 @@ def check_overlap(overlap: object, method: str, whole_model: bool, options: dict
     if options.get("feedback", "ef") != "ef":
         raise ValueError(
             f"feedback={options['feedback']!r} cannot be used with overlap='stream': the "
-            "streamed buckets keep classic error feedback only. Use overlap='none' for EF21."
+            "streamed buckets keep classic error feedback only. Use overlap='none' for "
+            "feedback='ef21', 'global' or 'fetchsgd'."
         )
     if options.get("local_clip") is not None:
         raise ValueError(

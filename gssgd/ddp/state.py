@@ -61,7 +61,7 @@ class HookState(HookCore):
             once that a GradScaler run must pass ``scaler=``.
         **options: the method's options (``k`` instead of ``density``; ``rows``, ``cols``,
             ``candidates``, ``exact``, ``allreduce``, ``table_dtype``, ``momentum``,
-            ``feedback`` ("ef" or "ef21"), ``seed``, ``dtype``, ``nonfinite``: "skip",
+            ``feedback`` ("ef", "ef21", "global" or "fetchsgd"), ``seed``, ``dtype``, ``nonfinite``: "skip",
             "raise" or "propagate"; see :func:`gssgd.make_aggregator`). Keep your
             optimizer: momentum SGD and AdamW step on the classic error-fed update
             (``feedback="ef"``, the default); the combinations that measured badly are

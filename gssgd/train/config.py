@@ -182,11 +182,11 @@ class TrainConfig:
     # -- aggregation; None: the method's own default (checked by its options dataclass)
     density: float | None = None  # fraction of coordinates sent (default 0.01), or give k
     k: int | None = None  # coordinates sent per worker, instead of density
-    local_momentum: float | None = None  # aggregator momentum with momentum stopping (0: off)
+    local_momentum: float | None = None  # the error feedback's momentum (0: off; by feedback)
     warmup_steps: int | None = None  # density warm-up: steps from warmup_density down to density
     warmup_density: float | None = None  # the warm-up's starting density (default 0.25)
     local_clip: float | None = None  # clip each worker's gradient to this norm / sqrt(P)
-    feedback: str | None = None  # error feedback: ef (classic, default) or ef21 (EF21-SGDM)
+    feedback: str | None = None  # error feedback: ef (default), ef21, global or fetchsgd
     payload_dtype: str | None = None  # dense: float32 (default), float16 or bfloat16 payload
     rows: int | None = None  # sketch rows, odd (sketched, gs; default 1)
     cols: int | None = None  # sketch columns (sketched, gs; default 40·k, capped at d/(4 rows))
@@ -225,7 +225,7 @@ class TrainConfig:
             raise _bad("model", self.model, f"it must be one of {', '.join(MODELS)}",
                        "Leave it out for the dataset's default.")
         self._apply_recipe()
-        if self.warmup_steps is None:
+        if self.warmup_steps is None and self.feedback != "fetchsgd":  # fixed tables
             self.warmup_steps = get_method(self.method).recipe_warmup_steps() or None
         for name in ("steps", "batch_size", "seq_len", "threads"):
             _check_int(name, getattr(self, name), 1)

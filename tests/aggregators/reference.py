@@ -179,6 +179,15 @@ def reference_run(
     for the global selections); ``g_p += ``what rank p delivered; the update is the
     ranks' mean estimate.
 
+    ``opts["feedback"] == "global"``: classic error feedback, then a velocity ``M`` kept on
+    the averaged update: zeroed where the update is nonzero, ``M = rho*M + update``; the
+    step returns ``M``.
+
+    ``opts["feedback"] == "fetchsgd"`` (sketched, gs): FetchSGD as its paper states it: the
+    summed sketch ``S`` of the gradients, ``S_u = rho*S_u + S``, ``S_e += S_u``, deliver
+    the sketch's top k of ``S_e`` (estimates), ``S_e -= S(delta)``, ``S_u = 0`` where
+    ``S(delta)`` is nonzero; no residual on the ranks (returned as zeros).
+
     Returns:
         (updates per step as arrays, final residual per rank as arrays), in ``dtype``; under
         EF21 the "residual" is ``v - g_p``, what rank p has not yet delivered.
@@ -186,7 +195,12 @@ def reference_run(
     steps, world = len(grads), len(grads[0])
     d = grads[0][0].numel()
     rho = dtype(opts.get("momentum", 0.0))
-    ef21 = opts.get("feedback", "ef") == "ef21"
+    feedback = opts.get("feedback", "ef")
+    ef21 = feedback == "ef21"
+    velocity = np.zeros(d, dtype)  # feedback="global": M
+    if feedback == "fetchsgd":
+        sketch_u = np.zeros((opts["rows"], opts["cols"]))
+        sketch_e = np.zeros((opts["rows"], opts["cols"]))
     e = [np.zeros(d, dtype) for _ in range(world)]
     u = [np.zeros(d, dtype) for _ in range(world)]
     estimate = [np.zeros(d, dtype) for _ in range(world)]  # EF21's g_p
@@ -196,9 +210,26 @@ def reference_run(
         if method == "dense":
             updates.append(sum(g) / world)
             continue
+        if feedback == "fetchsgd":
+            summed = RefSketch(d, opts["rows"], opts["cols"], opts.get("seed", 0))
+            for p in range(world):
+                summed.accumulate(g[p].astype(np.float64))
+            sketch_u = rho * sketch_u + summed.table
+            sketch_e = sketch_e + sketch_u
+            summed.table = sketch_e
+            chosen, values = summed.heavy_hitters(k)
+            delta = np.zeros(d)
+            delta[chosen] = values
+            delivered_sketch = RefSketch(d, opts["rows"], opts["cols"], opts.get("seed", 0))
+            delivered_sketch.accumulate(delta)
+            sketch_e = sketch_e - delivered_sketch.table
+            sketch_u[delivered_sketch.table != 0] = 0
+            updates.append((delta / world).astype(dtype))
+            continue
         a = []
         for p in range(world):
-            u[p] = rho * u[p] + g[p] if rho > 0 or ef21 else g[p]
+            local = rho > 0 and feedback == "ef"
+            u[p] = rho * u[p] + g[p] if local or ef21 else g[p]
             a.append(u[p] - estimate[p] if ef21 else e[p] + u[p])
         update = np.zeros(d, dtype)
         delivered: list[np.ndarray] = [np.array([], dtype=np.int64)] * world
@@ -259,7 +290,12 @@ def reference_run(
                 estimate[p][delivered[p]] += a[p][delivered[p]]
             a[p][delivered[p]] = 0
             e[p] = a[p]
-            if rho > 0 and not ef21:
+            if rho > 0 and feedback == "ef":
                 u[p][delivered[p]] = 0
+        if feedback == "global":
+            velocity[update != 0] = 0
+            velocity = rho * velocity + update / world
+            updates.append(velocity.copy())
+            continue
         updates.append(sum(estimate) / world if ef21 else update / world)
     return updates, e

@@ -36,7 +36,22 @@ BAD = [
     ("gs", {"hash_cache": "auto"}, "hash_cache='auto' is invalid"),
     ("topk", {"rows": 5}, r"unknown option\(s\) \['rows'\] for method 'topk'"),
     ("sketched", {"exact": False}, r"unknown option\(s\) \['exact'\] for method 'sketched'"),
+    ("topk", {"feedback": "fetchsgd"}, r"feedback='fetchsgd' is invalid: .* ef, ef21, global "
+     r"for this method \('fetchsgd' needs a sketching method"),
+    ("gtopk", {"feedback": "global"}, r"momentum=0.0 is invalid: feedback='global' .* \(0, 1\)"),
+    ("gs", {"feedback": "fetchsgd"}, r"exact=True is invalid: .* Pass exact=False"),
+    ("sketched", {"feedback": "fetchsgd", "warmup_steps": 100},
+     r"warmup_steps=100 is invalid: feedback='fetchsgd' keeps its error in tables of one shape"),
+    ("gs", {"feedback": "fetchsgd", "exact": False, "prefilter": 8},
+     r"prefilter=8 is invalid: feedback='fetchsgd' keeps no residual"),
 ]
+
+
+def test_fetchsgd_takes_no_prefilter_from_the_many_workers_defaults() -> None:
+    """From 16 workers gs pre-filters by default; FetchSGD, with no residual, must not."""
+    _, _, opts = build_options("gs", 100_000, 0.001, world_size=64, feedback="fetchsgd",
+                               exact=False)
+    assert opts.prefilter == 0 and opts.cols == 1600
 
 
 @pytest.mark.parametrize(("method", "options", "match"), BAD)

@@ -226,6 +226,8 @@ def test_non_finite_loss_stops_every_worker_cleanly(first_runs) -> None:
         ({"optimizer": "adamw", "momentum": 0.9}, "--momentum=0.9 is invalid: .* AdamW"),
         ({"optimizer": "adamw", "betas": (0.9, 1.0)}, r"--betas=\(0.9, 1.0\) is invalid"),
         ({"method": "topk", "feedback": "ef22"}, "--feedback='ef22' is invalid: .* ef, ef21"),
+        ({"method": "gtopk", "feedback": "fetchsgd"}, "--feedback='fetchsgd' is invalid: .* "
+         "ef, ef21, global for this method"),
         ({"method": "dense", "feedback": "ef21"}, "--feedback does not apply to --method dense"),
     ],
 )

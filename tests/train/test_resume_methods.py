@@ -39,7 +39,15 @@ MOMENTUM = {
     "momentum_sgd": {"momentum": 0.9, "feedback": "ef21"},
     "adamw": {"optimizer": "adamw", "weight_decay": 0.01, "feedback": "ef21"},
     "ef21m": {"local_momentum": 0.9, "feedback": "ef21"},
+    # momentum kept by the aggregator (alike on every rank), and FetchSGD's in sketch space
+    "global": {"local_momentum": 0.9, "feedback": "global"},
+    "fetchsgd_sketched": {"local_momentum": 0.9, "feedback": "fetchsgd", "rows": 3},
+    "fetchsgd_gs": {"local_momentum": 0.9, "feedback": "fetchsgd", "rows": 3, "exact": False},
 }
+#: variants for some methods only
+ONLY_FOR = {"fetchsgd_sketched": ("sketched",), "fetchsgd_gs": ("gs",)}
+#: the variants whose state is FetchSGD's sketch tables (no residual, no vector momentum)
+FETCHSGD = tuple(ONLY_FOR)
 #: the variants whose aggregators keep EF21's estimate
 EF21 = ("momentum_sgd", "adamw", "ef21m")
 
@@ -49,6 +57,8 @@ def _cases() -> list:
     cases = []
     for method in RESUMED:
         for variant, settings in MOMENTUM.items():
+            if method not in ONLY_FOR.get(variant, (method,)):
+                continue
             try:
                 TrainConfig(method=method, steps=STEPS, **BASE, **settings)
             except ValueError as err:  # e.g. local momentum for a method without residuals
@@ -137,7 +147,7 @@ def test_every_gssgd_method_of_the_loop_is_resumed() -> None:
     assert {"topk", "gtopk", "sketched", "gs"} <= set(RESUMED), METHODS
     for method in ("topk", "gtopk", "sketched", "gs"):
         for variant in MOMENTUM:
-            assert (method, variant) in CASES
+            assert (method, variant) in CASES or method not in ONLY_FOR.get(variant, (method,))
 
 
 @pytest.mark.parametrize(("method", "variant"), CASES, ids=[f"{m}-{v}" for m, v in CASES])
@@ -175,9 +185,16 @@ def test_the_resume_point_carries_state(runs: dict, method: str, variant: str) -
     for sd in buckets:
         assert sd["method"] == method
         assert 0 < sd["steps"] < STEPS // 2  # it compressed before (after the dense start)
+        if variant in FETCHSGD:  # the error and velocity are tables (the server's, sketched)
+            assert torch.count_nonzero(sd["residual"]) == 0 and "momentum" not in sd
+            tables = sd["sketch_feedback"]
+            if method == "gs" or sd is buckets[0]:
+                assert torch.count_nonzero(tables["error"]) > 0
+                assert torch.count_nonzero(tables["velocity"]) > 0
+            continue
         if method != "dense":
             assert torch.count_nonzero(sd["residual"]) > 0
-        if variant in ("local_momentum", *EF21):
+        if variant in ("local_momentum", "global", *EF21):
             assert torch.count_nonzero(sd["momentum"]) > 0
         else:
             assert "momentum" not in sd

@@ -1,0 +1,97 @@
+"""FetchSGD's momentum and error feedback in sketch space (Rothchild et al., ICML 2020).
+
+A Count Sketch is linear, so momentum and error accumulation can run on the summed sketch
+instead of on each worker's vector. Sketched-SGD's server and every gs-SGD rank hold the
+same summed table ``S`` of the workers' gradients, and per step:
+
+    1. Velocity: ``S_u = rho * S_u + S``.
+    2. Error: ``S_e += S_u``.
+    3. Recover: the k coordinates with the largest ``|estimate|`` in ``S_e`` (ties by lower
+       index) and their estimates: the update before the division by P.
+    4. Feedback: ``S_e -= sketch(delta)`` (the delivered vector leaves the error) and
+       ``S_u = 0`` in every bucket ``sketch(delta)`` touches (momentum stopping).
+
+The workers keep no residual; what the sketch does not deliver stays in ``S_e``, noise
+included. The learning rate is applied by the optimizer after this (plain SGD): with a
+constant learning rate that is FetchSGD's update, since the paper's ``S_e += lr * S_u``
+only scales the error by a constant.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from gssgd.sketch import CountSketch
+
+__all__ = ["SketchFeedback"]
+
+
+class SketchFeedback:
+    """The velocity ``S_u`` and error ``S_e`` tables of FetchSGD, and its recovery step.
+
+    Args:
+        momentum: ``rho`` in [0, 1).
+    """
+
+    def __init__(self, momentum: float) -> None:
+        self.momentum = momentum
+        self.velocity: torch.Tensor | None = None
+        self.error: torch.Tensor | None = None
+
+    def recover(self, summed: CountSketch, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Steps 1-4 on ``summed``, the sketch of the sum of the workers' gradients.
+
+        Args:
+            summed: the summed sketch (its table is read, not changed).
+            k: coordinates to deliver.
+
+        Returns:
+            ``(indices, values)``: the k delivered coordinates (ordered by ``|value|``)
+            and the error sketch's estimates of them (sums over the workers).
+
+        Raises:
+            ValueError: ``summed`` has another table shape than the stored state (a
+                sketch must keep its shape for the whole run).
+        """
+        table = summed.table
+        if self.velocity is None or self.error is None:
+            self.velocity, self.error = torch.zeros_like(table), torch.zeros_like(table)
+        if self.velocity.shape != table.shape:
+            raise ValueError(
+                f"FetchSGD's sketch state has shape {tuple(self.velocity.shape)} but this "
+                f"step's sketch {tuple(table.shape)}; keep rows and cols fixed for the run."
+            )
+        self.velocity = self.velocity.to(table.device, table.dtype)
+        self.error = self.error.to(table.device, table.dtype)
+        self.velocity.mul_(self.momentum).add_(table)
+        self.error.add_(self.velocity)
+        error = summed.with_table(self.error)
+        indices, values = error.heavy_hitters(k)
+        delta = torch.zeros(summed.d, dtype=table.dtype, device=table.device)
+        delta[indices] = values
+        delivered = summed.with_table(torch.zeros_like(table))
+        delivered.accumulate(delta)
+        self.error.sub_(delivered.table)
+        self.velocity[delivered.table != 0] = 0
+        return indices, values
+
+    def rescale(self, factor: float) -> None:
+        """Multiply both tables by ``factor`` (a loss-scale change under AMP)."""
+        for table in (self.velocity, self.error):
+            if table is not None:
+                table.mul_(factor)
+
+    def state_dict(self) -> dict[str, Any]:
+        """Copies of the two tables (None before the first step)."""
+        return {
+            "velocity": None if self.velocity is None else self.velocity.clone(),
+            "error": None if self.error is None else self.error.clone(),
+        }
+
+    def load_state_dict(self, sd: dict[str, Any]) -> None:
+        """Restore :meth:`state_dict` output."""
+        velocity, error = sd.get("velocity"), sd.get("error")
+        self.velocity = None if velocity is None else velocity.clone()
+        self.error = None if error is None else error.clone()
