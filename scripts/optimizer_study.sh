@@ -21,6 +21,8 @@
 #           its exact round), no exact round
 #   adamw   AdamW on the classic error-fed update (lstm-adamw, gpt)
 #   ef21a   AdamW on EF21's estimate (lstm-adamw, gpt)
+#   frozen  1-bit Adam's recipe (lstm-adamw, gpt): FREEZE (default 150) dense AdamW steps,
+#           then the variance frozen and the momentum compressed (--freeze-variance-after)
 # A run is named METHOD-RECIPE-lrLR (sgd: METHOD-sgd, its lr is fixed).
 # Raw runs go to runs/optimizer (git-ignored); scripts/optimizer_report.py summarises them.
 set -u
@@ -80,6 +82,7 @@ for seed in $SEEDS; do
                       --rows 5 --cols "$(fetch_cols "$density")") ;;
         adamw) extra=(--lr "$LR") ;;
         ef21a) extra=(--lr "$LR" --feedback ef21) ;;
+        frozen) extra=(--lr "$LR" --freeze-variance-after "${FREEZE:-150}") ;;
         *) echo "unknown recipe $recipe"; exit 2 ;;
       esac
       for method in $METHODS; do

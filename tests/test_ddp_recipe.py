@@ -10,6 +10,7 @@ import torch
 
 import gssgd.ddp.recipe as recipe
 from gssgd.ddp import HookState
+from gssgd.optim import FrozenVarianceAdamW
 
 
 @pytest.fixture()
@@ -22,6 +23,8 @@ def _step(optimizer: str = "sgd", momentum: float = 0.0) -> list[warnings.Warnin
     p = torch.nn.Parameter(torch.ones(3))
     if optimizer == "adamw":
         opt: torch.optim.Optimizer = torch.optim.AdamW([p], lr=0.1)
+    elif optimizer == "frozen":
+        opt = FrozenVarianceAdamW([p], lr=0.1)
     else:
         opt = torch.optim.SGD([p], lr=0.1, momentum=momentum)
     p.grad = torch.ones(3)
@@ -60,6 +63,7 @@ def test_ef21_without_inner_momentum_under_an_optimizer_with_momentum_warns(
         ({"feedback": "global", "momentum": 0.9}, "sgd"),
         ({"feedback": "global", "momentum": 0.9}, "adamw"),
         ({"feedback": "fetchsgd", "momentum": 0.9, "exact": False, "rows": 3}, "sgd"),
+        ({"feedback": "onebit", "momentum": 0.9}, "adamw"),  # not the frozen-variance one
     ],
 )
 def test_an_optimizer_with_momentum_on_a_feedback_with_its_own_momentum_warns(
@@ -77,6 +81,7 @@ def test_an_optimizer_with_momentum_on_a_feedback_with_its_own_momentum_warns(
     ("options", "optimizer", "momentum"),
     [
         ({"density": 0.01, "feedback": "global", "momentum": 0.9}, "sgd", 0.0),
+        ({"density": 0.01, "feedback": "onebit", "momentum": 0.9}, "frozen", 0.0),  # 1-bit Adam
         ({"density": 0.01}, "sgd", 0.9),  # momentum SGD at 0.01: the LSTM's best recipe
         ({"density": 0.01}, "adamw", 0.0),  # AdamW on the classic error feedback
         ({"density": 0.001}, "sgd", 0.0),  # plain SGD: the image recipe

@@ -279,8 +279,10 @@ class Aggregator:
         """The vector to compress: ``a = e + g`` (classic, and ``feedback="global"``, whose
         momentum comes after the aggregation), ``a = e + u`` with local momentum
         ``u = rho*u + g``, under ``feedback="ef21"`` ``a = e + (v - v_prev)`` with
-        ``v = rho*v + g`` (``v = g`` without momentum), or under ``feedback="fetchsgd"``
-        just ``g`` (its error lives in sketch space). In EF21 the residuals hold
+        ``v = rho*v + g`` (``v = g`` without momentum), under ``feedback="onebit"``
+        ``a = e + rho*m + (1 - rho)*g`` with ``m`` the last step's update (the same on every
+        rank), or under ``feedback="fetchsgd"`` just ``g`` (its error lives in sketch
+        space). In EF21 the residuals hold
         what the shared estimate lacks, ``sum_p e_p = sum_p v_p - P*G``, so compressing
         ``a`` is compressing the gap between the ranks' (momentum) gradients and ``G``.
 
@@ -300,6 +302,12 @@ class Aggregator:
             self.residual = torch.zeros_like(grad)
         elif self.residual.device != grad.device or self.residual.dtype != dtype:
             self.residual = self.residual.to(grad.device, dtype)
+        if self._feedback == "onebit":  # m_p = rho*m + (1-rho)*g_p, m the last update
+            rho = self.options.momentum
+            own = self.residual + (1 - rho) * grad
+            if self.momentum_buffer is None:
+                return own
+            return own.add_(self.momentum_buffer.to(grad.device, dtype), alpha=rho)
         rho = getattr(self.options, "momentum", 0.0) if self._feedback != "global" else 0.0
         if rho == 0 and not self._ef21:
             return self.residual + grad
@@ -361,10 +369,13 @@ class Aggregator:
         the update is added to the estimate ``G`` and ``G`` is returned; under
         ``feedback="global"`` the aggregator's velocity ``M`` is zeroed where ``update``
         is not (the delivered coordinates), ``M = momentum*M + update``, and ``M`` is
-        returned."""
+        returned; under ``feedback="onebit"`` the update is kept as the shared momentum
+        ``m`` of the next step."""
         self.steps += 1
         self._record(skipped=False, delivered_fraction=delivered_fraction)
-        if self._feedback == "global":
+        if self._feedback == "onebit":
+            self.momentum_buffer = update.clone()  # the shared momentum m
+        elif self._feedback == "global":
             if self.momentum_buffer is None:
                 self.momentum_buffer = torch.zeros_like(update)
             velocity = self.momentum_buffer.to(update.device, update.dtype)

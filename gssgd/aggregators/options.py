@@ -216,9 +216,10 @@ class DenseOptions(CommonOptions):
 
 
 #: What ``feedback`` accepts (:class:`TopkOptions`): classic error feedback, EF21(-SGDM),
-#: the aggregator's global momentum with masking, or FetchSGD's sketch-space momentum and
+#: the aggregator's global momentum with masking, 1-bit Adam's compressed momentum, or
+#: FetchSGD's sketch-space momentum and
 #: error (the sketching methods only: :class:`SketchedOptions`).
-FEEDBACKS: tuple[str, ...] = ("ef", "ef21", "global", "fetchsgd")
+FEEDBACKS: tuple[str, ...] = ("ef", "ef21", "global", "onebit", "fetchsgd")
 
 
 def _check_momentum(value: float) -> None:
@@ -269,6 +270,13 @@ class TopkOptions(CommonOptions):
               velocity stops where a fresh delivery (which carries its accumulated
               gradients) arrives, as DGC masks its local velocity. Needs ``momentum`` > 0
               and plain SGD.
+            * ``"onebit"``: 1-bit Adam's compression stage (Tang et al. 2021) with this
+              method's compressor: every rank compresses ``e + momentum*m + (1 -
+              momentum)*g``, where ``m`` is the last step's update (alike on every rank),
+              and the update it returns is the new ``m``: a compressed exponential moving
+              average of the gradients. Pair it with
+              :class:`~gssgd.optim.FrozenVarianceAdamW` (``momentum`` = its beta1), which
+              steps on ``m`` with the variance frozen after a dense warm-up.
             * ``"fetchsgd"`` (Sketched-SGD and gs-SGD only; FetchSGD, Rothchild et al.
               2020): no residual on the ranks; the summed sketch ``S`` of the gradients
               feeds a velocity ``S_u = momentum*S_u + S`` and an error ``S_e += S_u`` kept
@@ -286,7 +294,7 @@ class TopkOptions(CommonOptions):
     local_clip: float | None = None
     feedback: str = "ef"
     #: the ``feedback`` modes this method implements
-    feedbacks: ClassVar[tuple[str, ...]] = ("ef", "ef21", "global")
+    feedbacks: ClassVar[tuple[str, ...]] = ("ef", "ef21", "global", "onebit")
 
     def __post_init__(self) -> None:
         super().__post_init__()

@@ -142,6 +142,10 @@ def _optimisation_flags(parser: argparse.ArgumentParser) -> None:
                      help="weight decay (AdamW: decoupled); default 0")
     opt.add_argument("--betas", type=float, nargs=2, default=c.betas, metavar=("B1", "B2"),
                      help="AdamW's betas (default 0.9 0.999)")
+    opt.add_argument("--freeze-variance-after", type=int, default=None, metavar="N",
+                     help="AdamW, sparse methods: 1-bit Adam's recipe: N dense AdamW steps, "
+                     "then the variance frozen and the momentum compressed (sets "
+                     "--start-iter N, --feedback onebit, --local-momentum B1); default off")
     opt.add_argument("--seq-len", type=int, default=c.seq_len, help="characters per window (text)")
     opt.add_argument("--seed", type=int, default=c.seed,
                      help="seeds the model init, the batches and the sketch hashes")

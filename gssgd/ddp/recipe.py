@@ -15,8 +15,9 @@ such a state is alive and warns about the first bad combination it finds
   it cost gTop-k 21 points and gs 3 (plain SGD at lr 0.2 is that model's recipe), while on
   the character LSTM the same momentum was the better recipe; the warning says both.
 
-* An optimizer with momentum, or AdamW, on ``feedback="global"`` or ``"fetchsgd"``: those
-  modes keep the momentum themselves, so the optimizer would apply it a second time.
+* An optimizer with momentum, or AdamW, on ``feedback="global"`` or ``"fetchsgd"``, or on
+  ``"onebit"`` other than :class:`~gssgd.optim.FrozenVarianceAdamW`: those modes keep the
+  momentum themselves, so the optimizer would apply it a second time.
 
 Momentum SGD and AdamW on the classic error-fed update at density 0.01 measured best of
 what was tried on the LSTM (4-12 % above dense's loss) and get no warning.
@@ -33,6 +34,7 @@ from torch.optim.optimizer import register_optimizer_step_pre_hook
 
 from gssgd.aggregators import AGGREGATORS
 from gssgd.aggregators.options import DEFAULT_DENSITY
+from gssgd.optim import FrozenVarianceAdamW
 
 if TYPE_CHECKING:
     from gssgd.ddp.core import HookCore
@@ -84,12 +86,15 @@ def recipe_advice(optimizer: torch.optim.Optimizer, method: str, options: dict[s
             "ended 5 % above. Use feedback='ef' (the default), or EF21-SGDM: "
             "feedback='ef21', momentum=0.9 with plain SGD."
         )
-    if kind != "plain" and feedback in ("global", "fetchsgd"):
+    own_momentum = feedback in ("global", "fetchsgd") or (
+        feedback == "onebit" and not isinstance(optimizer, FrozenVarianceAdamW))
+    if kind != "plain" and own_momentum:
         return (
             f"gssgd: {name} steps on feedback={feedback!r}, which keeps its own momentum "
             f"(HookState({method!r}, ..., feedback={feedback!r}, momentum={inner})): the "
             "momentum would be applied twice. Use plain SGD (torch.optim.SGD with "
-            "momentum=0) with these modes, or feedback='ef' with your optimizer."
+            "momentum=0) with these modes (feedback='onebit': gssgd.optim."
+            "FrozenVarianceAdamW), or feedback='ef' with your optimizer."
         )
     low = (density if density is not None else DEFAULT_DENSITY) <= LOW_DENSITY
     if kind == "momentum" and feedback == "ef" and low and not inner:

@@ -73,10 +73,13 @@ METHOD_SETTINGS: tuple[str, ...] = (
     "start_iter",
     "per_bucket",
     "overlap",
+    "freeze_variance_after",
 )
 #: Method-specific TrainConfig fields that are neither options nor hook settings, and the
 #: methods that take them.
 _ONLY_FOR: dict[str, tuple[str, ...]] = {"overlap": STREAMING_METHODS}
+#: Method-specific TrainConfig fields that apply to the methods taking another option.
+_APPLIES_LIKE = {"freeze_variance_after": "feedback"}
 
 
 def flag(name: str) -> str:
@@ -94,7 +97,7 @@ def setting_applies_to(name: str) -> tuple[str, ...]:
         return tuple(METHODS)
     if name in _ONLY_FOR:
         return tuple(m for m in _ONLY_FOR[name] if m in METHODS)
-    return applies_to(_OPTION_NAMES.get(name, name))
+    return applies_to(_APPLIES_LIKE.get(name) or _OPTION_NAMES.get(name, name))
 
 
 def check_settings_apply(settings: dict[str, Any], methods: Iterable[str]) -> None:
@@ -169,6 +172,7 @@ class TrainConfig:
     momentum: float | None = None  # SGD momentum after aggregation; None: the method's recipe
     weight_decay: float = 0.0  # weight decay (AdamW: decoupled)
     betas: tuple[float, float] = (0.9, 0.999)  # AdamW's betas
+    freeze_variance_after: int | None = None  # AdamW: dense steps, then 1-bit Adam's stage
     seq_len: int = 64  # characters per window (text data)
     seed: int = 0  # seeds the model init, the batches and the sketch hashes
     # -- workers
@@ -225,6 +229,7 @@ class TrainConfig:
             raise _bad("model", self.model, f"it must be one of {', '.join(MODELS)}",
                        "Leave it out for the dataset's default.")
         self._apply_recipe()
+        self._apply_frozen_variance()
         if self.warmup_steps is None and self.feedback != "fetchsgd":  # fixed tables
             self.warmup_steps = get_method(self.method).recipe_warmup_steps() or None
         for name in ("steps", "batch_size", "seq_len", "threads"):
@@ -291,6 +296,31 @@ class TrainConfig:
         recipe_lr, recipe_momentum = get_method(self.method).recipe(text=self.trains_text)
         self.lr = recipe_lr if self.lr is None else self.lr
         self.momentum = recipe_momentum if self.momentum is None else self.momentum
+
+    def _apply_frozen_variance(self) -> None:
+        """``freeze_variance_after`` N: 1-bit Adam's recipe (:mod:`gssgd.optim`): N dense
+        AdamW steps (``start_iter`` N), then the variance frozen and the momentum compressed
+        (``feedback="onebit"`` with momentum beta1). Fills those settings, or refuses ones
+        given otherwise.
+
+        Raises:
+            ValueError: without AdamW, or with a conflicting start_iter, feedback or
+                local momentum."""
+        n = self.freeze_variance_after
+        if n is None or self.method not in setting_applies_to("freeze_variance_after"):
+            return  # the latter: check_settings_apply says it does not apply
+        _check_int("freeze_variance_after", n, 1)
+        if self.optimizer != "adamw":
+            raise _bad("freeze_variance_after", n, "it freezes AdamW's variance",
+                       "Add --optimizer adamw, or drop --freeze-variance-after.")
+        beta1 = float(self.betas[0]) if isinstance(self.betas, (tuple, list)) else None
+        wanted = {"start_iter": n, "feedback": "onebit", "local_momentum": beta1}
+        for name, value in wanted.items():
+            given = getattr(self, name)
+            if given is not None and given != value:
+                raise _bad(name, given, f"--freeze-variance-after {n} sets it to {value!r}",
+                           f"Drop {flag(name)}: the frozen-variance recipe sets it.")
+            setattr(self, name, value)
 
     def _check_betas(self) -> None:
         betas = tuple(self.betas) if isinstance(self.betas, (tuple, list)) else self.betas

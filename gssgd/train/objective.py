@@ -12,6 +12,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from gssgd.optim import FrozenVarianceAdamW
 from gssgd.train.config import TrainConfig
 from gssgd.train.data import ImageData, TextData, batch_indices, lm_batch
 
@@ -40,7 +41,13 @@ def train_batch(
 
 def make_optimizer(model: nn.Module, cfg: TrainConfig) -> torch.optim.Optimizer:
     """The run's optimizer over ``model``: SGD with ``cfg``'s lr, momentum and weight decay,
-    or AdamW with its lr, betas and (decoupled) weight decay."""
+    AdamW with its lr, betas and (decoupled) weight decay, or with ``freeze_variance_after``
+    :class:`~gssgd.optim.FrozenVarianceAdamW` (the same, its variance frozen after that
+    many steps)."""
+    if cfg.freeze_variance_after is not None:
+        return FrozenVarianceAdamW(model.parameters(), lr=cfg.lr, betas=cfg.betas,
+                                   weight_decay=cfg.weight_decay,
+                                   freeze_step=cfg.freeze_variance_after)
     if cfg.optimizer == "adamw":
         return torch.optim.AdamW(
             model.parameters(), lr=cfg.lr, betas=cfg.betas, weight_decay=cfg.weight_decay

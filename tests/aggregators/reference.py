@@ -183,6 +183,9 @@ def reference_run(
     the averaged update: zeroed where the update is nonzero, ``M = rho*M + update``; the
     step returns ``M``.
 
+    ``opts["feedback"] == "onebit"``: 1-bit Adam's compression stage: rank p compresses
+    ``e_p + rho*m + (1-rho)*g_p`` with ``m`` the last averaged update, shared.
+
     ``opts["feedback"] == "fetchsgd"`` (sketched, gs): FetchSGD as its paper states it: the
     summed sketch ``S`` of the gradients, ``S_u = rho*S_u + S``, ``S_e += S_u``, deliver
     the sketch's top k of ``S_e`` (estimates), ``S_e -= S(delta)``, ``S_u = 0`` where
@@ -197,7 +200,7 @@ def reference_run(
     rho = dtype(opts.get("momentum", 0.0))
     feedback = opts.get("feedback", "ef")
     ef21 = feedback == "ef21"
-    velocity = np.zeros(d, dtype)  # feedback="global": M
+    velocity = np.zeros(d, dtype)  # feedback="global": M; "onebit": m
     if feedback == "fetchsgd":
         sketch_u = np.zeros((opts["rows"], opts["cols"]))
         sketch_e = np.zeros((opts["rows"], opts["cols"]))
@@ -230,6 +233,9 @@ def reference_run(
         for p in range(world):
             local = rho > 0 and feedback == "ef"
             u[p] = rho * u[p] + g[p] if local or ef21 else g[p]
+            if feedback == "onebit":  # 1-bit Adam: m_p = rho*m + (1-rho)*g_p, m shared
+                a.append(e[p] + rho * velocity + (1 - rho) * g[p])
+                continue
             a.append(u[p] - estimate[p] if ef21 else e[p] + u[p])
         update = np.zeros(d, dtype)
         delivered: list[np.ndarray] = [np.array([], dtype=np.int64)] * world
@@ -292,6 +298,8 @@ def reference_run(
             e[p] = a[p]
             if rho > 0 and feedback == "ef":
                 u[p][delivered[p]] = 0
+        if feedback == "onebit":
+            velocity = update / world
         if feedback == "global":
             velocity[update != 0] = 0
             velocity = rho * velocity + update / world

@@ -34,9 +34,12 @@ CONFIGS: dict[str, tuple[str, dict, int]] = {
     "sketched_ef21m": ("sketched", {"density": 0.01, "feedback": "ef21", "momentum": 0.9,
                                     **SKETCH}, D),
     "gs_ef21m": ("gs", {"density": 0.01, "feedback": "ef21", "momentum": 0.9, **SKETCH}, D),
-    # the aggregator's momentum with masking, and FetchSGD's momentum in sketch space
+    # the aggregator's momentum with masking, 1-bit Adam's compressed momentum, and
+    # FetchSGD's momentum in sketch space
     "topk_global": ("topk", {"density": 0.01, "feedback": "global", "momentum": 0.9}, D),
     "gs_global": ("gs", {"density": 0.01, "feedback": "global", "momentum": 0.9, **SKETCH}, D),
+    "gtopk_onebit": ("gtopk", {"density": 0.01, "feedback": "onebit", "momentum": 0.9}, D),
+    "gs_onebit": ("gs", {"density": 0.01, "feedback": "onebit", "momentum": 0.9, **SKETCH}, D),
     "sketched_fetchsgd": ("sketched", {"density": 0.01, "feedback": "fetchsgd",
                                        "momentum": 0.9, **SKETCH}, D),
     "gs_fetchsgd": ("gs", {"density": 0.01, "feedback": "fetchsgd", "momentum": 0.9,

@@ -36,7 +36,7 @@ BAD = [
     ("gs", {"hash_cache": "auto"}, "hash_cache='auto' is invalid"),
     ("topk", {"rows": 5}, r"unknown option\(s\) \['rows'\] for method 'topk'"),
     ("sketched", {"exact": False}, r"unknown option\(s\) \['exact'\] for method 'sketched'"),
-    ("topk", {"feedback": "fetchsgd"}, r"feedback='fetchsgd' is invalid: .* ef, ef21, global "
+    ("topk", {"feedback": "fetchsgd"}, r"feedback='fetchsgd' is invalid: .* ef, ef21, global, onebit "
      r"for this method \('fetchsgd' needs a sketching method"),
     ("gtopk", {"feedback": "global"}, r"momentum=0.0 is invalid: feedback='global' .* \(0, 1\)"),
     ("gs", {"feedback": "fetchsgd"}, r"exact=True is invalid: .* Pass exact=False"),

@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from gssgd.comm import ring_allreduce_bytes
+from gssgd.optim import FrozenVarianceAdamW
 from gssgd.train.checkpoint import CHECKPOINT_DIR, CheckpointError, resolve_checkpoint
 from gssgd.train.launch import WorkerFailed, launch
 from gssgd.train.loop import (
@@ -22,6 +23,7 @@ from gssgd.train.loop import (
     settings_for,
 )
 from gssgd.train.metrics import read_metrics
+from gssgd.train.objective import make_optimizer
 from gssgd.train.sync import builtin_hook_bytes
 from tests.train.test_resume_methods import train_all
 
@@ -227,8 +229,18 @@ def test_non_finite_loss_stops_every_worker_cleanly(first_runs) -> None:
         ({"optimizer": "adamw", "betas": (0.9, 1.0)}, r"--betas=\(0.9, 1.0\) is invalid"),
         ({"method": "topk", "feedback": "ef22"}, "--feedback='ef22' is invalid: .* ef, ef21"),
         ({"method": "gtopk", "feedback": "fetchsgd"}, "--feedback='fetchsgd' is invalid: .* "
-         "ef, ef21, global for this method"),
+         "ef, ef21, global, onebit for this method"),
         ({"method": "dense", "feedback": "ef21"}, "--feedback does not apply to --method dense"),
+        ({"freeze_variance_after": 100}, "--freeze-variance-after=100 is invalid: it freezes "
+         "AdamW's variance. Add --optimizer adamw"),
+        ({"optimizer": "adamw", "freeze_variance_after": 100, "start_iter": 5},
+         "--start-iter=5 is invalid: --freeze-variance-after 100 sets it to 100"),
+        ({"optimizer": "adamw", "freeze_variance_after": 9, "feedback": "ef21"},
+         "--feedback='ef21' is invalid: --freeze-variance-after 9 sets it to 'onebit'"),
+        ({"method": "dense", "optimizer": "adamw", "freeze_variance_after": 9},
+         "--freeze-variance-after does not apply to --method dense"),
+        ({"optimizer": "adamw", "freeze_variance_after": 0},
+         "--freeze-variance-after=0 is invalid: it must be an integer >= 1"),
     ],
 )
 def test_bad_settings_name_the_flag_the_range_and_the_fix(
@@ -255,6 +267,19 @@ def test_the_default_recipe_follows_the_model_family_and_the_optimizer(
 ) -> None:
     cfg = TrainConfig(**settings)
     assert (cfg.lr, cfg.momentum) == (lr, momentum)
+
+
+def test_freezing_the_variance_sets_1bit_adams_recipe() -> None:
+    """N dense AdamW steps, then the momentum (beta1) compressed: the hook's start, its
+    feedback and its momentum follow from the one flag, and the optimizer freezes at N."""
+    cfg = TrainConfig(method="gs", dataset="shakespeare", optimizer="adamw",
+                      betas=(0.8, 0.99), freeze_variance_after=50)
+    assert (cfg.start_iter, cfg.feedback, cfg.local_momentum) == (50, "onebit", 0.8)
+    assert cfg.aggregator_options()["feedback"] == "onebit"
+    opt = make_optimizer(torch.nn.Linear(2, 2), cfg)
+    assert isinstance(opt, FrozenVarianceAdamW) and opt.defaults["freeze_step"] == 50
+    compare = settings_for("dense", {"freeze_variance_after": 50, "optimizer": "adamw"})
+    assert compare == {"optimizer": "adamw"}  # compare's dense trains with plain AdamW
 
 
 def test_density_too_small_for_k_is_caught_before_any_worker_starts(tmp_path: Path) -> None:

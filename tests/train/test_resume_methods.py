@@ -41,6 +41,9 @@ MOMENTUM = {
     "ef21m": {"local_momentum": 0.9, "feedback": "ef21"},
     # momentum kept by the aggregator (alike on every rank), and FetchSGD's in sketch space
     "global": {"local_momentum": 0.9, "feedback": "global"},
+    # 1-bit Adam's recipe: dense AdamW for 3 steps, then the variance frozen and the
+    # momentum compressed (the hook keeps the shared momentum)
+    "frozen_adamw": {"optimizer": "adamw", "freeze_variance_after": 3},
     "fetchsgd_sketched": {"local_momentum": 0.9, "feedback": "fetchsgd", "rows": 3},
     "fetchsgd_gs": {"local_momentum": 0.9, "feedback": "fetchsgd", "rows": 3, "exact": False},
 }
@@ -194,7 +197,7 @@ def test_the_resume_point_carries_state(runs: dict, method: str, variant: str) -
             continue
         if method != "dense":
             assert torch.count_nonzero(sd["residual"]) > 0
-        if variant in ("local_momentum", "global", *EF21):
+        if variant in ("local_momentum", "global", "frozen_adamw", *EF21):
             assert torch.count_nonzero(sd["momentum"]) > 0
         else:
             assert "momentum" not in sd
