@@ -1,11 +1,14 @@
 """Summarise scripts/frontier_study.sh: accuracy against bytes per worker per step, by P.
 
     .venv/bin/python scripts/frontier_report.py [RUNS_DIR] [OUT_DIR]
+    .venv/bin/python scripts/frontier_report.py runs/frontier-lm docs/results/frontier-lm
 
 Reads RUNS_DIR/P<P>/s<seed>/<name>/{summary.json,metrics.jsonl} (default runs/frontier) and
 writes OUT_DIR (default docs/results/frontier): summary.json (every method's mean over seeds
 at every P), summary.md (one table per P, with which methods are on the frontier) and
-frontier_P<P>.png (accuracy against the busiest rank's bytes per step).
+frontier_P<P>.png (accuracy against the busiest rank's bytes per step). Runs of a language
+model (the study's MODEL=lm) are judged on the final test loss instead, lower being better,
+and "reaching dense" means a loss within 3 % of dense's (the optimizer study's target).
 
 Bytes are the busiest rank's, in the busier direction of its link (sent or received: local
 Top-k's workers send 2k numbers but receive 2k(P-1); Sketched-SGD's server receives P
@@ -24,6 +27,7 @@ from __future__ import annotations
 import json
 import statistics
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -32,68 +36,114 @@ from gssgd.train.metrics import read_run
 
 #: Within this many points of dense's final accuracy counts as reaching it.
 MARGIN = 0.005
+#: A language model reaches dense within this fraction of dense's final test loss.
+LOSS_MARGIN = 0.03
 
 
-def _read_run(run: Path) -> dict[str, Any] | None:
+@dataclass(frozen=True)
+class Metric:
+    """What a run is judged on: the final test accuracy (images) or loss (text)."""
+
+    key: str  # "accuracy" or "loss": the field of summary.json and metrics.jsonl
+    higher_is_better: bool
+
+    def at_least_as_good(self, a: float, b: float) -> bool:
+        return a >= b if self.higher_is_better else a <= b
+
+    def reaches(self, value: float, dense: float) -> bool:
+        """Within MARGIN points (accuracy) or LOSS_MARGIN (loss) of dense's."""
+        if self.higher_is_better:
+            return value >= dense - MARGIN
+        return value <= dense * (1 + LOSS_MARGIN)
+
+    def best(self, values: list[float]) -> float:
+        return max(values) if self.higher_is_better else min(values)
+
+    def number(self, value: float) -> str:
+        return f"{100 * value:.2f}" if self.key == "accuracy" else f"{value:.4f}"
+
+    def show(self, value: float) -> str:
+        return self.number(value) + (" %" if self.key == "accuracy" else "")
+
+    def gap(self, value: float, other: float) -> float:
+        """``value`` against ``other``: points of accuracy, or % of ``other``'s loss."""
+        return 100 * (value - other) if self.key == "accuracy" else 100 * (value / other - 1)
+
+
+ACCURACY, LOSS = Metric("accuracy", True), Metric("loss", False)
+
+
+def _read_run(run: Path, m: Metric) -> dict[str, Any] | None:
     got = read_run(run)
     if got is None:
         return None
     summary, lines = got
+    final = summary[f"final_test_{m.key}"]
     busier = [busier_bytes(r) for r in lines]
     final_k = lines[-1].get("k")
     steady = [b for b, r in zip(busier, lines, strict=True)
               if r["step"] >= summary["measured_from_step"] and r.get("k") == final_k]
     return {
         "status": summary["status"],
-        "accuracy": summary["final_test_accuracy"],
+        m.key: final if final is not None else float("nan"),
         "steady": sum(steady) / len(steady),
         "message": statistics.median(steady),
         "run": sum(busier) / len(busier),
         "k": round(0.001 * summary["d"]),
-        "evals": [(r["step"], r["test_accuracy"], sum(busier[: r["step"] + 1]))
-                  for r in lines if r.get("test_accuracy") is not None],
+        "evals": [(r["step"], r[f"test_{m.key}"], sum(busier[: r["step"] + 1]))
+                  for r in lines if r.get(f"test_{m.key}") is not None],
     }
 
 
-def _bytes_to(evals: list[tuple[int, float, float]], target: float) -> float | None:
-    """Bytes sent by the busiest rank until the first evaluation at or above ``target``."""
-    return next((b for _, acc, b in evals if acc >= target), None)
+def _bytes_to(evals: list[tuple[int, float, float]], dense: float, m: Metric) -> float | None:
+    """Bytes sent by the busiest rank until the first evaluation that reaches dense."""
+    return next((b for _, value, b in evals if m.reaches(value, dense)), None)
 
 
-def summarise(runs_dir: Path) -> dict[str, dict[str, Any]]:
-    """By P, by method: mean accuracy, its spread, bytes and bytes to dense - 0.5 point."""
+def metric_of(runs_dir: Path) -> Metric:
+    """LOSS for a study of a language model (its runs' summaries have no accuracy to judge
+    on: the model is ``lm`` or ``gpt``), else ACCURACY."""
+    for path in runs_dir.glob("P*/s*/*/config.json"):
+        return LOSS if json.loads(path.read_text()).get("model") in ("lm", "gpt") else ACCURACY
+    return ACCURACY
+
+
+def summarise(runs_dir: Path, m: Metric = ACCURACY) -> dict[str, dict[str, Any]]:
+    """By P, by method: mean accuracy (or loss), its spread, bytes and bytes to reach dense
+    (:meth:`Metric.reaches`)."""
     out: dict[str, dict[str, Any]] = {}
     for pdir in sorted(runs_dir.glob("P*"), key=lambda p: int(p.name[1:])):
         runs: dict[str, list[dict[str, Any]]] = {}
         for run in sorted(pdir.glob("s*/*")):
-            got = _read_run(run)
+            got = _read_run(run, m)
             if got is not None:
                 runs.setdefault(run.name, []).append(got)
         if not runs:
             continue
-        dense = statistics.mean(r["accuracy"] for r in runs["dense"]) if "dense" in runs else None
+        dense = statistics.mean(r[m.key] for r in runs["dense"]) if "dense" in runs else None
         table = {}
         for name, seeds in sorted(runs.items()):
-            accs = [r["accuracy"] for r in seeds]
-            to_target = [_bytes_to(r["evals"], dense - MARGIN) for r in seeds] if dense else []
+            values = [r[m.key] for r in seeds]
+            to_target = [_bytes_to(r["evals"], dense, m) for r in seeds] if dense else []
             table[name] = {
                 "seeds": len(seeds),
                 "completed": sum(r["status"] == "completed" for r in seeds),
-                "accuracy": statistics.mean(accs),
-                "accuracy_min": min(accs),
-                "accuracy_max": max(accs),
+                m.key: statistics.mean(values),
+                f"{m.key}_min": min(values),
+                f"{m.key}_max": max(values),
                 "bytes_steady": statistics.mean(r["steady"] for r in seeds),
                 "bytes_message": statistics.mean(r["message"] for r in seeds),
                 "bytes_run": statistics.mean(r["run"] for r in seeds),
                 "floats_per_k": statistics.mean(r["steady"] for r in seeds) / 4 / seeds[0]["k"],
-                "bytes_to_dense_minus_half_point": (
+                ("bytes_to_dense_minus_half_point" if m.higher_is_better
+                 else "bytes_to_dense_plus_3_percent"): (
                     statistics.mean(b for b in to_target) if to_target and None not in to_target
                     else None
                 ),
             }
         for name, row in table.items():
             row["on_frontier"] = not any(
-                other["accuracy"] >= row["accuracy"]
+                m.at_least_as_good(other[m.key], row[m.key])
                 and other["bytes_steady"] < row["bytes_steady"]
                 for o, other in table.items() if o != name
             )
@@ -101,19 +151,20 @@ def summarise(runs_dir: Path) -> dict[str, dict[str, Any]]:
     return out
 
 
-def markdown(summary: dict[str, dict[str, Any]]) -> str:
+def markdown(summary: dict[str, dict[str, Any]], m: Metric = ACCURACY) -> str:
     lines = []
+    reach = "to dense − 0.5 pt" if m.higher_is_better else "to dense + 3 %"
     for p, table in summary.items():
         lines += [f"### P = {p}", "",
-                  "| method | seeds | test accuracy (min–max) | bytes / step, steady "
+                  f"| method | seeds | test {m.key} (min–max) | bytes / step, steady "
                   "| in floats per k | message / step | bytes / step, whole run "
-                  "| to dense − 0.5 pt | on the frontier |",
+                  f"| {reach} | on the frontier |",
                   "|---|---|---|---|---|---|---|---|---|"]
         for name, r in sorted(table.items(), key=lambda kv: kv[1]["bytes_steady"]):
-            to = r["bytes_to_dense_minus_half_point"]
+            to = r.get("bytes_to_dense_minus_half_point", r.get("bytes_to_dense_plus_3_percent"))
             lines.append(
-                f"| {name} | {r['seeds']} | {100 * r['accuracy']:.2f} % "
-                f"({100 * r['accuracy_min']:.2f}–{100 * r['accuracy_max']:.2f}) "
+                f"| {name} | {r['seeds']} | {m.show(r[m.key])} "
+                f"({m.number(r[f'{m.key}_min'])}–{m.number(r[f'{m.key}_max'])}) "
                 f"| {r['bytes_steady']:,.0f} | {r['floats_per_k']:.1f} "
                 f"| {r['bytes_message']:,.0f} | {r['bytes_run']:,.0f} "
                 f"| {'not reached' if to is None else f'{to / 1e6:,.1f} MB'} "
@@ -127,11 +178,12 @@ def _best(table: dict[str, Any], method: str) -> dict[str, Any] | None:
     """A rival's best version at this P: of the method with and without the density
     warm-up (the same steady bytes), the one with the higher mean accuracy."""
     rows = [table[n] for n in (method, f"{method}-nowu") if n in table]
-    return max(rows, key=lambda r: r["accuracy"]) if rows else None
+    return max(rows, key=lambda r: r["accuracy"] if "accuracy" in r else -r["loss"]) \
+        if rows else None
 
 
 def targets(summary: dict[str, dict[str, Any]], gs: str = "gs",
-            basis: str = "bytes_steady") -> dict[str, Any]:
+            basis: str = "bytes_steady", m: Metric = ACCURACY) -> dict[str, Any]:
     """The many-workers targets (gs = its default), each met or missed, with the figures;
     bytes on ``basis`` ("bytes_steady" or "bytes_message")."""
     out: dict[str, Any] = {"basis": basis}
@@ -140,24 +192,25 @@ def targets(summary: dict[str, dict[str, Any]], gs: str = "gs",
         g, top, gtop = table.get(gs), _best(table, "topk"), _best(table, "gtopk")
         if g is None:
             continue
-        frontier = not any(o["accuracy"] >= g["accuracy"] and o[basis] < g[basis]
+        key, unit = m.key, "points" if m.higher_is_better else "percent"
+        frontier = not any(m.at_least_as_good(o[key], g[key]) and o[basis] < g[basis]
                            for n, o in table.items() if not n.startswith("gs"))  # rivals
-        row: dict[str, Any] = {"gs_accuracy": g["accuracy"], "gs_bytes": g[basis],
+        row: dict[str, Any] = {f"gs_{key}": g[key], "gs_bytes": g[basis],
                                "gs_on_frontier": frontier}
         if top is not None:
-            row["topk_accuracy"], row["topk_bytes"] = top["accuracy"], top[basis]
+            row[f"topk_{key}"], row["topk_bytes"] = top[key], top[basis]
             row["gs_over_topk_bytes"] = g[basis] / top[basis]
-            row["gs_minus_topk_points"] = 100 * (g["accuracy"] - top["accuracy"])
+            row[f"gs_minus_topk_{unit}"] = m.gap(g[key], top[key])
             if crossover is None and g[basis] < top[basis]:
                 crossover = int(p)
         if gtop is not None:
-            row["gtopk_accuracy"], row["gtopk_bytes"] = gtop["accuracy"], gtop[basis]
+            row[f"gtopk_{key}"], row["gtopk_bytes"] = gtop[key], gtop[basis]
             row["gs_over_gtopk_bytes"] = g[basis] / gtop[basis]
-            row["gs_minus_gtopk_points"] = 100 * (g["accuracy"] - gtop["accuracy"])
+            row[f"gs_minus_gtopk_{unit}"] = m.gap(g[key], gtop[key])
             if int(p) >= 16:
                 row["target_at_or_above_gtopk_within_3x_bytes"] = (
-                    g["accuracy"] >= gtop["accuracy"] and row["gs_over_gtopk_bytes"] <= 3)
-        if int(p) == 64 and top is not None:
+                    m.at_least_as_good(g[key], gtop[key]) and row["gs_over_gtopk_bytes"] <= 3)
+        if int(p) == 64 and top is not None and m.higher_is_better:
             row["target_frontier_and_half_point_of_topk_at_0.4x"] = (
                 frontier and row["gs_minus_topk_points"] >= -0.5
                 and row["gs_over_topk_bytes"] <= 0.4)
@@ -167,7 +220,7 @@ def targets(summary: dict[str, dict[str, Any]], gs: str = "gs",
     return out
 
 
-def plot(summary: dict[str, dict[str, Any]], out: Path) -> list[Path]:
+def plot(summary: dict[str, dict[str, Any]], out: Path, m: Metric = ACCURACY) -> list[Path]:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -176,17 +229,19 @@ def plot(summary: dict[str, dict[str, Any]], out: Path) -> list[Path]:
     paths = []
     for p, table in summary.items():
         fig, ax = plt.subplots(figsize=(6, 4))
+        scale = 100 if m.higher_is_better else 1
         for name, r in table.items():
-            ax.errorbar(r["bytes_steady"], 100 * r["accuracy"],
-                        yerr=[[100 * (r["accuracy"] - r["accuracy_min"])],
-                              [100 * (r["accuracy_max"] - r["accuracy"])]],
+            y = scale * r[m.key]
+            ax.errorbar(r["bytes_steady"], y,
+                        yerr=[[y - scale * r[f"{m.key}_min"]], [scale * r[f"{m.key}_max"] - y]],
                         fmt="o" if r["on_frontier"] else "x", capsize=3)
-            ax.annotate(name, (r["bytes_steady"], 100 * r["accuracy"]), fontsize=7,
+            ax.annotate(name, (r["bytes_steady"], y), fontsize=7,
                         xytext=(3, 3), textcoords="offset points")
         ax.set_xscale("log")
         ax.set_xlabel("busiest rank's bytes per step after the warm-up (busier direction)")
-        ax.set_ylabel("final test accuracy (%)")
-        ax.set_title(f"MNIST CNN, density 0.001, P = {p} (simulated; o: on the frontier)")
+        ax.set_ylabel("final test accuracy (%)" if m.higher_is_better else "final test loss")
+        model = "MNIST CNN" if m.higher_is_better else "Shakespeare character LSTM"
+        ax.set_title(f"{model}, density 0.001, P = {p} (simulated; o: on the frontier)")
         fig.tight_layout()
         path = out / f"frontier_P{p}.png"
         fig.savefig(path, dpi=110)
@@ -199,15 +254,17 @@ def main() -> None:
     runs_dir = Path(sys.argv[1]) if len(sys.argv) > 1 else Path("runs/frontier")
     out = Path(sys.argv[2]) if len(sys.argv) > 2 else Path("docs/results/frontier")
     out.mkdir(parents=True, exist_ok=True)
-    summary = summarise(runs_dir)
-    goals = {basis: targets(summary, basis=basis) for basis in ("bytes_steady", "bytes_message")}
+    m = metric_of(runs_dir)
+    summary = summarise(runs_dir, m)
+    goals = {basis: targets(summary, basis=basis, m=m)
+             for basis in ("bytes_steady", "bytes_message")}
     (out / "summary.json").write_text(json.dumps({"by_P": summary, "targets": goals}, indent=1)
                                       + "\n")
-    text = markdown(summary) + "\n### Targets (gs = its default)\n\n```\n" + json.dumps(
+    text = markdown(summary, m) + "\n### Targets (gs = its default)\n\n```\n" + json.dumps(
         goals, indent=1) + "\n```\n"
     (out / "summary.md").write_text(text)
     print(text)
-    print("wrote", out / "summary.json", *plot(summary, out))
+    print("wrote", out / "summary.json", *plot(summary, out, m))
 
 
 if __name__ == "__main__":

@@ -11,20 +11,29 @@
 # gs-c<c>-m<m>[-h][-pf<f>][-nowu][-noguard]: c*k columns, m candidates, h: float16 tables,
 # f: --prefilter f, w (any text): no density warm-up, g (any text): --guard off.
 # "default" runs gs as it comes.
+# MODEL=lm: the Shakespeare character LSTM instead (d = 247,636), STEPS (default 1500) steps,
+# evaluated every 250, each method with the language models' default recipe (momentum SGD);
+# its runs go to runs/frontier-lm.
 # Raw runs go to runs/frontier (git-ignored); scripts/frontier_report.py summarises them.
 set -u
-cd "$(dirname "$0")/.." && DIR=runs/frontier
+MODEL=${MODEL:-cnn}
+cd "$(dirname "$0")/.." && DIR=runs/frontier$([ "$MODEL" = lm ] && echo -lm)
 source scripts/lib/study_run.sh
 PS=${1:-"16 64 256"}
 SEEDS=${2:-"0 1 2"}
 METHODS=${METHODS:-"dense dense16 topk topk-nowu gtopk gtopk-nowu sketched"}
 GS_SIZES=${GS_SIZES:-"default 40:32 16:8:h:8 8:8:h:8"}
 K=81  # round(0.001 * 80,602): the MNIST CNN's k at density 0.001
+data=(--dataset mnist --model cnn --steps 400 --eval-every 100)
+if [ "$MODEL" = lm ]; then
+  K=248  # round(0.001 * 247,636)
+  data=(--dataset shakespeare --model lm --steps "${STEPS:-1500}" --eval-every 250)
+fi
 for P in $PS; do
   batch=128; [ "$P" -ge 256 ] && batch=$P
   for seed in $SEEDS; do
-    base=(--simulate --dataset mnist --model cnn --workers "$P" --global-batch "$batch"
-          --steps 400 --seed "$seed" --eval-every 100 --no-progress --overwrite)
+    base=(--simulate "${data[@]}" --workers "$P" --global-batch "$batch"
+          --seed "$seed" --no-progress --overwrite)
     for name in $METHODS; do
       method=${name%-nowu}; extra=()
       [ "$name" != "$method" ] && extra+=(--warmup-steps 0)
