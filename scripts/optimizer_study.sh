@@ -11,6 +11,8 @@
 # method in METHODS:
 #   sgd     plain SGD (lr 0.2, the pre-#23 default), classic error feedback
 #   mom     the optimizer's momentum 0.9 on the classic error-fed update (lr as dense's)
+#   momf    mom, each worker sketching only its own 8·k largest coordinates (gs only:
+#           --prefilter 8, the many-workers lever, here at P = 4)
 #   dgc     DGC: local momentum 0.9 with factor masking, plain SGD (lr as dense's)
 #   ef21m   EF21-SGDM: --feedback ef21 --local-momentum 0.9, plain SGD (lr as dense's)
 #   ef21    EF21 without momentum, the optimizer's own momentum 0.9 on its estimate
@@ -74,6 +76,7 @@ for seed in $SEEDS; do
       case $recipe in
         sgd) extra=(--lr 0.2 --momentum 0) ;;
         mom) extra=(--lr "$LR" --momentum 0.9) ;;
+        momf) extra=(--lr "$LR" --momentum 0.9 --prefilter 8) ;;
         dgc) extra=(--lr "$LR" --momentum 0 --local-momentum 0.9) ;;
         ef21m) extra=(--lr "$LR" --momentum 0 --feedback ef21 --local-momentum 0.9) ;;
         ef21) extra=(--lr "$LR" --momentum 0.9 --feedback ef21) ;;
@@ -89,6 +92,7 @@ for seed in $SEEDS; do
         if [ "$recipe" = fetch ]; then
           case $method in sketched) ;; gs) extra+=(--no-exact) ;; *) continue ;; esac
         fi
+        [ "$recipe" = momf ] && [ "$method" != gs ] && continue
         name=$method-$recipe; [ "$recipe" != sgd ] && name=$name-lr$LR
         launch "$MODEL-s$seed-d$density-$name" "$DIR/$MODEL/s$seed/d$density/$name" \
           --method "$method" --density "$density" "${extra[@]}"
