@@ -100,7 +100,9 @@ def _summarise(data: dict[str, Any]) -> dict[str, Any]:
         by_seed = {r["seed"]: r["loss"] for r in parts["dense"][best_lr]}
         entry: dict[str, Any] = {"dense": {"lr": best_lr, "loss": ref, "sweep": dense,
                                            "seeds": len(parts["dense"][best_lr]),
-                                           "by_seed": by_seed},
+                                           "by_seed": by_seed, "bytes_per_step": statistics.fmean(
+                                               r["bytes_per_step"]
+                                               for r in parts["dense"][best_lr])},
                                  "densities": {}}
         for density, cells in sorted(parts["sparse"].items(), key=lambda x: -float(x[0])):
             rows: dict[str, Any] = {}
@@ -127,13 +129,16 @@ def _markdown(summary: dict[str, Any]) -> str:
            "Made by `scripts/optimizer_report.py` from `scripts/optimizer_study.sh`'s runs. "
            "Each cell: mean final test loss over the seeds, its gap to dense with dense's "
            "best learning rate (each seed against dense's run of the same seed, averaged), "
-           "(seeds). A run that did not complete shows its status.", ""]
+           "(seeds; the busiest worker's bytes per step over the whole run, in the busier "
+           "direction of its link, dense starts and warm-ups included). A run that did not "
+           "complete shows its status.", ""]
     for model, entry in summary.items():
         dense = entry["dense"]
         sweep = ", ".join(f"lr {lr}: {v:.4f}" if v is not None else f"lr {lr}: failed"
                           for lr, v in sorted(dense["sweep"].items(), key=lambda x: float(x[0])))
         out += [f"## {model}", "", f"Dense (sweep, {dense['seeds']} seed(s) at the best): "
-                f"{sweep}. Reference: lr {dense['lr']}, loss {dense['loss']:.4f}.", ""]
+                f"{sweep}. Reference: lr {dense['lr']}, loss {dense['loss']:.4f}, "
+                f"{dense['bytes_per_step'] / 1e3:,.0f} kB per step.", ""]
         for density, cell in entry["densities"].items():
             recipes = sorted({r for m in cell["methods"].values() for r in m if r[0] != "_"})
             target = cell["target"]
@@ -150,7 +155,8 @@ def _markdown(summary: dict[str, Any]) -> str:
                     elif v["loss"] is None or v["gap"] is None:
                         cells.append(f"{'/'.join(v['status'])} ({v['seeds']})")
                     else:
-                        cells.append(f"{v['loss']:.4f} ({v['gap']:+.1%}, {v['seeds']})")
+                        cells.append(f"{v['loss']:.4f} ({v['gap']:+.1%}, {v['seeds']}; "
+                                     f"{v['bytes_per_step'] / 1e3:,.0f} kB)")
                 met = "met" if row["_met"] else "missed"
                 seeds = row[row["_best"]]["seeds"] if row["_best"] else 0
                 if seeds < SEEDS:

@@ -217,8 +217,8 @@ class DenseOptions(CommonOptions):
 
 #: What ``feedback`` accepts (:class:`TopkOptions`): classic error feedback, EF21(-SGDM),
 #: the aggregator's global momentum with masking, 1-bit Adam's compressed momentum, or
-#: FetchSGD's sketch-space momentum and
-#: error (the sketching methods only: :class:`SketchedOptions`).
+#: FetchSGD's sketch-space momentum and error (the sketching methods only:
+#: :class:`SketchedOptions`).
 FEEDBACKS: tuple[str, ...] = ("ef", "ef21", "global", "onebit", "fetchsgd")
 
 

@@ -32,7 +32,8 @@ from gssgd._select import topk_indices
 from gssgd.aggregators.base import Aggregator, index_dtype
 from gssgd.aggregators.options import SketchedOptions
 from gssgd.aggregators.sketch_feedback import SketchFeedback
-from gssgd.comm import Traffic, star
+from gssgd.comm import Payload, Traffic, star
+from gssgd.sketch import CountSketch
 
 __all__ = ["SketchedSGD"]
 
@@ -123,8 +124,8 @@ class SketchedSGD(Aggregator):
             self._keep_residual(accumulated, final_idx)
         return self._finish(update)
 
-    def _fetch_step(self, sketch, tables: list, accumulated: torch.Tensor, k: int
-                    ) -> torch.Tensor:
+    def _fetch_step(self, sketch: CountSketch, tables: list[Payload] | None,
+                    accumulated: torch.Tensor, k: int) -> torch.Tensor:
         """FetchSGD's server step: sum the tables in rank order, recover from the error
         sketch (:class:`~gssgd.aggregators.sketch_feedback.SketchFeedback`, on rank 0
         only), and send the k (index, value) pairs to every rank."""
