@@ -226,13 +226,14 @@ def stream_against_reference(rank: int, cap: float, opts: dict, iters: int = ITE
 def one_bucket_equals_whole_model(rank: int) -> dict:
     """With a single bucket the partitioned layout is the unpartitioned sketch: streaming
     gs and whole-model gs both equal the independent reference of that one region (tables
-    summed the same way: allreduce='backend'; the sketch's own estimates, exact=False).
+    summed the same way: allreduce='backend'; the sketch's own estimates, exact=False;
+    every coordinate sketched, prefilter=0, as streaming does).
 
     Returns:
         per overlap ("none", "stream"): the stacked grads ``got`` and reference ``want``,
         and the bucket ``sizes``.
     """
-    opts = {**SETTINGS["rows3"], "allreduce": "backend", "exact": False}
+    opts = {**SETTINGS["rows3"], "allreduce": "backend", "exact": False, "prefilter": 0}
     out = {}
     for overlap in ("none", "stream"):
         res, _, _ = _against_reference(rank, LAYOUTS["one"], opts, overlap, ITERS)

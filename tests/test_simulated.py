@@ -187,7 +187,7 @@ def test_below_sixteen_workers_gs_keeps_the_small_p_default() -> None:
     world = SimulatedWorld(8)
     opts = make_aggregator("gs", 4000, density=0.01, group=world.rank(0)).options
     assert (opts.cols, opts.candidates, opts.prefilter, opts.allreduce, opts.table_dtype) == (
-        1000, 12, 0, "recursive_doubling", torch.float32)
+        1000, 12, 8, "recursive_doubling", torch.float32)
 
 
 def test_gs_spaces_its_audits_by_its_own_bytes() -> None:

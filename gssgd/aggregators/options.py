@@ -124,7 +124,12 @@ def gs_default_shape(d: int, k: int, rows: int = DEFAULT_ROWS, world_size: int |
 
     * P < :data:`MANY_WORKERS` (or unknown): the shape of the small-P studies: one row of
       :func:`default_sketch_cols` (40·k) columns, m = :func:`default_candidates` (32),
-      float32 tables summed by recursive doubling (log2 P rounds), no pre-filter.
+      float32 tables summed by recursive doubling (log2 P rounds), and the pre-filter of
+      8·k. The pre-filter costs no bytes; on the character LSTM at density 0.001 under
+      momentum SGD (P = 4, lr 0.8 and 1.6, three seeds each) it kept every run from the
+      sketch collapse that stopped two of six runs without it, at the same loss, and on
+      the MNIST CNN (P = 4, density 0.001, three seeds) it changed gs's accuracy by less
+      than the seeds' spread (97.81 % against 97.80 %).
     * P >= :data:`MANY_WORKERS`: the many-workers shape. The tables are summed by the
       backend's ring all-reduce, whose ``2(P-1)/P`` payloads per rank do not grow with P
       where recursive doubling's ``log2 P`` do; each rank sketches only its own 8·k largest
@@ -139,7 +144,7 @@ def gs_default_shape(d: int, k: int, rows: int = DEFAULT_ROWS, world_size: int |
     """
     if world_size is None or world_size < MANY_WORKERS:
         return GSShape(default_sketch_cols(d, k, rows), default_candidates(d, k),
-                       "recursive_doubling", torch.float32, 0)
+                       "recursive_doubling", torch.float32, 8)
     return GSShape(
         cols=max(1, min(16 * k, max(256, d // (4 * rows)))),
         candidates=max(1, min(8, d // (8 * k))),

@@ -387,7 +387,9 @@ def _aggregator(state: HookCore, layouts: list[Layout]) -> StreamingGS:
             "resume with the same model and bucket_cap_mb."
         )
     state.settings.check_k(d, "the whole model")
-    _, k, options = build_options("gs", d, state.density, **state.settings.options)
+    # every coordinate is sketched: a pre-filter needs the whole gradient before bucket 0
+    _, k, options = build_options("gs", d, state.density,
+                                  **{**state.settings.options, "prefilter": 0})
     agg = StreamingGS(sizes, d, k, options, state.group)
     if 0 in state._saved:
         agg.load_state_dict(state._saved.pop(0))

@@ -102,20 +102,22 @@ class RefSketch:
 
 
 # ---------------------------------------------------------------------------- defaults
-def default_sketch(d: int, k: int, world_size: int = 1) -> dict:
+def default_sketch(d: int, k: int, world_size: int = 1, method: str = "gs") -> dict:
     """The sketch shape gssgd ships as its default, from its documentation (docs/sizing.md,
     ``SketchedOptions``; docs/study.md for many workers), restated here.
 
     Below 16 workers: one row, ``40 k`` columns capped at ``max(256, d / 4)``, and ``m = 32``
-    candidates per selected coordinate capped so that ``m k <= d / 8``. From 16 workers on
-    (gs only; Sketched-SGD keeps the first): ``16 k`` columns and ``m = 8`` under the same
-    caps, each rank sketching only its own ``8 k`` largest coordinates, float16 tables on
-    the wire and the backend's all-reduce."""
+    candidates per selected coordinate capped so that ``m k <= d / 8``; gs's ranks sketch
+    only their own ``8 k`` largest coordinates (``method``: Sketched-SGD has no pre-filter).
+    From 16 workers on (gs only; Sketched-SGD keeps the first): ``16 k`` columns and
+    ``m = 8`` under the same caps, the same pre-filter, float16 tables on the wire and the
+    backend's all-reduce."""
     if world_size < 16:
         return {
             "rows": 1,
             "cols": max(1, min(40 * k, max(256, d // 4))),
             "candidates": max(1, min(32, d // (8 * k))),
+            **({"prefilter": 8} if method == "gs" else {}),
         }
     return {
         "rows": 1,
