@@ -21,7 +21,7 @@
 #   fetch   FetchSGD (sketched and gs only): momentum 0.9 and error in sketch space, plain
 #           SGD, 5 rows with as many numbers per round as gs's default sends (its table and
 #           its exact round), no exact round
-#   adamw   AdamW on the classic error-fed update (lstm-adamw, gpt)
+#   adamw   AdamW on the classic error-fed update (lstm-adamw, gpt; --freeze-variance-after 0)
 #   ef21a   AdamW on EF21's estimate (lstm-adamw, gpt)
 #   frozen  1-bit Adam's recipe (lstm-adamw, gpt): FREEZE (default 150) dense AdamW steps,
 #           then the variance frozen and the momentum compressed (--freeze-variance-after)
@@ -83,7 +83,7 @@ for seed in $SEEDS; do
         glob) extra=(--lr "$LR" --momentum 0 --feedback global --local-momentum 0.9) ;;
         fetch) extra=(--lr "$LR" --momentum 0 --feedback fetchsgd --local-momentum 0.9
                       --rows 5 --cols "$(fetch_cols "$density")") ;;
-        adamw) extra=(--lr "$LR") ;;
+        adamw) extra=(--lr "$LR" --freeze-variance-after 0) ;;
         ef21a) extra=(--lr "$LR" --feedback ef21) ;;
         frozen) extra=(--lr "$LR" --freeze-variance-after "${FREEZE:-150}") ;;
         *) echo "unknown recipe $recipe"; exit 2 ;;

@@ -177,6 +177,7 @@ def _compare(args: argparse.Namespace) -> int:
         results[method]["k"] = curves[method][-1].get("k") if curves[method] else None
         results[method]["lr"], results[method]["momentum"] = cfg.lr, cfg.momentum
         results[method]["optimizer"] = cfg.optimizer
+        results[method]["freeze_variance_after"] = cfg.freeze_variance_after
         results[method]["run_dir"] = cfg.out
     seconds = time.perf_counter() - start
     add_bytes_to_target(results, curves, text)
@@ -290,12 +291,15 @@ def _versus(value: float | None, dense: float | None, text: bool) -> str:
 
 
 def _optimizer(r: dict[str, Any]) -> str:
-    """``sgd lr 0.2`` / ``sgd lr 0.05, m 0.9`` / ``adamw lr 0.001`` ("-" if unknown)."""
+    """``sgd lr 0.2`` / ``sgd lr 0.05, m 0.9`` / ``adamw lr 0.001`` / ``adamw lr 0.001,
+    frozen after 150`` (1-bit Adam's recipe) ("-" if unknown)."""
     if r.get("lr") is None:
         return "-"
     kind = r.get("optimizer", "sgd")
-    momentum = f", m {r['momentum']:g}" if kind == "sgd" and r.get("momentum") else ""
-    return f"{kind} lr {r['lr']:g}{momentum}"
+    extra = f", m {r['momentum']:g}" if kind == "sgd" and r.get("momentum") else ""
+    if r.get("freeze_variance_after"):
+        extra += f", frozen after {r['freeze_variance_after']}"
+    return f"{kind} lr {r['lr']:g}{extra}"
 
 
 def _fmt(value: Any, spec: str) -> str:

@@ -20,7 +20,13 @@ from gssgd.methods import (
     SPARSE_WARMUP_STEPS,
     TEXT_RECIPE,
 )
-from gssgd.train.config import ADAMW_LR, OPTIMIZERS, TrainConfig, setting_applies_to
+from gssgd.train.config import (
+    ADAMW_FREEZE_STEPS,
+    ADAMW_LR,
+    OPTIMIZERS,
+    TrainConfig,
+    setting_applies_to,
+)
 from gssgd.train.launch import DEVICES
 from gssgd.train.loop import STATUS_COMPLETED, run_training
 from gssgd.train.models import MODELS
@@ -145,7 +151,9 @@ def _optimisation_flags(parser: argparse.ArgumentParser) -> None:
     opt.add_argument("--freeze-variance-after", type=int, default=None, metavar="N",
                      help="AdamW, sparse methods: 1-bit Adam's recipe: N dense AdamW steps, "
                      "then the variance frozen and the momentum compressed (sets "
-                     "--start-iter N, --feedback onebit, --local-momentum B1); default off")
+                     "--start-iter N, --feedback onebit, --local-momentum B1); default "
+                     f"{ADAMW_FREEZE_STEPS} unless --feedback, --start-iter or "
+                     "--local-momentum is given; 0 = off (AdamW on the error-fed update)")
     opt.add_argument("--seq-len", type=int, default=c.seq_len, help="characters per window (text)")
     opt.add_argument("--seed", type=int, default=c.seed,
                      help="seeds the model init, the batches and the sketch hashes")

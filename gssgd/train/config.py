@@ -48,6 +48,9 @@ DEFAULT_POWERSGD_RANK = 2
 OPTIMIZERS: tuple[str, ...] = ("sgd", "adamw")
 #: AdamW's learning rate when ``--lr`` is not given.
 ADAMW_LR = 1e-3
+#: A sparse method under AdamW: dense AdamW steps before the variance freezes and the
+#: momentum is compressed (1-bit Adam's recipe, ``--freeze-variance-after``), by default.
+ADAMW_FREEZE_STEPS = 150
 
 #: TrainConfig fields that are aggregator options under another name.
 _OPTION_NAMES = {"local_momentum": "momentum", "payload_dtype": "dtype"}
@@ -172,7 +175,7 @@ class TrainConfig:
     momentum: float | None = None  # SGD momentum after aggregation; None: the method's recipe
     weight_decay: float = 0.0  # weight decay (AdamW: decoupled)
     betas: tuple[float, float] = (0.9, 0.999)  # AdamW's betas
-    freeze_variance_after: int | None = None  # AdamW: dense steps, then 1-bit Adam's stage
+    freeze_variance_after: int | None = None  # AdamW: dense steps, then 1-bit Adam's (0: off)
     seq_len: int = 64  # characters per window (text data)
     seed: int = 0  # seeds the model init, the batches and the sketch hashes
     # -- workers
@@ -301,15 +304,26 @@ class TrainConfig:
         """``freeze_variance_after`` N: 1-bit Adam's recipe (:mod:`gssgd.optim`): N dense
         AdamW steps (``start_iter`` N), then the variance frozen and the momentum compressed
         (``feedback="onebit"`` with momentum beta1). Fills those settings, or refuses ones
-        given otherwise.
+        given otherwise. Left out, a sparse method under AdamW takes
+        :data:`ADAMW_FREEZE_STEPS` unless its error feedback, start or local momentum was
+        chosen; 0 turns it off (AdamW on the classic error-fed update).
 
         Raises:
             ValueError: without AdamW, or with a conflicting start_iter, feedback or
                 local momentum."""
         n = self.freeze_variance_after
-        if n is None or self.method not in setting_applies_to("freeze_variance_after"):
-            return  # the latter: check_settings_apply says it does not apply
-        _check_int("freeze_variance_after", n, 1)
+        if self.method not in setting_applies_to("freeze_variance_after"):
+            return  # check_settings_apply says it does not apply, if it was given
+        chosen = (self.feedback, self.start_iter, self.local_momentum)
+        if n is None and self.optimizer == "adamw" and chosen == (None, None, None) \
+                and self.overlap in (None, "none"):
+            n = self.freeze_variance_after = ADAMW_FREEZE_STEPS
+        if n is None:
+            return
+        _check_int("freeze_variance_after", n, 0)
+        if n == 0:
+            self.freeze_variance_after = None
+            return
         if self.optimizer != "adamw":
             raise _bad("freeze_variance_after", n, "it freezes AdamW's variance",
                        "Add --optimizer adamw, or drop --freeze-variance-after.")

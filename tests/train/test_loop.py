@@ -13,6 +13,7 @@ import torch
 from gssgd.comm import ring_allreduce_bytes
 from gssgd.optim import FrozenVarianceAdamW
 from gssgd.train.checkpoint import CHECKPOINT_DIR, CheckpointError, resolve_checkpoint
+from gssgd.train.config import ADAMW_FREEZE_STEPS
 from gssgd.train.launch import WorkerFailed, launch
 from gssgd.train.loop import (
     STATUS_COMPLETED,
@@ -239,8 +240,8 @@ def test_non_finite_loss_stops_every_worker_cleanly(first_runs) -> None:
          "--feedback='ef21' is invalid: --freeze-variance-after 9 sets it to 'onebit'"),
         ({"method": "dense", "optimizer": "adamw", "freeze_variance_after": 9},
          "--freeze-variance-after does not apply to --method dense"),
-        ({"optimizer": "adamw", "freeze_variance_after": 0},
-         "--freeze-variance-after=0 is invalid: it must be an integer >= 1"),
+        ({"optimizer": "adamw", "freeze_variance_after": -1},
+         "--freeze-variance-after=-1 is invalid: it must be an integer >= 0"),
     ],
 )
 def test_bad_settings_name_the_flag_the_range_and_the_fix(
@@ -280,6 +281,26 @@ def test_freezing_the_variance_sets_1bit_adams_recipe() -> None:
     assert isinstance(opt, FrozenVarianceAdamW) and opt.defaults["freeze_step"] == 50
     compare = settings_for("dense", {"freeze_variance_after": 50, "optimizer": "adamw"})
     assert compare == {"optimizer": "adamw"}  # compare's dense trains with plain AdamW
+
+
+@pytest.mark.parametrize(
+    ("settings", "freeze"),
+    [
+        ({"method": "topk", "optimizer": "adamw"}, ADAMW_FREEZE_STEPS),  # the default
+        ({"method": "topk", "optimizer": "adamw", "freeze_variance_after": 0}, None),  # off
+        ({"method": "topk", "optimizer": "adamw", "feedback": "ef"}, None),  # chosen
+        ({"method": "gs", "optimizer": "adamw", "start_iter": 5}, None),
+        ({"method": "gs", "optimizer": "adamw", "overlap": "stream"}, None),
+        ({"method": "dense", "optimizer": "adamw"}, None),
+        ({"method": "gs"}, None),  # SGD
+    ],
+)
+def test_a_sparse_method_under_adamw_freezes_the_variance_by_default(
+    settings: dict[str, Any], freeze: int | None
+) -> None:
+    cfg = TrainConfig(**settings)
+    assert cfg.freeze_variance_after == freeze
+    assert (cfg.feedback == "onebit") == (freeze is not None)
 
 
 def test_density_too_small_for_k_is_caught_before_any_worker_starts(tmp_path: Path) -> None:
