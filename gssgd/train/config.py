@@ -321,8 +321,7 @@ class TrainConfig:
         if n is None:
             return
         _check_int("freeze_variance_after", n, 0)
-        if n == 0:
-            self.freeze_variance_after = None
+        if n == 0:  # kept as 0, not None: a config checked again must stay off
             return
         if self.optimizer != "adamw":
             raise _bad("freeze_variance_after", n, "it freezes AdamW's variance",

@@ -44,7 +44,7 @@ def make_optimizer(model: nn.Module, cfg: TrainConfig) -> torch.optim.Optimizer:
     AdamW with its lr, betas and (decoupled) weight decay, or with ``freeze_variance_after``
     :class:`~gssgd.optim.FrozenVarianceAdamW` (the same, its variance frozen after that
     many steps)."""
-    if cfg.freeze_variance_after is not None:
+    if cfg.freeze_variance_after:
         return FrozenVarianceAdamW(model.parameters(), lr=cfg.lr, betas=cfg.betas,
                                    weight_decay=cfg.weight_decay,
                                    freeze_step=cfg.freeze_variance_after)

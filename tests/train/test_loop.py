@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shutil
 from pathlib import Path
@@ -287,7 +288,7 @@ def test_freezing_the_variance_sets_1bit_adams_recipe() -> None:
     ("settings", "freeze"),
     [
         ({"method": "topk", "optimizer": "adamw"}, ADAMW_FREEZE_STEPS),  # the default
-        ({"method": "topk", "optimizer": "adamw", "freeze_variance_after": 0}, None),  # off
+        ({"method": "topk", "optimizer": "adamw", "freeze_variance_after": 0}, 0),  # off
         ({"method": "topk", "optimizer": "adamw", "feedback": "ef"}, None),  # chosen
         ({"method": "gs", "optimizer": "adamw", "start_iter": 5}, None),
         ({"method": "gs", "optimizer": "adamw", "overlap": "stream"}, None),
@@ -299,8 +300,11 @@ def test_a_sparse_method_under_adamw_freezes_the_variance_by_default(
     settings: dict[str, Any], freeze: int | None
 ) -> None:
     cfg = TrainConfig(**settings)
-    assert cfg.freeze_variance_after == freeze
-    assert (cfg.feedback == "onebit") == (freeze is not None)
+    for checked in (cfg, dataclasses.replace(cfg)):  # a config is checked again on workers
+        assert checked.freeze_variance_after == freeze
+        assert (checked.feedback == "onebit") == bool(freeze)
+        assert isinstance(make_optimizer(torch.nn.Linear(2, 2), checked),
+                          FrozenVarianceAdamW) == bool(freeze)
 
 
 def test_density_too_small_for_k_is_caught_before_any_worker_starts(tmp_path: Path) -> None:
