@@ -19,6 +19,7 @@ from gssgd.methods import (
     SPARSE_RECIPE,
     SPARSE_WARMUP_STEPS,
     TEXT_RECIPE,
+    TEXT_SPARSE_RECIPE,
 )
 from gssgd.train.config import (
     ADAMW_FREEZE_STEPS,
@@ -138,12 +139,15 @@ def _optimisation_flags(parser: argparse.ArgumentParser) -> None:
     opt.add_argument("--lr", type=float, default=None,
                      help="learning rate (constant); default: SGD's recipe, "
                      f"{DENSE_RECIPE[0]} for dense methods, {SPARSE_RECIPE[0]} for sparse ones, "
-                     f"{TEXT_RECIPE[0]} for every method on a language model; AdamW: {ADAMW_LR}")
+                     f"on a language model {TEXT_RECIPE[0]} for dense methods and "
+                     f"{TEXT_SPARSE_RECIPE[0]} for sparse ones; AdamW: {ADAMW_LR}")
     opt.add_argument("--momentum", type=float, default=None,
                      help="SGD momentum, applied after aggregation; default: "
                      f"{DENSE_RECIPE[1]} for dense methods, {SPARSE_RECIPE[1]} for sparse ones "
-                     f"on images (there it hurt the error-fed update), {TEXT_RECIPE[1]} for "
-                     "every method on a language model")
+                     f"on images (there it hurt the error-fed update); on a language model "
+                     f"{TEXT_RECIPE[1]} for dense methods, and for sparse ones 0 with the "
+                     f"aggregator's local momentum {TEXT_SPARSE_RECIPE[2]} (DGC's; with "
+                     "--momentum given, none)")
     opt.add_argument("--weight-decay", type=float, default=c.weight_decay,
                      help="weight decay (AdamW: decoupled); default 0")
     opt.add_argument("--betas", type=float, nargs=2, default=c.betas, metavar=("B1", "B2"),
@@ -196,7 +200,8 @@ def _aggregation_flags(parser: argparse.ArgumentParser) -> None:
                      help="the error feedback's momentum, with momentum stopping: each "
                      "worker's own (--feedback ef: DGC's; ef21: EF21-SGDM's), the "
                      "aggregator's on the averaged update (global), or the sketch's "
-                     f"(fetchsgd) ({_applies('local_momentum')}; default 0 = off)")
+                     f"(fetchsgd) ({_applies('local_momentum')}; default 0 = off, "
+                     f"{TEXT_SPARSE_RECIPE[2]} on a language model without --momentum)")
     agg.add_argument("--warmup-steps", type=int, default=None,
                      help="density warm-up (DGC): the first N aggregation steps send "
                      "exponentially fewer coordinates, from --warmup-density down to --density "

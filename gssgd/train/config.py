@@ -281,8 +281,12 @@ class TrainConfig:
         return self.dataset == "shakespeare" or self.dataset.startswith("text:")
 
     def _apply_recipe(self) -> None:
-        """Fill the learning rate and momentum left out: SGD's from the method's recipe,
-        AdamW's :data:`ADAMW_LR` (AdamW has no ``momentum``: its betas play that part).
+        """Fill the learning rate and momentum left out: SGD's from the method's recipe
+        (on a language model a sparse method also takes the local momentum of
+        :data:`~gssgd.methods.TEXT_SPARSE_RECIPE` unless the optimizer's momentum, a
+        local momentum or another error feedback was given; the optimizer's momentum
+        defaults to 0 wherever the aggregator keeps one), AdamW's :data:`ADAMW_LR` (AdamW
+        has no ``momentum``: its betas play that part).
 
         Raises:
             ValueError: an unknown optimizer, or ``momentum`` given with AdamW."""
@@ -296,9 +300,16 @@ class TrainConfig:
             self.lr = ADAMW_LR if self.lr is None else self.lr
             self.momentum = 0.0
             return
-        recipe_lr, recipe_momentum = get_method(self.method).recipe(text=self.trains_text)
+        method = get_method(self.method)
+        recipe_lr, recipe_momentum = method.recipe(text=self.trains_text)
+        local = method.recipe_local_momentum(text=self.trains_text)
+        if (local is not None and self.local_momentum is None and not self.momentum
+                and self.feedback in (None, "ef")):
+            self.local_momentum = local  # the momentum moves into the aggregator (DGC)
+        inner = bool(self.local_momentum) or self.feedback in ("global", "onebit", "fetchsgd")
         self.lr = recipe_lr if self.lr is None else self.lr
-        self.momentum = recipe_momentum if self.momentum is None else self.momentum
+        if self.momentum is None:  # none on top of a momentum the aggregator keeps
+            self.momentum = 0.0 if inner else recipe_momentum
 
     def _apply_frozen_variance(self) -> None:
         """``freeze_variance_after`` N: 1-bit Adam's recipe (:mod:`gssgd.optim`): N dense

@@ -253,22 +253,33 @@ def test_bad_settings_name_the_flag_the_range_and_the_fix(
 
 
 @pytest.mark.parametrize(
-    ("settings", "lr", "momentum"),
+    ("settings", "lr", "momentum", "local"),
     [
-        ({"method": "gs"}, 0.2, 0.0),  # images: plain SGD with error feedback
-        ({"method": "dense"}, 0.05, 0.9),
-        ({"method": "gs", "dataset": "shakespeare"}, 0.8, 0.9),  # a language model: the
-        ({"method": "dense", "dataset": "shakespeare"}, 0.8, 0.9),  # same optimizer for all
-        ({"method": "topk", "dataset": "text:x.txt", "model": "gpt"}, 0.8, 0.9),
-        ({"method": "topk", "optimizer": "adamw"}, 0.001, 0.0),
-        ({"method": "topk", "dataset": "shakespeare", "lr": 0.3, "momentum": 0.5}, 0.3, 0.5),
+        ({"method": "gs"}, 0.2, 0.0, None),  # images: plain SGD with error feedback
+        ({"method": "dense"}, 0.05, 0.9, None),
+        # a language model: sparse methods move the momentum into the aggregator (DGC)
+        ({"method": "gs", "dataset": "shakespeare"}, 1.6, 0.0, 0.9),
+        ({"method": "dense", "dataset": "shakespeare"}, 0.8, 0.9, None),
+        ({"method": "topk", "dataset": "text:x.txt", "model": "gpt"}, 1.6, 0.0, 0.9),
+        ({"method": "gtopk", "dataset": "shakespeare", "momentum": 0.0}, 1.6, 0.0, 0.9),
+        # the user's own momentum setup is kept, and the optimizer's stays off where the
+        # aggregator keeps one
+        ({"method": "topk", "dataset": "shakespeare", "momentum": 0.9}, 1.6, 0.9, None),
+        ({"method": "topk", "dataset": "shakespeare", "local_momentum": 0.0}, 1.6, 0.9, 0.0),
+        ({"method": "gs", "dataset": "shakespeare", "feedback": "global",
+          "local_momentum": 0.9}, 1.6, 0.0, 0.9),
+        ({"method": "gs", "dataset": "shakespeare", "feedback": "ef21"}, 1.6, 0.9, None),
+        ({"method": "topk", "optimizer": "adamw"}, 0.001, 0.0, 0.9),  # 1-bit Adam's beta1
+        ({"method": "topk", "dataset": "shakespeare", "lr": 0.3, "momentum": 0.5}, 0.3, 0.5,
+         None),
     ],
 )
 def test_the_default_recipe_follows_the_model_family_and_the_optimizer(
-    settings: dict[str, Any], lr: float, momentum: float
+    settings: dict[str, Any], lr: float, momentum: float, local: float | None
 ) -> None:
     cfg = TrainConfig(**settings)
-    assert (cfg.lr, cfg.momentum) == (lr, momentum)
+    for checked in (cfg, dataclasses.replace(cfg)):  # checked again on the workers
+        assert (checked.lr, checked.momentum, checked.local_momentum) == (lr, momentum, local)
 
 
 def test_freezing_the_variance_sets_1bit_adams_recipe() -> None:
