@@ -57,6 +57,18 @@ def test_ef21_without_inner_momentum_under_an_optimizer_with_momentum_warns(
     del state
 
 
+@pytest.mark.parametrize("method", ["topk", "gs"])
+def test_adamw_on_the_classic_update_points_to_1bit_adams_recipe(
+    fresh_warning, method: str
+) -> None:
+    state = HookState(method, density=0.01)
+    seen = _step("adamw")
+    assert len(seen) == 1
+    text = str(seen[0].message)
+    assert "FrozenVarianceAdamW" in text and "feedback='onebit'" in text
+    del state
+
+
 @pytest.mark.parametrize(
     ("options", "optimizer"),
     [
@@ -83,7 +95,6 @@ def test_an_optimizer_with_momentum_on_a_feedback_with_its_own_momentum_warns(
         ({"density": 0.01, "feedback": "global", "momentum": 0.9}, "sgd", 0.0),
         ({"density": 0.01, "feedback": "onebit", "momentum": 0.9}, "frozen", 0.0),  # 1-bit Adam
         ({"density": 0.01}, "sgd", 0.9),  # momentum SGD at 0.01: the LSTM's best recipe
-        ({"density": 0.01}, "adamw", 0.0),  # AdamW on the classic error feedback
         ({"density": 0.001}, "sgd", 0.0),  # plain SGD: the image recipe
         ({"density": 0.001, "feedback": "ef21", "momentum": 0.9}, "sgd", 0.0),  # EF21-SGDM
     ],
