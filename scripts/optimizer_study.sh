@@ -23,6 +23,8 @@
 #           its exact round), no exact round
 #   adamw   AdamW on the classic error-fed update (lstm-adamw, gpt; --freeze-variance-after 0)
 #   ef21a   AdamW on EF21's estimate (lstm-adamw, gpt)
+#   adamwd  AdamW on the classic error-fed update after FREEZE (default 150) dense steps
+#           (--start-iter; lstm-adamw, gpt): frozen's dense start without the freeze
 #   frozen  1-bit Adam's recipe (lstm-adamw, gpt): FREEZE (default 150) dense AdamW steps,
 #           then the variance frozen and the momentum compressed (--freeze-variance-after)
 # A run is named METHOD-RECIPE-lrLR (sgd: METHOD-sgd, its lr is fixed).
@@ -86,6 +88,7 @@ for seed in $SEEDS; do
         adamw) extra=(--lr "$LR" --freeze-variance-after 0) ;;
         ef21a) extra=(--lr "$LR" --feedback ef21) ;;
         frozen) extra=(--lr "$LR" --freeze-variance-after "${FREEZE:-150}") ;;
+        adamwd) extra=(--lr "$LR" --start-iter "${FREEZE:-150}" --freeze-variance-after 0) ;;
         *) echo "unknown recipe $recipe"; exit 2 ;;
       esac
       for method in $METHODS; do

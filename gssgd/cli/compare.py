@@ -81,8 +81,11 @@ Method-specific flags (--rows, --density, ...) go to the methods that take them.
 The defaults are the main job: MNIST, CNN, 4 workers, five methods, density 0.001, each
 method at its recipe (dense: SGD momentum 0.9, lr 0.05; sparse: plain SGD with error
 feedback, lr 0.2, 100 density warm-up steps), about five minutes on a 2-core machine.
-On a language model (--model lm or gpt, the default for text) every method trains with SGD
-momentum 0.9 at lr 0.8; --optimizer adamw trains every method with AdamW. The table's
+On a language model (--model lm or gpt, the default for text) dense trains with SGD momentum
+0.9 at lr 0.8 and the sparse methods with plain SGD at lr 1.6 and DGC's momentum 0.9 inside
+the aggregator; --optimizer adamw trains dense with AdamW and the sparse methods with 1-bit
+Adam's recipe (150 dense AdamW steps, then the variance frozen and the momentum
+compressed; --freeze-variance-after 0: plain AdamW). The table's
 "vs dense" column is each method's loss against dense's (text) or its accuracy in points.
 """
 

@@ -61,11 +61,16 @@ class HookState(HookCore):
             once that a GradScaler run must pass ``scaler=``.
         **options: the method's options (``k`` instead of ``density``; ``rows``, ``cols``,
             ``candidates``, ``exact``, ``allreduce``, ``table_dtype``, ``momentum``,
-            ``feedback`` ("ef", "ef21", "global" or "fetchsgd"), ``seed``, ``dtype``, ``nonfinite``: "skip",
-            "raise" or "propagate"; see :func:`gssgd.make_aggregator`). Keep your
-            optimizer: momentum SGD and AdamW step on the classic error-fed update
-            (``feedback="ef"``, the default); the combinations that measured badly are
-            warned about once (:mod:`gssgd.ddp.recipe`).
+            ``feedback`` ("ef", "ef21", "global", "onebit" or "fetchsgd"), ``seed``,
+            ``dtype``, ``nonfinite``: "skip", "raise" or "propagate"; see
+            :func:`gssgd.make_aggregator`). The recipes that
+            measured best on a language model (docs/study.md, "Keep your optimizer"):
+            with SGD, ``momentum=0.9`` here and the optimizer's momentum 0 (DGC's
+            momentum correction) at dense's learning rate; with AdamW,
+            :class:`~gssgd.optim.FrozenVarianceAdamW` and ``start_iter=N,
+            feedback="onebit", momentum=beta1`` (1-bit Adam's recipe). On image models,
+            plain SGD on the classic error-fed update. The combinations that measured
+            worse are warned about once (:mod:`gssgd.ddp.recipe`).
 
     Attributes:
         iter: the number of DDP iterations this state has seen (saved in checkpoints).
