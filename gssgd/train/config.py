@@ -193,7 +193,7 @@ class TrainConfig:
     warmup_steps: int | None = None  # density warm-up: steps from warmup_density down to density
     warmup_density: float | None = None  # the warm-up's starting density (default 0.25)
     local_clip: float | None = None  # clip each worker's gradient to this norm / sqrt(P)
-    feedback: str | None = None  # error feedback: ef (default), ef21, global or fetchsgd
+    feedback: str | None = None  # error feedback: ef (default), ef21, global, onebit, fetchsgd
     payload_dtype: str | None = None  # dense: float32 (default), float16 or bfloat16 payload
     rows: int | None = None  # sketch rows, odd (sketched, gs; default 1)
     cols: int | None = None  # sketch columns (sketched, gs; default 40·k, capped at d/(4 rows))
