@@ -8,7 +8,8 @@ climb at every evaluation and the accuracy fall, and without the guard the run s
 "completes". Local Top-k and gs-SGD with the default sketch train on the same setup. The
 guard (its default, "grow") audits at aggregation step 20, finds the collapse, and doubles
 the columns and the candidates: the same run then learns instead of diverging. A sketch
-that stays collapsed after two doublings (3 x 52, m = 1 at density 0.003) stops every
+that stays collapsed after two doublings (3 x 52, m = 1 at density 0.003, every
+coordinate sketched: prefilter=0) stops every
 worker at the same step with a message that says what to change, keeping the newest
 checkpoint.
 
@@ -38,7 +39,10 @@ RUNS: dict[str, dict[str, Any]] = {
     "topk": dict(method="topk"),
     "gs": dict(method="gs"),
     "grow": dict(TOO_SMALL),  # guard left at its default: "grow"
-    "stop": dict(method="gs", density=0.003, rows=3, cols=52, candidates=1, checkpoint_every=10),
+    # every coordinate sketched: with gs's default pre-filter this sketch does not stay
+    # collapsed (the run completes)
+    "stop": dict(method="gs", density=0.003, rows=3, cols=52, candidates=1, prefilter=0,
+                 checkpoint_every=10),
 }
 
 
