@@ -204,9 +204,9 @@ TEXT_RECIPE = (0.8, 0.9)
 #: optimizer" (character LSTM, P = 4, 1,500 steps, against dense at its best lr 1.6): at
 #: density 0.01 it put every sparse method within 3 % of dense (three seeds: Top-k 1.7,
 #: gTop-k 2.5, Sketched-SGD 1.9, gs 2.7 %), where the optimizer's own momentum at the
-#: same lr ended 2.4-4.6 % above and at lr 0.8 4.7-6.9 %; at 0.001 (one seed) it gave
-#: Top-k 4.0, gTop-k 9.9, gs 10.2 % against 7.8, 12.6 and 11.4 % (Sketched-SGD: 22.7
-#: against 15.5 %, the one cell where it lost).
+#: same lr ended 2.4-4.6 % above and at lr 0.8 4.7-6.9 %; at 0.001 (three seeds) it gave
+#: Top-k 4.5, gTop-k 10.2, gs 11.0 % against 7.8, 12.6 and 11.4 % (Sketched-SGD: 22.6
+#: against 15.5 %, the one method where it lost).
 TEXT_SPARSE_RECIPE = (1.6, 0.0, 0.9)
 #: Density warm-up steps (from 25 % down to the target density, DGC's schedule) that
 #: ``gssgd train`` uses by default for sparse methods. docs/study.md, "Recipe", part R4

@@ -119,7 +119,7 @@ def recipe_advice(optimizer: torch.optim.Optimizer, method: str, options: dict[s
             "steps) momentum 0.9 cost gTop-k 21 points and gs 3 against plain SGD at lr 0.2 "
             "(its recipe there); on a character LSTM DGC's momentum inside the hook did "
             "better (HookState(..., momentum=0.9) with plain SGD at dense's learning rate: "
-            "Top-k 4.0 % above dense's loss against 7.8 %). If your model trains well "
+            "Top-k 4.5 % above dense's loss against 7.8 %). If your model trains well "
             "without momentum, use plain SGD (momentum=0) with a larger learning rate; see "
             "docs/study.md, 'Keep your optimizer'."
         )
