@@ -81,8 +81,6 @@ class GlobalSketchSGD(Aggregator):
         """The table all-reduce of ``cols`` columns and, with ``exact``, the one of the
         ``candidates`` values: what a step sends besides its control messages."""
         reduce = ring_allreduce if options.allreduce == "backend" else recursive_doubling
-        if options.feedback == "fetchsgd":  # the steady table all along
-            cols = options.cols
         out = reduce(options.rows * cols * options.table_dtype.itemsize, world_size)
         if options.exact:
             out = out + reduce(candidates * 4, world_size)
@@ -172,12 +170,7 @@ class GlobalSketchSGD(Aggregator):
         fetch = self.sketch_feedback
         with self._timed("compress"):
             accumulated = self._error_compensated(grad)
-            if fetch is not None:  # FetchSGD keeps one table shape for its state
-                sketch = self.sketch = self.sketch.to(accumulated.device,
-                                                      accumulated.dtype).zero_()
-                num_candidates = k
-            else:
-                sketch, num_candidates = self._sketch_of_step(accumulated)
+            sketch, num_candidates = self._sketch_of_step(accumulated)
             sketch.accumulate(self._prefiltered(accumulated, k))
 
         summed = sketch.with_table(self._sum_tables(sketch.table))

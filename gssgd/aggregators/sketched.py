@@ -55,8 +55,7 @@ class SketchedSGD(Aggregator):
         k_t = cls.k_at_step(d, k, options, step)
         cols, c = options.shape_at(d, k, k_t)
         k, table = k_t, options.rows * cols * v
-        if options.feedback == "fetchsgd":  # tables in, (index, value) out; steady shape
-            table = options.rows * options.cols * v
+        if options.feedback == "fetchsgd":  # tables in, (index, value) out
             return cls.control_traffic(p) + star(table, 0, p) + star(0, k * (i + v), p)
         return (
             cls.control_traffic(p)
@@ -81,12 +80,7 @@ class SketchedSGD(Aggregator):
         k = self.step_k  # k, or more during a density warm-up
         with self._timed("compress"):
             accumulated = self._error_compensated(grad)
-            if self.sketch_feedback is not None:  # FetchSGD keeps one table shape
-                sketch = self.sketch = self.sketch.to(accumulated.device,
-                                                      accumulated.dtype).zero_()
-                num_candidates = k
-            else:
-                sketch, num_candidates = self._sketch_of_step(accumulated)
+            sketch, num_candidates = self._sketch_of_step(accumulated)
             sketch.accumulate(accumulated)
 
         tables = self.comm.gather_to_root([sketch.table])
