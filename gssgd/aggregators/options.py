@@ -28,6 +28,7 @@ __all__ = [
     "DEFAULT_DENSITY",
     "MANY_WORKERS",
     "FEEDBACKS",
+    "OWN_MOMENTUM_FEEDBACKS",
 ]
 
 #: What a non-finite gradient does (``CommonOptions.nonfinite``).
@@ -225,6 +226,8 @@ class DenseOptions(CommonOptions):
 #: FetchSGD's sketch-space momentum and error (the sketching methods only:
 #: :class:`SketchedOptions`).
 FEEDBACKS: tuple[str, ...] = ("ef", "ef21", "global", "onebit", "fetchsgd")
+#: The feedback modes that keep the momentum themselves (the optimizer must not add its own).
+OWN_MOMENTUM_FEEDBACKS: tuple[str, ...] = ("global", "onebit", "fetchsgd")
 
 
 def _check_momentum(value: float) -> None:

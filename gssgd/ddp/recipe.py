@@ -39,7 +39,7 @@ import torch
 from torch.optim.optimizer import register_optimizer_step_pre_hook
 
 from gssgd.aggregators import AGGREGATORS
-from gssgd.aggregators.options import DEFAULT_DENSITY
+from gssgd.aggregators.options import DEFAULT_DENSITY, OWN_MOMENTUM_FEEDBACKS
 from gssgd.optim import FrozenVarianceAdamW
 
 if TYPE_CHECKING:
@@ -92,8 +92,8 @@ def recipe_advice(optimizer: torch.optim.Optimizer, method: str, options: dict[s
             "ended 5 % above. Use feedback='ef' (the default), or EF21-SGDM: "
             "feedback='ef21', momentum=0.9 with plain SGD."
         )
-    own_momentum = feedback in ("global", "fetchsgd") or (
-        feedback == "onebit" and not isinstance(optimizer, FrozenVarianceAdamW))
+    own_momentum = feedback in OWN_MOMENTUM_FEEDBACKS and not (
+        feedback == "onebit" and isinstance(optimizer, FrozenVarianceAdamW))
     if kind != "plain" and own_momentum:
         return (
             f"gssgd: {name} steps on feedback={feedback!r}, which keeps its own momentum "

@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from gssgd.aggregators.options import PAYLOAD_DTYPES
+from gssgd.aggregators.options import OWN_MOMENTUM_FEEDBACKS, PAYLOAD_DTYPES
 from gssgd.amp import AMP_DTYPES
 from gssgd.ddp import STREAMING_METHODS, HookSettings
 from gssgd.methods import METHODS, applies_to, get_method
@@ -306,7 +306,7 @@ class TrainConfig:
         if (local is not None and self.local_momentum is None and not self.momentum
                 and self.feedback in (None, "ef")):
             self.local_momentum = local  # the momentum moves into the aggregator (DGC)
-        inner = bool(self.local_momentum) or self.feedback in ("global", "onebit", "fetchsgd")
+        inner = bool(self.local_momentum) or self.feedback in OWN_MOMENTUM_FEEDBACKS
         self.lr = recipe_lr if self.lr is None else self.lr
         if self.momentum is None:  # none on top of a momentum the aggregator keeps
             self.momentum = 0.0 if inner else recipe_momentum
