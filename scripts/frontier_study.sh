@@ -10,7 +10,9 @@
 # all-reduce (--allreduce backend: its bytes do not grow with P), "c:m[:h[:f[:w[:g]]]]" ->
 # gs-c<c>-m<m>[-h][-pf<f>][-nowu][-noguard]: c*k columns, m candidates, h: float16 tables,
 # f: --prefilter f, w (any text): no density warm-up, g (any text): --guard off.
-# "default" runs gs as it comes.
+# "default" runs gs as it comes; "default:L1:L2..." with levers on top, named gs-L1-L2:
+# rR: --reuse R (sketch every R-th step, the exact round at the kept candidates between);
+# ef21m: --feedback ef21 --local-momentum 0.9 (EF21-SGDM).
 # MODEL=lm: the Shakespeare character LSTM instead (d = 247,636), STEPS (default 1500) steps,
 # evaluated every 250, each method with the language models' default recipe (momentum SGD);
 # its runs go to runs/frontier-lm.
@@ -47,10 +49,22 @@ for P in $PS; do
         .venv/bin/gssgd train --method "$method" "${base[@]}" "${extra[@]}" --out "$out"
     done
     for size in $GS_SIZES; do
-      if [ "$size" = default ]; then
-        out=$DIR/P$P/s$seed/gs
-        execute "P$P-s$seed-gs" "$out/summary.json" \
-          .venv/bin/gssgd train --method gs "${base[@]}" --density 0.001 --out "$out"
+      if [ "${size%%:*}" = default ]; then
+        name=gs; levers=()
+        IFS=: read -r -a parts <<< "${size#default}"
+        for lever in "${parts[@]}"; do
+          case $lever in
+            "") continue ;;
+            r*) levers+=(--reuse "${lever#r}") ;;
+            ef21m) levers+=(--feedback ef21 --local-momentum 0.9) ;;
+            *) echo "unknown gs lever $lever in $size" >&2; exit 2 ;;
+          esac
+          name=$name-$lever
+        done
+        out=$DIR/P$P/s$seed/$name
+        execute "P$P-s$seed-$name" "$out/summary.json" \
+          .venv/bin/gssgd train --method gs "${base[@]}" --density 0.001 "${levers[@]}" \
+          --out "$out"
         continue
       fi
       IFS=: read -r c mm half pf nowu noguard <<< "$size"

@@ -250,6 +250,7 @@ def test_stream_state_dict_loads_with_weights_only_and_refuses_another_overlap()
         ({"overlap": "stream", "feedback": "ef21"}, r"feedback='ef21' cannot be used with "
                                                     r"overlap='stream'.*overlap='none'"),
         ({"overlap": "stream", "prefilter": 8}, r"prefilter=8 cannot be used with "),
+        ({"overlap": "stream", "reuse": 2}, r"reuse=2 cannot be used with overlap='stream'"),
     ],
 )
 def test_bad_overlap_raises_at_construction(kwargs: dict, match: str) -> None:

@@ -15,6 +15,9 @@ Steps (per rank p, each step):
        indices: every rank knows them and their order), keep the top k of the exact sums
        (ties by lower index). Estimate mode
        (``exact=False``): keep the sketch's top k and their estimates (one round).
+       With ``reuse`` R > 1, only every R-th step (after any density warm-up) runs steps
+       2-4; the steps between run step 5 at the last sketched step's candidates (Ok-Topk's
+       reuse of a selection across steps).
     6. Update: the k values / P. Error feedback: ``e_p = a_p`` with those k coordinates
        zeroed on every rank.
 
@@ -73,15 +76,29 @@ class GlobalSketchSGD(Aggregator):
         at step 20, then every 200 steps or more: :func:`~gssgd.aggregators.guard.audit_interval`)
         and its growing the sketch are left out."""
         cols, candidates = options.shape_at(d, k, cls.k_at_step(d, k, options, step))
-        return cls.control_traffic(world_size) + cls._message(options, cols, candidates,
-                                                              world_size)
+        return cls.control_traffic(world_size) + cls._message(
+            options, cols, candidates, world_size, table=cls.sketches_at(options, step))
 
     @staticmethod
-    def _message(options: GSOptions, cols: int, candidates: int, world_size: int) -> Traffic:
-        """The table all-reduce of ``cols`` columns and, with ``exact``, the one of the
-        ``candidates`` values: what a step sends besides its control messages."""
+    def sketches_at(options: GSOptions, step: int | None) -> bool:
+        """Whether aggregation step ``step`` sketches (True) or reuses the last sketched
+        step's candidates (``reuse`` > 1): every step of a density warm-up and every
+        ``reuse``-th step after it sketch; ``step=None`` (the steady state) is a sketching
+        step."""
+        if options.reuse == 1 or step is None:
+            return True
+        steady = step - options.warmup_steps
+        return steady < 0 or steady % options.reuse == 0
+
+    @staticmethod
+    def _message(options: GSOptions, cols: int, candidates: int, world_size: int,
+                 table: bool = True) -> Traffic:
+        """The table all-reduce of ``cols`` columns (unless ``table`` is False: a step that
+        reuses its candidates) and, with ``exact``, the one of the ``candidates`` values:
+        what a step sends besides its control messages."""
         reduce = ring_allreduce if options.allreduce == "backend" else recursive_doubling
-        out = reduce(options.rows * cols * options.table_dtype.itemsize, world_size)
+        out = reduce(options.rows * cols * options.table_dtype.itemsize if table else 0,
+                     world_size)
         if options.exact:
             out = out + reduce(candidates * 4, world_size)
         return out
@@ -96,8 +113,10 @@ class GlobalSketchSGD(Aggregator):
             self.sketch_feedback = SketchFeedback(self.options.momentum)
 
     def _build_sketch(self, cols: int) -> None:
-        """A sketch of ``cols`` columns, and the guard's later audits spaced for its bytes."""
+        """A sketch of ``cols`` columns, and the guard's later audits spaced for its bytes;
+        a kept candidate set (``reuse``) of the old size is dropped."""
         self.cols = cols
+        self.kept_candidates: torch.Tensor | None = None
         self.sketch = self._new_sketch(cols)
         step = self._message(self.options, cols, self.num_candidates, self.world_size)
         audit = ring_allreduce(self.d * 4, self.world_size)
@@ -168,6 +187,13 @@ class GlobalSketchSGD(Aggregator):
             return skipped
         k = self.step_k  # k, or more during a density warm-up
         fetch = self.sketch_feedback
+        kept = self.kept_candidates
+        if kept is not None and k == self.k and not self.sketches_at(self.options, self.steps):
+            with self._timed("compress"):
+                accumulated = self._error_compensated(grad)
+            kept = kept.to(accumulated.device)
+            update, _ = self._recover_and_update(accumulated, None, k, kept.numel(), kept)
+            return self._finish(update)
         with self._timed("compress"):
             accumulated = self._error_compensated(grad)
             sketch, num_candidates = self._sketch_of_step(accumulated)
@@ -202,31 +228,41 @@ class GlobalSketchSGD(Aggregator):
         return summed.heavy_hitters(num_candidates, ordered=False)[0].sort().values
 
     def _recover_and_update(
-        self, accumulated: torch.Tensor, summed: Any, k: int, num_candidates: int
-    ) -> tuple[torch.Tensor, float]:
+        self, accumulated: torch.Tensor, summed: Any, k: int, num_candidates: int,
+        candidates: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, float | None]:
         """Steps 4-6 on the all-reduced sketch: recover, fetch exact values, update, audit.
 
         Args:
             accumulated: this rank's error-compensated vector ``a_p`` (its chosen
                 coordinates are zeroed here: the residual update).
             summed: the sketch of the global vector (a CountSketch, or any sketch with
-                ``heavy_hitters`` and ``l2_estimate``, such as the streaming layout's).
+                ``heavy_hitters`` and ``l2_estimate``, such as the streaming layout's); None
+                on a step that reuses ``candidates``.
             k: coordinates to deliver this step; num_candidates: the m*k of the exact round.
+            candidates: the kept candidate set of a reusing step (sorted by index); None:
+                recover them from ``summed`` (and keep them when ``reuse`` > 1).
 
         Returns:
             ``(update, delivered fraction)``: the dense update (the k values / P, in the
-            residual's dtype) and the share of the sketch's estimated mass it delivered.
+            residual's dtype) and the share of the sketch's estimated mass it delivered
+            (None on a reusing step: it has no sketch to estimate the mass from).
 
         Raises:
             SketchCollapseError: an audit found a collapse and the guard may not grow.
         """
-        audit = self.options.guard != "off" and self.guard.due() and k == self.k
+        # the guard audits and counts sketching steps only: a collapse is the sketch's
+        sketching = candidates is None
+        audit = self.options.guard != "off" and sketching and self.guard.due() and k == self.k
         if audit:  # the exact global vector, before the residual update zeroes ``accumulated``
             exact_global = self.comm.allreduce_backend(accumulated.clone())
 
         if self.options.exact:
-            with self._timed("decompress"):
-                candidates = self._candidates(summed, num_candidates)
+            if candidates is None:
+                with self._timed("decompress"):
+                    candidates = self._candidates(summed, num_candidates)
+                if self.options.reuse > 1 and k == self.k:
+                    self.kept_candidates = candidates
             exact = self._allreduce(accumulated[candidates])
             with self._timed("decompress"):
                 keep = topk_indices(exact.abs(), k)
@@ -240,14 +276,14 @@ class GlobalSketchSGD(Aggregator):
             update[chosen] = values / self.world_size
             self._keep_residual(accumulated, chosen)
             mass = float(values.double().pow(2).sum())
-            total = summed.l2_estimate() ** 2
-            delivered = mass / total if total > 0 else 1.0
+            total = summed.l2_estimate() ** 2 if summed is not None else None
+            delivered = None if total is None else mass / total if total > 0 else 1.0
         if audit:
             best = exact_global[topk_indices(exact_global.abs(), k)]
             best_mass = float(best.double().pow(2).sum())
             if self.guard.collapsed(mass / best_mass if best_mass > 0 else 1.0):
                 self._on_collapse(self.guard.last_recall or 0.0)
-        if k == self.k:  # audits count steady steps only (a warm-up step sends more)
+        if k == self.k and sketching:  # steady steps only (a warm-up step sends more)
             self.guard.advance()
         return update, delivered
 
@@ -255,13 +291,16 @@ class GlobalSketchSGD(Aggregator):
         return {**super().agreement_fields(), "cols": self.cols}
 
     def state_dict(self) -> dict[str, Any]:
-        """Adds the current sketch width (the guard may have grown it) and the guard."""
+        """Adds the current sketch width (the guard may have grown it), the guard, and the
+        kept candidate set of ``reuse`` (None when there is none)."""
         return {
             **super().state_dict(),
             "cols": self.cols,
             "grows": self.grows,
             "num_candidates": self.num_candidates,
             "guard": self.guard.state_dict(),
+            "kept_candidates": (None if self.kept_candidates is None
+                                else self.kept_candidates.clone()),
         }
 
     def load_state_dict(self, sd: dict[str, Any]) -> None:
@@ -270,3 +309,5 @@ class GlobalSketchSGD(Aggregator):
         self._build_sketch(int(sd.get("cols", self.cols)))  # and the audits for its bytes
         self.grows = int(sd.get("grows", 0))
         self.guard.load_state_dict(sd.get("guard", {}))
+        kept = sd.get("kept_candidates")
+        self.kept_candidates = None if kept is None else kept.clone()

@@ -478,6 +478,15 @@ class GSOptions(SketchedOptions):
             gradient's tail, so a narrow table recovers the heavy ones more cleanly; the
             exact round still sums all of ``a_p`` at the candidates, so no mass is lost.
             Costs a local top-``f*k`` selection per step. None: by the number of workers.
+        reuse: R >= 1: sketch only every R-th step after any density warm-up; the R - 1
+            steps between skip the table all-reduce and fetch the exact sums at the last
+            sketched step's ``m*k`` candidates (the same on every rank, so still no
+            indices), keeping the top k of them. Ok-Topk (Li & Hoefler, PPoPP 2022) reuses
+            its selection threshold across steps the same way: the heavy coordinates of an
+            error-fed gradient drift slowly, and what falls outside the kept set waits in
+            the residual for the next sketch. 1 (default): sketch every step. Needs the
+            exact round (``exact=True``). A sketch the guard has grown, or a step with no
+            kept set, sketches. The collapse guard audits and counts sketching steps only.
 
     ``cols``, ``candidates``, ``allreduce``, ``table_dtype`` and ``prefilter`` left None take
     :func:`gs_default_shape`'s values for the run's d, k and number of workers.
@@ -488,6 +497,7 @@ class GSOptions(SketchedOptions):
     guard: str = "grow"
     table_dtype: torch.dtype | None = None
     prefilter: int | None = None
+    reuse: int = 1
 
     def resolved(self, d: int, k: int, world_size: int | None = None) -> GSOptions:
         """These options with every default (None) filled in from
@@ -527,6 +537,14 @@ class GSOptions(SketchedOptions):
             raise _bad("prefilter", self.prefilter,
                        "it must be an integer >= 0 (0: off; f: each rank sketches its f*k "
                        "largest coordinates)", "Use 8, or 0 to sketch the whole vector.")
+        if not _is_int(self.reuse) or self.reuse < 1:
+            raise _bad("reuse", self.reuse,
+                       "it must be an integer >= 1 (1: sketch every step; R: every R-th)",
+                       "Use reuse=1, or for example reuse=2 to sketch every other step.")
+        if self.reuse > 1 and not self.exact:
+            raise _bad("reuse", self.reuse,
+                       "reusing the candidate set needs the exact round, which exact=False "
+                       "turns off", "Use exact=True with reuse > 1, or reuse=1.")
         if self.feedback == "fetchsgd" and self.exact:
             raise _bad("exact", self.exact,
                        "feedback='fetchsgd' keeps the error in sketch space and has no exact "

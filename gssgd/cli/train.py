@@ -245,8 +245,11 @@ def _aggregation_flags(parser: argparse.ArgumentParser) -> None:
                      "it (default), raise, or off")
     agg.add_argument("--prefilter", type=int, default=None, metavar="F",
                      help=f"{_applies('prefilter')}: each worker sketches only its own F*k "
-                     "largest coordinates (a local pre-filter); 0: all of them (default 0, from "
-                     "16 workers 8)")
+                     "largest coordinates (a local pre-filter); 0: all of them (default 8)")
+    agg.add_argument("--reuse", type=int, default=None, metavar="R",
+                     help=f"{_applies('reuse')}: sketch only every R-th step; the steps between "
+                     "fetch the exact sums at the last sketched candidates, sending no table "
+                     "(Ok-Topk's reuse; default 1: sketch every step)")
     agg.add_argument("--powersgd-rank", type=int, default=None,
                      help=f"{_applies('powersgd_rank')}: matrix approximation rank (default 2)")
     agg.add_argument("--start-iter", type=int, default=None,

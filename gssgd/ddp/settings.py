@@ -52,6 +52,11 @@ def check_overlap(overlap: object, method: str, whole_model: bool, options: dict
             "pre-filter needs the whole gradient's top coordinates before the first bucket "
             "is sketched. Drop prefilter or use overlap='none'."
         )
+    if options.get("reuse", 1) != 1:
+        raise ValueError(
+            f"reuse={options['reuse']!r} cannot be used with overlap='stream': the streamed "
+            "buckets sketch every step. Use reuse=1 or overlap='none'."
+        )
     if options.get("feedback", "ef") != "ef":
         raise ValueError(
             f"feedback={options['feedback']!r} cannot be used with overlap='stream': the "

@@ -72,6 +72,7 @@ METHOD_SETTINGS: tuple[str, ...] = (
     "table_dtype",
     "guard",
     "prefilter",
+    "reuse",
     "powersgd_rank",
     "start_iter",
     "per_bucket",
@@ -203,6 +204,7 @@ class TrainConfig:
     table_dtype: str | None = None  # gs: sketch tables on the wire: float32 (default), float16, bfloat16
     guard: str | None = None  # gs: on a collapsed sketch grow it (default), raise, or off
     prefilter: int | None = None  # gs: each worker sketches only its own prefilter*k largest
+    reuse: int | None = None  # gs: sketch every reuse-th step, between them reuse its candidates
     powersgd_rank: int | None = None  # powersgd: matrix approximation rank (default 2)
     start_iter: int | None = None  # steps of plain all-reduce before compression (default 2)
     per_bucket: bool = False  # aggregate each DDP bucket apart, not the whole model at once

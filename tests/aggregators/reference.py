@@ -188,6 +188,9 @@ def reference_run(
     ``opts["feedback"] == "onebit"``: 1-bit Adam's compression stage: rank p compresses
     ``e_p + rho*m + (1-rho)*g_p`` with ``m`` the last averaged update, shared.
 
+    ``opts["reuse"]`` R (gs; no warm-up): steps t with t % R != 0 skip the sketch and take
+    the top k of the exact sums at the last sketched step's candidates.
+
     ``opts["feedback"] == "fetchsgd"`` (sketched, gs): FetchSGD as its paper states it: the
     summed sketch ``S`` of the gradients, ``S_u = rho*S_u + S``, ``S_e += S_u``, deliver
     the sketch's top k of ``S_e`` (estimates), ``S_e -= S(delta)``, ``S_u = 0`` where
@@ -210,6 +213,7 @@ def reference_run(
     u = [np.zeros(d, dtype) for _ in range(world)]
     estimate = [np.zeros(d, dtype) for _ in range(world)]  # EF21's g_p
     updates = []
+    kept = np.array([], dtype=np.int64)  # gs's last sketched candidates (reuse)
     for t in range(steps):
         g = [grads[t][p].numpy().astype(dtype) for p in range(world)]
         if method == "dense":
@@ -268,6 +272,11 @@ def reference_run(
                 np.array([i for i, (_, w) in final.items() if p in w], dtype=np.int64)
                 for p in range(world)
             ]
+        elif method == "gs" and t % opts.get("reuse", 1):  # reuse the last candidates
+            exact = sum(a[p][kept] for p in range(world))
+            keep = ref_topk(np.abs(exact), k)
+            update[kept[keep]] = exact[keep]
+            delivered = [kept[keep]] * world
         elif method in ("sketched", "gs"):
             summed = RefSketch(d, opts["rows"], opts["cols"], opts.get("seed", 0))
             f, tables = opts.get("prefilter", 0), []
@@ -283,7 +292,7 @@ def reference_run(
             summed.table = _summed_table(tables, opts.get("table16", False))
             if opts.get("exact", True):
                 cand, _ = summed.heavy_hitters(min(opts["candidates"] * k, d))
-                cand = np.sort(cand)  # the canonical order: exact ties go to the lower index
+                cand = kept = np.sort(cand)  # canonical order: exact ties go to the lower index
                 exact = sum(a[p][cand] for p in range(world))
                 keep = ref_topk(np.abs(exact), k)
                 chosen, values = cand[keep], exact[keep]

@@ -9,6 +9,8 @@ import numpy as np
 import pytest
 import torch
 
+from gssgd.aggregators import build_options
+from gssgd.comm import recursive_doubling
 from gssgd.costmodel import MethodSpec, traffic
 from tests.aggregators.reference import default_sketch, reference_run
 from tests.aggregators.scenarios import (
@@ -29,8 +31,8 @@ from tests.aggregators.scenarios import (
 from tests.dist_utils import raise_worker_errors, run_workers
 
 WORLD_SIZES = [1, 2, 3, 4, 8]
-CONSERVING = ["topk", "gtopk", "sketched", "gs", "gs_backend", "gs_half", "sketched_default",
-              "gs_default", "gs_default_sparse"]  # fmt: skip
+CONSERVING = ["topk", "gtopk", "sketched", "gs", "gs_backend", "gs_half", "gs_reuse",
+              "sketched_default", "gs_default", "gs_default_sparse"]  # fmt: skip
 
 
 def _marks(world_size: int) -> list:
@@ -234,6 +236,20 @@ def test_gs_bytes_grow_with_log2_p(world_size: int) -> None:
         stats = res["gs"]["stats"][-1]
         assert stats["bytes_sent"] == rounds * (table + exact) + FLAG
         assert stats["rounds"] == 2 * rounds + (world_size - 1)
+
+
+@pytest.mark.parametrize("world_size", sizes(3, 4))
+def test_gs_reuse_sends_the_table_every_third_step_only(world_size: int) -> None:
+    """Step by step, the bytes equal ``traffic(step=t)`` (the first step adds the agreement
+    check): a sketching step every third, the exact round alone between them."""
+    cls, k, opts = build_options("gs", D, 0.01, **{n: v for n, v in CONFIGS["gs_reuse"][1].items()
+                                                   if n != "density"})
+    sent = [s["bytes_sent"] for s in results(world_size)[0]["gs_reuse"]["stats"]]
+    exact_only = recursive_doubling(SKETCH["candidates"] * k * 4, world_size).sent[0] + FLAG
+    for t in range(1, STEPS):
+        assert sent[t] == cls.traffic(D, k, opts, world_size, step=t).sent[0], t
+        assert (sent[t] == exact_only) == (t % 3 != 0), t
+    assert sent[3] > sent[4]
 
 
 @pytest.mark.parametrize("world_size", [3, 4])

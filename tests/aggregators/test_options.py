@@ -44,6 +44,10 @@ BAD = [
      r"warmup_steps=100 is invalid: feedback='fetchsgd' keeps its error in tables of one shape"),
     ("gs", {"feedback": "fetchsgd", "exact": False, "prefilter": 8},
      r"prefilter=8 is invalid: feedback='fetchsgd' keeps no residual"),
+    ("gs", {"reuse": 0}, r"reuse=0 is invalid: it must be an integer >= 1"),
+    ("gs", {"reuse": True}, r"reuse=True is invalid"),
+    ("gs", {"reuse": 2, "exact": False}, r"reuse=2 is invalid: .* needs the exact round"),
+    ("sketched", {"reuse": 2}, r"unknown option\(s\) \['reuse'\] for method 'sketched'"),
 ]
 
 

@@ -46,11 +46,14 @@ MOMENTUM = {
     "frozen_adamw": {"optimizer": "adamw", "freeze_variance_after": 3},
     "fetchsgd_sketched": {"local_momentum": 0.9, "feedback": "fetchsgd", "rows": 3},
     "fetchsgd_gs": {"local_momentum": 0.9, "feedback": "fetchsgd", "rows": 3, "exact": False},
+    # gs sketching every third step: the resume (aggregation step 2) lands on a step that
+    # reuses the candidates kept in the checkpoint
+    "reuse_gs": {"reuse": 3, "warmup_steps": 0},
 }
 #: variants for some methods only
-ONLY_FOR = {"fetchsgd_sketched": ("sketched",), "fetchsgd_gs": ("gs",)}
+ONLY_FOR = {"fetchsgd_sketched": ("sketched",), "fetchsgd_gs": ("gs",), "reuse_gs": ("gs",)}
 #: the variants whose state is FetchSGD's sketch tables (no residual, no vector momentum)
-FETCHSGD = tuple(ONLY_FOR)
+FETCHSGD = ("fetchsgd_sketched", "fetchsgd_gs")
 #: the variants whose aggregators keep EF21's estimate
 EF21 = ("momentum_sgd", "adamw", "ef21m")
 
@@ -205,6 +208,8 @@ def test_the_resume_point_carries_state(runs: dict, method: str, variant: str) -
             assert torch.count_nonzero(sd["estimate"]) > 0
         else:
             assert "estimate" not in sd
+        if variant == "reuse_gs":  # the candidates the resumed step reuses
+            assert sd["kept_candidates"].numel() > 0
 
 
 def test_metrics_hold_every_step_once(runs: dict) -> None:
