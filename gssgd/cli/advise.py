@@ -19,14 +19,17 @@ from gssgd.costmodel.advice import (
 )
 from gssgd.costmodel.cluster import Link, parse_latency, parse_link
 from gssgd.costmodel.devices import CPU_FWDBWD_S, DEVICES, get_device
+from gssgd.costmodel.reach import REACH_WHERE
 from gssgd.methods import SPARSE_WARMUP_STEPS, parse_methods
 
 __all__ = ["add_parser", "model_params", "run"]
 
 DESCRIPTION = """\
 Predict one training step of every method on a cluster (compute, communication, and the
-communication hidden behind backward), name the fastest, and print how to use it: a
-`gssgd train` command line and a `HookState(...)` call for DDP.
+communication hidden behind backward), times the steps each needs to reach dense's
+accuracy (measured by the many-workers frontier study at density 0.001), name the fastest
+to that target, and print how to use it: a `gssgd train` command line and a
+`HookState(...)` call for DDP.
 """
 
 EPILOG = """\
@@ -93,7 +96,8 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
         "--steps",
         default=str(DEFAULT_RUN_STEPS),
         help=f"the run length the run column totals over (default {DEFAULT_RUN_STEPS}, "
-        "gssgd train's)",
+        "gssgd train's): the steps dense needs; the target column scales it by each "
+        "method's measured steps to dense's accuracy",
     )
     add("--json", action="store_true", help="print the prediction as JSON")
     parser.set_defaults(run=run)
@@ -213,24 +217,38 @@ def render(advice: Advice, model: str | None = None) -> str:
         f"density {advice.density:g}",
         "",
         f"{'method':<11} {'step ms':>10} {'compute':>10} {'comm':>10} {'hidden':>9} "
-        f"{'MB/step':>9} {'warm-up s':>10} {'run s':>9}  {'pattern':<18} overlap",
+        f"{'MB/step':>9} {'warm-up s':>10} {'run s':>9} {'target s':>9}  {'pattern':<18} "
+        "overlap  convergence",
     ]
     n = advice.run_steps
     for c in advice.candidates:
-        s, w = c.step, c.warmup
+        s, w, to = c.step, c.warmup, c.target_seconds(n)
         lines.append(
             f"{c.name:<11} {s.total * 1e3:>10.1f} {s.compute * 1e3:>10.1f} "
             f"{s.communication * 1e3:>10.1f} {s.hidden * 1e3:>9.1f} "
-            f"{w.step_bytes_sent / 1e6:>9.3g} {w.extra_seconds:>10.3g} {c.run_seconds(n):>9.4g}  "
-            f"{s.pattern:<18} {s.overlap}"
+            f"{w.step_bytes_sent / 1e6:>9.3g} {w.extra_seconds:>10.3g} {c.run_seconds(n):>9.4g} "
+            f"{'-' if to is None else f'{to:.4g}':>9}  {s.pattern:<18} {s.overlap:<8} "
+            f"{'not measured' if c.reach is None else c.reach.describe()}"
         )
-    rec = advice.recommended
+    rec, fastest = advice.recommended, advice.fastest_step
     speedup = advice.speedup_over("dense")
+    to = rec.target_seconds(n)
     lines += [
         "",
         f"recommended: {rec.name} ({rec.step.total * 1e3:.1f} ms per step"
         + (f", {speedup:.2f}x dense's" if speedup is not None else "")
+        + ("" if to is None else f"; {to:.4g} s to dense's accuracy")
         + ")",
+    ]
+    if fastest is not rec:
+        if fastest.reach is None:
+            why = "its steps to dense's accuracy were not measured"
+        elif not fastest.reach.reached:
+            why = "measured short of dense's accuracy: " + fastest.reach.describe()
+        else:
+            why = "slower to dense's accuracy: " + fastest.reach.describe()
+        lines.append(f"  not {fastest.name}, the fastest step ({why})")
+    lines += [
         f"  options:   {_describe(rec.spec, rec.options())}",
         f"  train:     {advice.train_command()} ...",
         f"  DDP:       state = {advice.hook_call()}",
@@ -266,7 +284,10 @@ def _warmup_line(advice: Advice) -> str:
     w, n = advice.recommended.warmup, advice.run_steps
     line = (
         "MB/step: bytes the busiest worker sends per steady step; warm-up s: what a density "
-        f"warm-up adds to a run (communication); run s: {n} steps, warm-up included."
+        f"warm-up adds to a run (communication); run s: {n} steps, warm-up included; "
+        f"target s: the run to dense's accuracy if dense needs {n} steps (--steps), each "
+        f"method's steps scaled as measured ({REACH_WHERE}; other densities: not measured, "
+        "ranked by the step)."
     )
     if w.steps:
         line += (

@@ -1,6 +1,9 @@
 """Which method makes a given training job fastest: every candidate's predicted step on the
-cluster cost model (:mod:`gssgd.costmodel.cluster`), the fastest one, and how to ask for
-it (a ``gssgd train`` command line and a ``HookState(...)`` call).
+cluster cost model (:mod:`gssgd.costmodel.cluster`), times the steps it needs to reach
+dense's accuracy as the frontier study measured them (:mod:`gssgd.costmodel.reach`), the
+fastest to that target, and how to ask for it (a ``gssgd train`` command line and a
+``HookState(...)`` call). A method that steps fastest but was measured short of dense's
+accuracy (gTop-k at density 0.001) is ranked after those that got there.
 
 The candidates are the benchmark methods of :data:`gssgd.costmodel.method_specs.VARIANTS`
 (every registered method and variant: dense, dense16, topk, gtopk, sketched, gs and its
@@ -15,6 +18,7 @@ Example:
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -33,6 +37,7 @@ from gssgd.costmodel.cluster import (
 )
 from gssgd.costmodel.devices import Device
 from gssgd.costmodel.method_specs import VARIANTS, MethodSpec, method_spec
+from gssgd.costmodel.reach import REACH_WHERE, Reach, reach
 from gssgd.methods import get_method, get_variant
 
 __all__ = [
@@ -142,10 +147,40 @@ class Candidate:
     step: StepTime
     settings: dict[str, Any] = field(default_factory=dict)
     warmup: Warmup = Warmup(0, 0, 0, 0.0)
+    reach: Reach | None = None
+    #: the workers its method's defaults are resolved for (gs's shape depends on P); None:
+    #: the small-P defaults (a streamed gs keeps them)
+    default_workers: int | None = None
 
     def run_seconds(self, steps: int) -> float:
         """Predicted seconds of a run of ``steps`` steps, its density warm-up included."""
         return steps * self.step.total + (self.warmup.extra_seconds if steps else 0.0)
+
+    def target_steps(self, dense_steps: int) -> int | None:
+        """Steps to dense's accuracy target when dense needs ``dense_steps``: the measured
+        multiple of them (:mod:`gssgd.costmodel.reach`); None where not reached or not
+        measured."""
+        if self.reach is None or self.reach.steps_ratio is None:
+            return None
+        return math.ceil(dense_steps * self.reach.steps_ratio)
+
+    def target_seconds(self, dense_steps: int) -> float | None:
+        """Predicted seconds to dense's accuracy target (:meth:`target_steps`)."""
+        steps = self.target_steps(dense_steps)
+        return None if steps is None else self.run_seconds(steps)
+
+    def target_bytes(self, dense_steps: int) -> float | None:
+        """Bytes the busiest worker sends until dense's accuracy target."""
+        steps = self.target_steps(dense_steps)
+        return None if steps is None else self.warmup.run_bytes_sent(steps)
+
+    def rank_key(self, dense_steps: int) -> tuple[int, float]:
+        """Advice order: those measured to reach the target, by the time to it; then those
+        not measured, by the step; then those measured short of it, by the step."""
+        seconds = self.target_seconds(dense_steps)
+        if seconds is not None:
+            return (0, seconds)
+        return (1 if self.reach is None else 2, self.step.total)
 
     @property
     def method(self) -> str:
@@ -153,10 +188,11 @@ class Candidate:
         return self.spec.aggregator
 
     def options(self) -> dict[str, Any]:
-        """The aggregator options this candidate sets away from its method's defaults (the
-        density warm-up aside: :meth:`Advice.train_command` and :meth:`Advice.hook_call`
+        """The aggregator options this candidate sets away from its method's defaults at
+        its number of workers (the density warm-up aside: :meth:`Advice.train_command` and :meth:`Advice.hook_call`
         state it where it differs from theirs)."""
-        base = method_spec(self.spec.aggregator, self.spec.d, k=self.spec.k).aggregator_options()
+        base = method_spec(self.spec.aggregator, self.spec.d, k=self.spec.k,
+                           world_size=self.default_workers).aggregator_options()
         mine = self.spec.aggregator_options()
         changed = {k: v for k, v in mine.items() if base.get(k) != v and k not in _WARMUP_KEYS}
         return changed | self.settings
@@ -164,7 +200,10 @@ class Candidate:
 
 @dataclass(frozen=True)
 class Advice:
-    """Every candidate's predicted step, fastest first, and the inputs."""
+    """Every candidate's predicted step and time to the accuracy target, in the order of
+    :meth:`Candidate.rank_key` (the first is the recommendation), and the inputs.
+    ``run_steps`` is the run length dense needs: the others' times to the target scale it
+    by their measured steps ratio."""
 
     candidates: tuple[Candidate, ...]
     params: int
@@ -176,7 +215,13 @@ class Advice:
 
     @property
     def recommended(self) -> Candidate:
+        """The first in order: the fastest to dense's accuracy where it was measured."""
         return self.candidates[0]
+
+    @property
+    def fastest_step(self) -> Candidate:
+        """The candidate with the shortest predicted step, whatever its convergence."""
+        return min(self.candidates, key=lambda c: c.step.total)
 
     def train_command(self, candidate: Candidate | None = None) -> str:
         """A ``gssgd train`` command line that runs ``candidate`` (default: the recommended)."""
@@ -221,6 +266,7 @@ class Advice:
                 "run_steps": self.run_steps,
             },
             "methods": {c.name: self._method_record(c) for c in self.candidates},
+            "fastest_step": self.fastest_step.name,
             "recommended": {
                 "name": self.recommended.name,
                 "method": self.recommended.method,
@@ -231,6 +277,7 @@ class Advice:
                 "hook_call": self.hook_call(),
             },
             "model_error": dict(MEASURED_ERROR),
+            "convergence": REACH_WHERE,
         }
 
     def _method_record(self, c: Candidate) -> dict[str, Any]:
@@ -247,6 +294,18 @@ class Advice:
                 "seconds": c.run_seconds(n),
                 "bytes_sent": c.warmup.run_bytes_sent(n),
                 "bytes_sent_per_step": c.warmup.run_bytes_sent(n) / n,
+            },
+            "to_target": None
+            if c.reach is None
+            else {
+                "reached": c.reach.reached,
+                "measured_at_workers": c.reach.workers,
+                "seeds": c.reach.seeds,
+                "accuracy_gap_points": c.reach.gap_points,
+                "steps_ratio": c.reach.steps_ratio,
+                "steps": c.target_steps(n),
+                "seconds": c.target_seconds(n),
+                "bytes_sent": c.target_bytes(n),
             },
         }
 
@@ -278,8 +337,11 @@ def advise(
     warmup_steps: int | None = None,
     run_steps: int = DEFAULT_RUN_STEPS,
 ) -> Advice:
-    """Predict every candidate's step and rank them, fastest first (by the steady step;
-    each candidate also carries its density warm-up's bytes and seconds, and a run's).
+    """Predict every candidate's step and time to dense's accuracy, and rank them
+    (:meth:`Candidate.rank_key`: by the time to the target where the frontier study
+    measured the candidate's convergence, :mod:`gssgd.costmodel.reach`; by the step
+    otherwise). Each candidate also carries its density warm-up's bytes and seconds, and a
+    run's.
 
     Args:
         params: the model's parameter count (the gradient length d).
@@ -293,7 +355,9 @@ def advise(
         warmup_steps: the density warm-up of the methods that take one; None: ``gssgd
             train``'s default (:meth:`gssgd.methods.Method.recipe_warmup_steps`: 100 steps
             for a sparse method), 0: none.
-        run_steps: the run length the per-run figures total over (>= 1).
+        run_steps: the run length the per-run figures total over (>= 1): dense's run to
+            its accuracy; a method's time to the target scales it by the method's steps
+            ratio.
 
     Raises:
         ValueError: a bad size, density, warm-up, run length or method name.
@@ -317,6 +381,7 @@ def advise(
         spec = method_spec(variant, params, density, warmup_steps=warm, world_size=shape_for)
         step = predict_step(spec, workers, link, device, fwdbwd_s=fwdbwd_s, overlap=overlap)
         warmup = predict_warmup(spec, workers, link, device)
-        out.append(Candidate(name, spec, step, dict(settings), warmup))
-    out.sort(key=lambda c: c.step.total)
+        converged = reach(spec, workers, density, streamed=overlap is not None)
+        out.append(Candidate(name, spec, step, dict(settings), warmup, converged, shape_for))
+    out.sort(key=lambda c: c.rank_key(run_steps))
     return Advice(tuple(out), params, workers, link, device, density, run_steps)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import re
 from pathlib import Path
 
@@ -106,7 +107,17 @@ def test_json_output_has_every_method_split_and_a_recommendation(capsys) -> None
         assert m["compute"] == pytest.approx(m["fwdbwd"] + m["compression"])
     rec = out["recommended"]
     totals = {n: m["total"] for n, m in out["methods"].items()}
-    assert rec["name"] == min(totals, key=totals.__getitem__)
+    assert out["fastest_step"] == min(totals, key=totals.__getitem__)
+    # the recommendation: the fastest to dense's accuracy of those measured to reach it
+    to_target = {n: m["to_target"]["seconds"] for n, m in out["methods"].items()
+                 if m["to_target"] and m["to_target"]["reached"]}
+    assert rec["name"] == min(to_target, key=to_target.__getitem__)
+    for m in out["methods"].values():
+        t = m["to_target"]
+        if t and t["reached"]:
+            assert t["steps"] == math.ceil(DEFAULT_RUN_STEPS * t["steps_ratio"])
+            assert t["seconds"] == pytest.approx(t["steps"] * m["total"]
+                                                 + m["warmup"]["extra_seconds"])
     assert rec["seconds_per_step"] == pytest.approx(totals[rec["name"]])
     assert rec["speedup_over_dense"] == pytest.approx(totals["dense"] / totals[rec["name"]])
     assert rec["train_command"].startswith(f"gssgd train --method {rec['method']} --workers 64")
@@ -231,15 +242,23 @@ def test_text_report_shows_the_split_the_commands_and_the_error(capsys) -> None:
     assert "model error (held out" in text
 
 
+def _variants(workers: int) -> tuple:
+    a = advise(params=25_600_000, workers=workers, link=Link(10**9, 20e-6),
+               device=get_device("h200"), methods=["gs-half", "gs-backend", "dense16"])
+    return a, {c.name: c for c in a.candidates}
+
+
+def test_a_variant_equal_to_the_defaults_at_its_p_sets_nothing() -> None:
+    """From 16 workers gs's defaults are the ring and float16 tables already: gs-half and
+    gs-backend are gs as it comes, so their commands carry no flags of their own."""
+    a, by_name = _variants(16)
+    for name in ("gs-half", "gs-backend"):
+        assert by_name[name].options() == {}, name
+        assert a.train_command(by_name[name]) == "gssgd train --method gs --workers 16 --density 0.001"
+
+
 def test_hook_call_and_train_command_carry_a_variants_options() -> None:
-    a = advise(
-        params=25_600_000,
-        workers=16,
-        link=Link(10**9, 20e-6),
-        device=get_device("h200"),
-        methods=["gs-half", "gs-backend", "dense16"],
-    )
-    by_name = {c.name: c for c in a.candidates}
+    a, by_name = _variants(8)
     assert "--table-dtype float16" in a.train_command(by_name["gs-half"])
     assert "table_dtype=torch.float16" in a.hook_call(by_name["gs-half"])
     assert "--allreduce backend" in a.train_command(by_name["gs-backend"])
