@@ -13,7 +13,7 @@
 # "default" runs gs as it comes; "default:L1:L2..." with levers on top, named gs-L1-L2:
 # rR: --reuse R (sketch every R-th step, the exact round at the kept candidates between);
 # ef21m: --feedback ef21 --local-momentum 0.9 (EF21-SGDM); dD: --density D instead of 0.001
-# (for a comparison at equal bytes).
+# (for a comparison at equal bytes); lrX: --lr X (a momentum lever needs a smaller step).
 # MODEL=lm: the Shakespeare character LSTM instead (d = 247,636), STEPS (default 1500) steps,
 # evaluated every 250, each method with the language models' default recipe (momentum SGD);
 # its runs go to runs/frontier-lm.
@@ -59,6 +59,7 @@ for P in $PS; do
             r*) levers+=(--reuse "${lever#r}") ;;
             ef21m) levers+=(--feedback ef21 --local-momentum 0.9) ;;
             d*) levers+=(--density "${lever#d}") ;;
+            lr*) levers+=(--lr "${lever#lr}") ;;
             *) echo "unknown gs lever $lever in $size" >&2; exit 2 ;;
           esac
           name=$name-$lever
