@@ -187,15 +187,14 @@ class GlobalSketchSGD(Aggregator):
             return skipped
         k = self.step_k  # k, or more during a density warm-up
         fetch = self.sketch_feedback
+        with self._timed("compress"):
+            accumulated = self._error_compensated(grad)
         kept = self.kept_candidates
         if kept is not None and k == self.k and not self.sketches_at(self.options, self.steps):
-            with self._timed("compress"):
-                accumulated = self._error_compensated(grad)
-            kept = kept.to(accumulated.device)
+            kept = kept.to(accumulated.device)  # reuse: no sketch, the exact round at ``kept``
             update, _ = self._recover_and_update(accumulated, None, k, kept.numel(), kept)
             return self._finish(update)
         with self._timed("compress"):
-            accumulated = self._error_compensated(grad)
             sketch, num_candidates = self._sketch_of_step(accumulated)
             sketch.accumulate(self._prefiltered(accumulated, k))
 

@@ -4,21 +4,23 @@
 A method's step time (:mod:`gssgd.costmodel.cluster`) says how fast it steps, not how far
 each step gets. The frontier study (``scripts/frontier_study.sh``, docs/study.md, "Many
 workers") trained the MNIST CNN at density 0.001 with every method at P = 4, 16, 64 and
-256 (a simulated world, global batch fixed, three seeds where it says so) and recorded
-when the mean curve over seeds first came within 0.5 point of dense's final accuracy.
+256 (a simulated world, global batch fixed) and recorded when the mean curve over seeds
+came within 0.5 point of dense's final accuracy (interpolated between evaluations).
 ``advise`` multiplies a candidate's predicted step by its **steps to that target as a
 multiple of dense's own**, and ranks the candidates that reached it by that time; those
-the study measured short of it (gTop-k at every P) come last, with their final gap.
+the study measured short of it (gTop-k at every P) come after them, with their final gap.
 
 The table is a copy, rounded, of ``docs/results/frontier/summary.json`` (the results are
 not installed with the package): ``tests/costmodel/test_reach.py`` rebuilds it from that
 file with :func:`reach_table` and fails when they differ. To refresh it after a new study,
 run ``scripts/frontier_report.py`` and paste what :func:`reach_table` returns.
 
-What it is and is not: one model (the MNIST CNN) at one density (0.001), evaluated every
-100 of 400 steps, so a ratio moves in steps of a third of dense's 300; at other densities
-:func:`reach` returns None and ``advise`` ranks by the step alone. A P between the measured
-ones takes the nearest measured P (on a log scale); beyond 256 it takes 256's and says so.
+What it is and is not: one model (the MNIST CNN) at one density (0.001), rows of
+:data:`MIN_SEEDS` seeds (P = 4, 16 and 64 today: P = 256 ran one seed), evaluated every 100
+of 400 steps, so two ratios 10-20 % apart are within what the study resolves; at other
+densities :func:`reach` returns None and ``advise`` ranks by the step alone. Any P takes the
+nearest measured P that ran the same method and shape (on a log scale), which the report
+names.
 """
 
 from __future__ import annotations
