@@ -163,7 +163,7 @@ def _ratio(a: float | None, b: float | None) -> float | None:
 
 
 def _best_gs(cell: dict) -> tuple[str, float]:
-    """The gs variant fastest to dense's accuracy (all gs variants are measured to reach it)."""
+    """The gs variant fastest to dense's accuracy, of those measured to reach it."""
     gs = {n: m["to_target"] for n, m in cell["methods"].items()
           if n.startswith("gs") and m["to_target"] is not None}
     name = min(gs, key=gs.__getitem__)
