@@ -148,13 +148,14 @@ def run_map(out: Path) -> dict:
     return preds
 
 
-def _split(step: StepTime) -> dict[str, float]:
+def _split(step: StepTime) -> dict[str, float | None]:
     """A step's total and its parts, in seconds to 4 significant digits."""
     parts = ("total", "fwdbwd", "compression", "communication", "hidden")
-    return {k: float(f"{getattr(step, k):.4g}") for k in parts}
+    return {k: _sig(getattr(step, k)) for k in parts}
 
 
 def _sig(value: float | None) -> float | None:
+    """``value`` to 4 significant digits (None stays None)."""
     return None if value is None else float(f"{value:.4g}")
 
 
