@@ -14,7 +14,14 @@ in two stages:
    ``p -= lr * (m / (sqrt(v_hat) + eps) + weight_decay * p)``.
 
 Every rank holds the same ``v`` (from the averaged gradients) and receives the same ``m``,
-so the optimizer state is identical on all ranks. The momentum starts afresh from zero at
+so the optimizer state is identical on all ranks.
+
+``variance="moving"`` keeps stage 2's ``v`` moving instead, on the averaged gradient the
+shared momentum implies, ``g_hat = (m - beta1 * m_prev) / (1 - beta1)`` (``m_prev`` = 0 at
+the switch, where the aggregator's momentum starts): Adam's update compressed with its
+variance still adapting, and every rank's state still identical. ``g_hat`` is the
+compressed average, so ``v`` sees the bursts of late coordinates that freezing avoids;
+it is there to measure that (docs/study.md, "Keep your optimizer"). The momentum starts afresh from zero at
 the switch (1-bit Adam carries the warm-up's over); over a few ``1 / (1 - beta1)`` steps
 it catches up.
 
@@ -35,7 +42,10 @@ from typing import Any
 
 import torch
 
-__all__ = ["FrozenVarianceAdamW"]
+__all__ = ["VARIANCES", "FrozenVarianceAdamW"]
+
+#: What :class:`FrozenVarianceAdamW` does with the variance after its dense warm-up.
+VARIANCES: tuple[str, ...] = ("frozen", "moving")
 
 
 class FrozenVarianceAdamW(torch.optim.Optimizer):
@@ -50,6 +60,8 @@ class FrozenVarianceAdamW(torch.optim.Optimizer):
         eps: added to ``sqrt(v_hat)``.
         weight_decay: decoupled weight decay (AdamW's).
         freeze_step: dense AdamW steps before the variance freezes (>= 1).
+        variance: after ``freeze_step``, ``"frozen"`` (1-bit Adam's) or ``"moving"`` (kept
+            up to date from the implied averaged gradient; see the module docstring).
 
     Raises:
         ValueError: a value out of range (the message names it and the valid range).
@@ -63,6 +75,7 @@ class FrozenVarianceAdamW(torch.optim.Optimizer):
         eps: float = 1e-8,
         weight_decay: float = 0.01,
         freeze_step: int = 100,
+        variance: str = "frozen",
     ) -> None:
         if not lr > 0:
             raise ValueError(f"lr={lr!r} is invalid: it must be > 0. For example 1e-3.")
@@ -75,8 +88,13 @@ class FrozenVarianceAdamW(torch.optim.Optimizer):
                 f"freeze_step={freeze_step!r} is invalid: it must be an integer >= 1 (the "
                 "dense AdamW steps before the variance freezes). For example 100."
             )
+        if variance not in VARIANCES:
+            raise ValueError(
+                f"variance={variance!r} is invalid: it must be one of {VARIANCES} (the "
+                "variance after freeze_step). For example 'frozen', 1-bit Adam's."
+            )
         defaults = dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay,
-                        freeze_step=freeze_step)
+                        freeze_step=freeze_step, variance=variance)
         super().__init__(params, defaults)
 
     @torch.no_grad()
@@ -99,9 +117,15 @@ class FrozenVarianceAdamW(torch.optim.Optimizer):
                 t = int(state["step"])
                 grad, frozen = p.grad, t > group["freeze_step"]
                 if frozen:  # the gradient is the shared compressed momentum
+                    seen = group["freeze_step"]
+                    if group.get("variance", "frozen") == "moving":
+                        implied = grad if t == seen + 1 else grad - beta1 * state["exp_avg"]
+                        implied = implied / (1 - beta1)
+                        state["exp_avg_sq"].mul_(beta2).addcmul_(implied, implied,
+                                                                 value=1 - beta2)
+                        seen = t
                     state["exp_avg"].copy_(grad)
                     direction = grad
-                    seen = group["freeze_step"]
                 else:
                     state["exp_avg"].mul_(beta1).add_(grad, alpha=1 - beta1)
                     state["exp_avg_sq"].mul_(beta2).addcmul_(grad, grad, value=1 - beta2)

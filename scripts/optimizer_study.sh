@@ -27,6 +27,8 @@
 #           (--start-iter; lstm-adamw, gpt): frozen's dense start without the freeze
 #   frozen  1-bit Adam's recipe (lstm-adamw, gpt): FREEZE (default 150) dense AdamW steps,
 #           then the variance frozen and the momentum compressed (--freeze-variance-after)
+#   moving  frozen's recipe with the variance kept moving after the dense steps, on the
+#           averaged gradient the compressed momentum implies (--adam-variance moving)
 # A run is named METHOD-RECIPE-lrLR (sgd: METHOD-sgd, its lr is fixed).
 # Raw runs go to runs/optimizer (git-ignored); scripts/optimizer_report.py summarises them.
 set -u
@@ -88,6 +90,8 @@ for seed in $SEEDS; do
         adamw) extra=(--lr "$LR" --freeze-variance-after 0) ;;
         ef21a) extra=(--lr "$LR" --feedback ef21) ;;
         frozen) extra=(--lr "$LR" --freeze-variance-after "${FREEZE:-150}") ;;
+        moving) extra=(--lr "$LR" --freeze-variance-after "${FREEZE:-150}"
+                       --adam-variance moving) ;;
         adamwd) extra=(--lr "$LR" --start-iter "${FREEZE:-150}" --freeze-variance-after 0) ;;
         *) echo "unknown recipe $recipe"; exit 2 ;;
       esac

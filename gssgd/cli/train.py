@@ -21,6 +21,7 @@ from gssgd.methods import (
     TEXT_RECIPE,
     TEXT_SPARSE_RECIPE,
 )
+from gssgd.optim import VARIANCES
 from gssgd.train.config import (
     ADAMW_FREEZE_STEPS,
     ADAMW_LR,
@@ -158,6 +159,10 @@ def _optimisation_flags(parser: argparse.ArgumentParser) -> None:
                      "--start-iter N, --feedback onebit, --local-momentum B1); default "
                      f"{ADAMW_FREEZE_STEPS} unless --feedback, --start-iter or "
                      "--local-momentum is given; 0 = off (AdamW on the error-fed update)")
+    opt.add_argument("--adam-variance", choices=VARIANCES, default=None,
+                     help="with --freeze-variance-after N: the variance after those N steps, "
+                     "frozen (default, 1-bit Adam's) or moving (updated from the averaged "
+                     "gradient the compressed momentum implies)")
     opt.add_argument("--seq-len", type=int, default=c.seq_len, help="characters per window (text)")
     opt.add_argument("--seed", type=int, default=c.seed,
                      help="seeds the model init, the batches and the sketch hashes")

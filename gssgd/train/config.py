@@ -19,6 +19,7 @@ from gssgd.aggregators.options import OWN_MOMENTUM_FEEDBACKS, PAYLOAD_DTYPES
 from gssgd.amp import AMP_DTYPES
 from gssgd.ddp import STREAMING_METHODS, HookSettings
 from gssgd.methods import METHODS, applies_to, get_method
+from gssgd.optim import VARIANCES
 from gssgd.train.launch import DEVICES
 from gssgd.train.models import MODELS, TEXT_MODELS
 
@@ -78,12 +79,13 @@ METHOD_SETTINGS: tuple[str, ...] = (
     "per_bucket",
     "overlap",
     "freeze_variance_after",
+    "adam_variance",
 )
 #: Method-specific TrainConfig fields that are neither options nor hook settings, and the
 #: methods that take them.
 _ONLY_FOR: dict[str, tuple[str, ...]] = {"overlap": STREAMING_METHODS}
 #: Method-specific TrainConfig fields that apply to the methods taking another option.
-_APPLIES_LIKE = {"freeze_variance_after": "feedback"}
+_APPLIES_LIKE = {"freeze_variance_after": "feedback", "adam_variance": "feedback"}
 
 
 def flag(name: str) -> str:
@@ -177,6 +179,7 @@ class TrainConfig:
     weight_decay: float = 0.0  # weight decay (AdamW: decoupled)
     betas: tuple[float, float] = (0.9, 0.999)  # AdamW's betas
     freeze_variance_after: int | None = None  # AdamW: dense steps, then 1-bit Adam's (0: off)
+    adam_variance: str | None = None  # after those steps: frozen (default) or moving
     seq_len: int = 64  # characters per window (text data)
     seed: int = 0  # seeds the model init, the batches and the sketch hashes
     # -- workers
@@ -327,10 +330,18 @@ class TrainConfig:
         n = self.freeze_variance_after
         if self.method not in setting_applies_to("freeze_variance_after"):
             return  # check_settings_apply says it does not apply, if it was given
+        if self.adam_variance is not None and self.adam_variance not in VARIANCES:
+            raise _bad("adam_variance", self.adam_variance,
+                       f"it must be one of {', '.join(VARIANCES)}",
+                       "Leave it out for 1-bit Adam's frozen variance.")
         chosen = (self.feedback, self.start_iter, self.local_momentum)
         if n is None and self.optimizer == "adamw" and chosen == (None, None, None) \
                 and self.overlap in (None, "none"):
             n = self.freeze_variance_after = ADAMW_FREEZE_STEPS
+        if not n and self.adam_variance is not None:
+            raise _bad("adam_variance", self.adam_variance, "it applies to 1-bit Adam's "
+                       "recipe only (--optimizer adamw with --freeze-variance-after N > 0)",
+                       "Drop --adam-variance, or use that recipe.")
         if n is None:
             return
         _check_int("freeze_variance_after", n, 0)

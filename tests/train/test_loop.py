@@ -243,6 +243,14 @@ def test_non_finite_loss_stops_every_worker_cleanly(first_runs) -> None:
          "--freeze-variance-after does not apply to --method dense"),
         ({"optimizer": "adamw", "freeze_variance_after": -1},
          "--freeze-variance-after=-1 is invalid: it must be an integer >= 0"),
+        ({"optimizer": "adamw", "adam_variance": "slow"},
+         "--adam-variance='slow' is invalid: it must be one of frozen, moving"),
+        ({"adam_variance": "moving"}, "--adam-variance='moving' is invalid: it applies to "
+         "1-bit Adam's recipe only"),
+        ({"optimizer": "adamw", "freeze_variance_after": 0, "adam_variance": "moving"},
+         "--adam-variance='moving' is invalid: it applies to 1-bit Adam's recipe only"),
+        ({"method": "dense", "optimizer": "adamw", "adam_variance": "moving"},
+         "--adam-variance does not apply to --method dense"),
     ],
 )
 def test_bad_settings_name_the_flag_the_range_and_the_fix(

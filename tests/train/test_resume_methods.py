@@ -44,6 +44,8 @@ MOMENTUM = {
     # 1-bit Adam's recipe: dense AdamW for 3 steps, then the variance frozen and the
     # momentum compressed (the hook keeps the shared momentum)
     "frozen_adamw": {"optimizer": "adamw", "freeze_variance_after": 3},
+    # the same with the variance kept moving: the resume must restore v as it moved
+    "moving_adamw": {"optimizer": "adamw", "freeze_variance_after": 3, "adam_variance": "moving"},
     "fetchsgd_sketched": {"local_momentum": 0.9, "feedback": "fetchsgd", "rows": 3},
     "fetchsgd_gs": {"local_momentum": 0.9, "feedback": "fetchsgd", "rows": 3, "exact": False},
     # gs sketching every third step: the resume (aggregation step 2) lands on a step that
@@ -51,7 +53,8 @@ MOMENTUM = {
     "reuse_gs": {"reuse": 3, "warmup_steps": 0},
 }
 #: variants for some methods only
-ONLY_FOR = {"fetchsgd_sketched": ("sketched",), "fetchsgd_gs": ("gs",), "reuse_gs": ("gs",)}
+ONLY_FOR = {"fetchsgd_sketched": ("sketched",), "fetchsgd_gs": ("gs",), "reuse_gs": ("gs",),
+            "moving_adamw": ("gs",)}  # the optimizer's own state: one method shows it
 #: the variants whose state is FetchSGD's sketch tables (no residual, no vector momentum)
 FETCHSGD = ("fetchsgd_sketched", "fetchsgd_gs")
 #: the variants whose aggregators keep EF21's estimate
@@ -200,7 +203,7 @@ def test_the_resume_point_carries_state(runs: dict, method: str, variant: str) -
             continue
         if method != "dense":
             assert torch.count_nonzero(sd["residual"]) > 0
-        if variant in ("local_momentum", "global", "frozen_adamw", *EF21):
+        if variant in ("local_momentum", "global", "frozen_adamw", "moving_adamw", *EF21):
             assert torch.count_nonzero(sd["momentum"]) > 0
         else:
             assert "momentum" not in sd
