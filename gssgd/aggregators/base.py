@@ -42,6 +42,9 @@ class StepStats:
         skipped: True when the step was skipped for a non-finite gradient.
         delivered_fraction: for sparse methods, the share of the global accumulated mass
             (squared l2) that this step delivered, where the method can measure it; else None.
+        audited_recall: gs-SGD on a step its collapse guard audited: the delivered share
+            of the mass exact global top-k would have delivered (the guard's bar is
+            ``min_recall``; see :mod:`gssgd.aggregators.guard`); else None.
     """
 
     bytes_sent: int = 0
@@ -55,6 +58,7 @@ class StepStats:
     d: int = 0
     skipped: bool = False
     delivered_fraction: float | None = None
+    audited_recall: float | None = None
 
 
 def index_dtype(d: int) -> torch.dtype:
@@ -417,7 +421,12 @@ class Aggregator:
             d=self.d,
             skipped=skipped,
             delivered_fraction=delivered_fraction,
+            audited_recall=self._audit_of_step(),
         )
+
+    def _audit_of_step(self) -> float | None:
+        """The recall this step's collapse-guard audit found (gs-SGD's); None without one."""
+        return None
 
     # ---------------------------------------------------------------- agreement
     def _check_agreement(self, device: torch.device) -> None:

@@ -52,7 +52,8 @@ class Pending:
 
 
 class IterationStats:
-    """Sums the StepStats of one iteration's aggregator steps and dense all-reduces."""
+    """Sums the StepStats of one iteration's aggregator steps and dense all-reduces (the
+    delivered fraction weighted by bucket size, the audited recall the lowest)."""
 
     def __init__(self) -> None:
         self.total = StepStats()
@@ -62,9 +63,11 @@ class IterationStats:
     def add(self, stats: StepStats) -> None:
         t = self.total
         for f in dataclasses.fields(StepStats):
-            if f.name not in ("skipped", "delivered_fraction"):
+            if f.name not in ("skipped", "delivered_fraction", "audited_recall"):
                 setattr(t, f.name, getattr(t, f.name) + getattr(stats, f.name))
         t.skipped = t.skipped or stats.skipped
+        if stats.audited_recall is not None:  # the worst audited bucket
+            t.audited_recall = min(stats.audited_recall, t.audited_recall or 1.0)
         if stats.delivered_fraction is not None:
             self._fraction_sum += stats.delivered_fraction * stats.d
             self._fraction_weight += stats.d

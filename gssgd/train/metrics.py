@@ -26,6 +26,8 @@ Fields of a ``metrics.jsonl`` line (``None`` where a method cannot measure a fie
 ``seconds_decompress``      hook time spent recovering the update and residuals
 ``seconds_step``            the whole step: batch, forward, backward, optimizer
 ``delivered_fraction``      share of the accumulated gradient mass delivered (sparse)
+``audited_recall``          gs on a step its collapse guard audited: the delivered share of
+                            exact global top-k's mass (a collapse is below 0.1); else null
 ``skipped``                 the aggregator skipped the step (non-finite gradient)
 ==========================  ===========================================================
 
@@ -99,7 +101,7 @@ def step_record(
         step: the step just completed.
         loss, train_accuracy: over all workers' samples.
         stats: rank 0's hook statistics (``seconds_*``, ``delivered_fraction``,
-            ``skipped``, ``k``; see :meth:`gssgd.train.sync.GradientSync.step_stats`).
+            ``audited_recall``, ``skipped``, ``k``; see :meth:`gssgd.train.sync.GradientSync.step_stats`).
         moved: the step's bytes over the ranks.
         bytes_sent_before: the mean worker's bytes sent in the steps before this one.
         seconds_step: the whole step on rank 0.
@@ -122,6 +124,7 @@ def step_record(
         "seconds_decompress": stats["seconds_decompress"],
         "seconds_step": seconds_step,
         "delivered_fraction": stats["delivered_fraction"],
+        "audited_recall": stats.get("audited_recall"),
         "skipped": stats["skipped"],
         "k": stats["k"],
     }

@@ -84,6 +84,7 @@ def hook_step_stats(s: StepStats) -> dict[str, Any]:
         "seconds_communicate": s.seconds_communicate,
         "seconds_decompress": s.seconds_decompress,
         "delivered_fraction": s.delivered_fraction,
+        "audited_recall": s.audited_recall,
         "skipped": bool(s.skipped),
         "k": s.k,
     }
@@ -153,6 +154,7 @@ class GradientSync:
             "seconds_communicate": None,
             "seconds_decompress": None,
             "delivered_fraction": None,
+            "audited_recall": None,
             "skipped": False,
             "k": None,
         }

@@ -39,6 +39,7 @@ TAGS: dict[str, str] = {
     "seconds_compute": "time/seconds_compute",
     "seconds_communicate": "time/seconds_communicate",
     "delivered_fraction": "comm/delivered_fraction",
+    "audited_recall": "comm/audited_recall",
 }
 
 

@@ -19,17 +19,19 @@ def concentrated_grad(rank: int, step: int) -> torch.Tensor:
 
 def run_guard(rank: int, world_size: int, cols: int, guard: str, steps: int) -> dict:
     agg = gssgd.make_aggregator("gs", D, k=50, rows=3, cols=cols, candidates=2, guard=guard)
-    recalls, bytes_sent = [], []
+    recalls, audited, bytes_sent = [], [], []
     try:
         for t in range(steps):
             agg.step(concentrated_grad(rank, t))
             recalls.append(agg.guard.last_recall)
+            audited.append(agg.last_stats.audited_recall)
             bytes_sent.append(agg.last_stats.bytes_sent)
     except RuntimeError as exc:
         return {"error": str(exc), "cols": agg.cols, "num_candidates": agg.num_candidates}
     return {
         "cols": agg.cols,
         "recalls": recalls,
+        "audited": audited,
         "bytes": bytes_sent,
         "state_cols": agg.state_dict()["cols"],
         "num_candidates": agg.num_candidates,

@@ -45,6 +45,10 @@ def test_collapsed_sketch_grows_on_every_rank_until_it_recovers() -> None:
     assert res["num_candidates"] == 100 * res["cols"] // 128  # m*k = 2*50 doubled alike
     first_audit = res["recalls"][20]
     assert first_audit is not None and first_audit < 0.1
+    # the step statistics report each audit's recall on the audited step, None elsewhere
+    audited = {t: r for t, r in enumerate(res["audited"]) if r is not None}
+    assert audited[20] == first_audit and 20 < min(set(audited) - {20}) < 60
+    assert all(res["recalls"][t] == r for t, r in audited.items())
     # after growing, the sketch finds the heavy mass again: above the bar, 5x the first audit
     assert res["recalls"][-1] > max(0.1, 5 * first_audit)
     # An audit all-reduces the whole vector once: that step costs about dense's bytes.

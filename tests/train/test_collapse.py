@@ -98,6 +98,18 @@ def test_with_the_guard_the_same_run_grows_its_sketch_and_learns(runs) -> None:
     assert accuracies[-1] > off_accuracies[-1] + 0.2, (accuracies, off_accuracies)
 
 
+def test_the_metrics_show_each_audit_recall_against_the_bar(runs) -> None:
+    """``audited_recall`` is set on the audited steps only: below the 0.1 bar where the
+    guard grew the too-small sketch, above it for the default sketch."""
+    def audits(name: str) -> list[float]:
+        rows = read_metrics(runs[name][0] / "metrics.jsonl")
+        return [r["audited_recall"] for r in rows if r["audited_recall"] is not None]
+
+    grown, healthy = audits("grow"), audits("gs")
+    assert 1 <= len(grown) <= 6 and grown[0] < 0.1, grown
+    assert healthy and min(healthy) >= 0.1, healthy
+
+
 def test_a_sketch_still_collapsed_after_two_doublings_stops_every_worker_with_advice(
     runs,
 ) -> None:
