@@ -17,10 +17,11 @@
 # MODEL=lm: the Shakespeare character LSTM instead (d = 247,636), STEPS (default 1500) steps,
 # evaluated every 250, each method with the language models' default recipe (momentum SGD);
 # its runs go to runs/frontier-lm.
-# Raw runs go to runs/frontier (git-ignored); scripts/frontier_report.py summarises them.
+# Raw runs go to runs/frontier (git-ignored; RUNS_DIR=... elsewhere);
+# scripts/frontier_report.py summarises them.
 set -u
 MODEL=${MODEL:-cnn}
-cd "$(dirname "$0")/.." && DIR=runs/frontier$([ "$MODEL" = lm ] && echo -lm)
+cd "$(dirname "$0")/.." && DIR=${RUNS_DIR:-runs/frontier$([ "$MODEL" = lm ] && echo -lm)}
 source scripts/lib/study_run.sh
 PS=${1:-"16 64 256"}
 SEEDS=${2:-"0 1 2"}
