@@ -14,16 +14,16 @@ in two stages:
    ``p -= lr * (m / (sqrt(v_hat) + eps) + weight_decay * p)``.
 
 Every rank holds the same ``v`` (from the averaged gradients) and receives the same ``m``,
-so the optimizer state is identical on all ranks.
+so the optimizer state is identical on all ranks. The momentum starts afresh from zero at
+the switch (1-bit Adam carries the warm-up's over); over a few ``1 / (1 - beta1)`` steps
+it catches up.
 
 ``variance="moving"`` keeps stage 2's ``v`` moving instead, on the averaged gradient the
 shared momentum implies, ``g_hat = (m - beta1 * m_prev) / (1 - beta1)`` (``m_prev`` = 0 at
 the switch, where the aggregator's momentum starts): Adam's update compressed with its
 variance still adapting, and every rank's state still identical. ``g_hat`` is the
 compressed average, so ``v`` sees the bursts of late coordinates that freezing avoids;
-it is there to measure that (docs/study.md, "Keep your optimizer"). The momentum starts afresh from zero at
-the switch (1-bit Adam carries the warm-up's over); over a few ``1 / (1 - beta1)`` steps
-it catches up.
+it is there to measure that (docs/study.md, "Keep your optimizer").
 
 Use it with a hook whose ``start_iter`` equals ``freeze_step`` and whose aggregator has
 ``feedback="onebit", momentum=beta1`` (``gssgd train --freeze-variance-after N`` sets all

@@ -67,7 +67,9 @@ class IterationStats:
                 setattr(t, f.name, getattr(t, f.name) + getattr(stats, f.name))
         t.skipped = t.skipped or stats.skipped
         if stats.audited_recall is not None:  # the worst audited bucket
-            t.audited_recall = min(stats.audited_recall, t.audited_recall or 1.0)
+            seen = t.audited_recall
+            t.audited_recall = stats.audited_recall if seen is None else min(
+                seen, stats.audited_recall)
         if stats.delivered_fraction is not None:
             self._fraction_sum += stats.delivered_fraction * stats.d
             self._fraction_weight += stats.d
