@@ -16,7 +16,7 @@ file with :func:`reach_table` and fails when they differ. To refresh it after a 
 run ``scripts/frontier_report.py`` and paste what :func:`reach_table` returns.
 
 What it is and is not: one model (the MNIST CNN) at one density (0.001), rows of
-:data:`MIN_SEEDS` seeds (P = 4, 16 and 64 today: P = 256 ran one seed), evaluated every 100
+:data:`MIN_SEEDS` seeds (P = 4, 16, 64 and 256), evaluated every 100
 of 400 steps, so two ratios 10-20 % apart are within what the study resolves; at other
 densities :func:`reach` returns None and ``advise`` ranks by the step alone. Any P takes the
 nearest measured P that ran the same method and shape (on a log scale), which the report
@@ -69,6 +69,12 @@ FRONTIER_REACH: dict[int, dict[str, tuple[int, float, float | None]]] = {
         "gs-c8-m8-h-pf8": (3, -0.35, 1.36),
         "gtopk": (3, -2.19, None),
         "topk": (3, -0.07, 1.11),
+    },
+    256: {
+        "dense": (3, 0.0, 1.0),
+        "gs-c16-m8-h-pf8": (3, -0.24, 1.74),
+        "gtopk": (3, -2.91, None),
+        "topk": (3, -0.27, 1.54),
     },
 }
 
