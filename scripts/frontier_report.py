@@ -82,6 +82,14 @@ class Metric:
 ACCURACY, LOSS = Metric("accuracy", True), Metric("loss", False)
 
 
+def steady_bytes(summary: dict[str, Any], lines: list[dict[str, Any]]) -> list[float]:
+    """The busiest rank's bytes of each measured step after the density warm-up (where k
+    has reached its final value); their median is the run's per-step message."""
+    final_k = lines[-1].get("k")
+    return [busier_bytes(r) for r in lines
+            if r["step"] >= summary["measured_from_step"] and r.get("k") == final_k]
+
+
 def _read_run(run: Path, m: Metric) -> dict[str, Any] | None:
     got = read_run(run)
     if got is None:
@@ -89,9 +97,7 @@ def _read_run(run: Path, m: Metric) -> dict[str, Any] | None:
     summary, lines = got
     final = summary[f"final_test_{m.key}"]
     busier = [busier_bytes(r) for r in lines]
-    final_k = lines[-1].get("k")
-    steady = [b for b, r in zip(busier, lines, strict=True)
-              if r["step"] >= summary["measured_from_step"] and r.get("k") == final_k]
+    steady = steady_bytes(summary, lines)
     return {
         "status": summary["status"],
         m.key: final if final is not None else float("nan"),

@@ -9,7 +9,7 @@ runs/guard-calibration) and writes OUT_DIR (default docs/results/guard): summary
 summary.md, one row per run: its sketch (columns as a multiple of k, candidates m, the
 pre-filter), the recall of every audit (``audited_recall`` in metrics.jsonl, with the
 aggregation step), whether the guard grew the sketch, the final accuracy and the
-busiest rank's message after the warm-up. A run with ``--guard off`` has no audits; it
+busiest rank's message after the warm-up (frontier_report's ``steady_bytes``). A run with ``--guard off`` has no audits; it
 shows what the same sketch does when nothing watches it.
 
 The guard calls a sketch collapsed below :data:`BAR` (``CollapseGuard.min_recall``). The
@@ -26,8 +26,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from frontier_report import steady_bytes  # this script's folder, scripts/
+
 from gssgd.aggregators.guard import CollapseGuard
-from gssgd.cli.compare import busier_bytes
 from gssgd.train.metrics import read_run
 
 #: The guard's bar, as the package ships it.
@@ -42,8 +43,7 @@ def _row(run: Path, workers: int) -> dict[str, Any] | None:
         return None
     summary, lines = got
     cfg = json.loads((run / "config.json").read_text())
-    final_k = min((r["k"] for r in lines if r.get("k")), default=None)
-    steady = [busier_bytes(r) for r in lines if final_k and r.get("k") == final_k]
+    steady = steady_bytes(summary, lines)
     audits = [(r["step"], r["audited_recall"]) for r in lines
               if r.get("audited_recall") is not None]
     stopped = STOP.search(summary.get("message") or "")
