@@ -108,7 +108,7 @@ class GlobalSketchSGD(Aggregator):
         self.num_candidates = self.options.num_candidates(self.k, self.d)
         self.guard = CollapseGuard()
         self.grows = 0
-        self._audited = False  # whether this step's guard audited (last_stats reports it)
+        self._audit_recall: float | None = None  # this step's audit (last_stats reports it)
         self._build_sketch(self.options.cols)
         if self.options.feedback == "fetchsgd":
             self.sketch_feedback = SketchFeedback(self.options.momentum)
@@ -281,16 +281,16 @@ class GlobalSketchSGD(Aggregator):
         if audit:
             best = exact_global[topk_indices(exact_global.abs(), k)]
             best_mass = float(best.double().pow(2).sum())
-            self._audited = True
-            if self.guard.collapsed(mass / best_mass if best_mass > 0 else 1.0):
-                self._on_collapse(self.guard.last_recall or 0.0)
+            self._audit_recall = mass / best_mass if best_mass > 0 else 1.0
+            if self.guard.collapsed(self._audit_recall):
+                self._on_collapse(self._audit_recall)
         if k == self.k and sketching:  # steady steps only (a warm-up step sends more)
             self.guard.advance()
         return update, delivered
 
     def _audit_of_step(self) -> float | None:
-        audited, self._audited = self._audited, False
-        return self.guard.last_recall if audited else None
+        recall, self._audit_recall = self._audit_recall, None
+        return recall
 
     def agreement_fields(self) -> dict[str, Any]:
         return {**super().agreement_fields(), "cols": self.cols}
