@@ -181,6 +181,7 @@ def _compare(args: argparse.Namespace) -> int:
         results[method]["lr"], results[method]["momentum"] = cfg.lr, cfg.momentum
         results[method]["optimizer"] = cfg.optimizer
         results[method]["freeze_variance_after"] = cfg.freeze_variance_after
+        results[method]["adam_variance"] = cfg.adam_variance
         results[method]["run_dir"] = cfg.out
     seconds = time.perf_counter() - start
     add_bytes_to_target(results, curves, text)
@@ -295,13 +296,14 @@ def _versus(value: float | None, dense: float | None, text: bool) -> str:
 
 def _optimizer(r: dict[str, Any]) -> str:
     """``sgd lr 0.2`` / ``sgd lr 0.05, m 0.9`` / ``adamw lr 0.001`` / ``adamw lr 0.001,
-    frozen after 150`` (1-bit Adam's recipe) ("-" if unknown)."""
+    frozen after 150`` (1-bit Adam's recipe) / ``adamw lr 0.001, moving after 150`` (its
+    variance kept moving) ("-" if unknown)."""
     if r.get("lr") is None:
         return "-"
     kind = r.get("optimizer", "sgd")
     extra = f", m {r['momentum']:g}" if kind == "sgd" and r.get("momentum") else ""
     if r.get("freeze_variance_after"):
-        extra += f", frozen after {r['freeze_variance_after']}"
+        extra += f", {r.get('adam_variance') or 'frozen'} after {r['freeze_variance_after']}"
     return f"{kind} lr {r['lr']:g}{extra}"
 
 

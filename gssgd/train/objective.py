@@ -43,12 +43,13 @@ def make_optimizer(model: nn.Module, cfg: TrainConfig) -> torch.optim.Optimizer:
     """The run's optimizer over ``model``: SGD with ``cfg``'s lr, momentum and weight decay,
     AdamW with its lr, betas and (decoupled) weight decay, or with ``freeze_variance_after``
     :class:`~gssgd.optim.FrozenVarianceAdamW` (the same, its variance frozen after that
-    many steps, or kept moving with ``adam_variance="moving"``)."""
+    many steps, or kept moving: ``cfg.adam_variance``)."""
     if cfg.freeze_variance_after:
+        assert cfg.adam_variance is not None  # TrainConfig fills it in with the recipe
         return FrozenVarianceAdamW(model.parameters(), lr=cfg.lr, betas=cfg.betas,
                                    weight_decay=cfg.weight_decay,
                                    freeze_step=cfg.freeze_variance_after,
-                                   variance=cfg.adam_variance or "frozen")
+                                   variance=cfg.adam_variance)
     if cfg.optimizer == "adamw":
         return torch.optim.AdamW(
             model.parameters(), lr=cfg.lr, betas=cfg.betas, weight_decay=cfg.weight_decay

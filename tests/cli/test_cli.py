@@ -188,13 +188,17 @@ def test_compare_table_shows_each_method_against_dense_and_its_optimizer() -> No
                 "momentum": momentum, "status": "completed"}
 
     text = table({"dense": run(2.0, "sgd", 1.6, 0.9), "topk": run(2.05, "sgd", 1.6, 0.9),
-                  "gs": {**run(1.9, "adamw", 0.001, 0.0), "freeze_variance_after": 150}},
+                  "gs": {**run(1.9, "adamw", 0.001, 0.0), "freeze_variance_after": 150,
+                         "adam_variance": "frozen"},
+                  "gtopk": {**run(2.1, "adamw", 0.001, 0.0), "freeze_variance_after": 150,
+                            "adam_variance": "moving"}},
                  text=True)
     lines = {line.split()[0]: line for line in text.splitlines()[2:]}
     assert "vs dense" in text.splitlines()[0]
     assert "+2.5%" in lines["topk"] and "-5.0%" in lines["gs"] and "+0.0%" in lines["dense"]
     assert "sgd lr 1.6, m 0.9" in lines["topk"]
     assert "adamw lr 0.001, frozen after 150" in lines["gs"]
+    assert "adamw lr 0.001, moving after 150" in lines["gtopk"]
     images = table({"dense": {"final_test_accuracy": 0.98}, "gs": {"final_test_accuracy": 0.9775}})
     assert "-0.25 pt" in images.splitlines()[3]
 

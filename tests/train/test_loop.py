@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from gssgd.comm import ring_allreduce_bytes
-from gssgd.optim import FrozenVarianceAdamW
+from gssgd.optim import MOVING_VARIANCE_BELOW_DENSITY, FrozenVarianceAdamW
 from gssgd.train.checkpoint import CHECKPOINT_DIR, CheckpointError, resolve_checkpoint
 from gssgd.train.config import ADAMW_FREEZE_STEPS
 from gssgd.train.launch import WorkerFailed, launch
@@ -324,6 +324,31 @@ def test_a_sparse_method_under_adamw_freezes_the_variance_by_default(
         assert (checked.feedback == "onebit") == bool(freeze)
         assert isinstance(make_optimizer(torch.nn.Linear(2, 2), checked),
                           FrozenVarianceAdamW) == bool(freeze)
+
+
+@pytest.mark.parametrize(
+    ("settings", "variance"),
+    [
+        ({}, "frozen"),  # the default density, 0.01
+        ({"density": 0.001}, "moving"),
+        ({"density": MOVING_VARIANCE_BELOW_DENSITY}, "frozen"),  # from the bound on: frozen
+        ({"density": MOVING_VARIANCE_BELOW_DENSITY * 0.99}, "moving"),
+        ({"k": 10}, "frozen"),  # the density is not known before the model is built
+        ({"density": 0.001, "adam_variance": "frozen"}, "frozen"),  # given: kept
+        ({"density": 0.01, "adam_variance": "moving"}, "moving"),
+    ],
+)
+def test_1bit_adams_variance_follows_the_density_unless_given(
+    settings: dict[str, Any], variance: str
+) -> None:
+    cfg = TrainConfig(method="gs", optimizer="adamw", **settings)
+    for checked in (cfg, dataclasses.replace(cfg)):  # a config is checked again on workers
+        assert checked.adam_variance == variance
+        opt = make_optimizer(torch.nn.Linear(2, 2), checked)
+        assert isinstance(opt, FrozenVarianceAdamW) and opt.defaults["variance"] == variance
+    off = TrainConfig(method="gs", optimizer="adamw", freeze_variance_after=0, **{
+        key: value for key, value in settings.items() if key != "adam_variance"})
+    assert off.adam_variance is None  # no 1-bit Adam's recipe: no variance to choose
 
 
 def test_density_too_small_for_k_is_caught_before_any_worker_starts(tmp_path: Path) -> None:
