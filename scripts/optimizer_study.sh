@@ -26,7 +26,8 @@
 #   adamwd  AdamW on the classic error-fed update after FREEZE (default 150) dense steps
 #           (--start-iter; lstm-adamw, gpt): frozen's dense start without the freeze
 #   frozen  1-bit Adam's recipe (lstm-adamw, gpt): FREEZE (default 150) dense AdamW steps,
-#           then the variance frozen and the momentum compressed (--freeze-variance-after)
+#           then the variance frozen and the momentum compressed (--freeze-variance-after,
+#           --adam-variance frozen: named, since the default is moving below density 0.002)
 #   moving  frozen's recipe with the variance kept moving after the dense steps, on the
 #           averaged gradient the compressed momentum implies (--adam-variance moving)
 # A run is named METHOD-RECIPE-lrLR (sgd: METHOD-sgd, its lr is fixed).
@@ -89,7 +90,8 @@ for seed in $SEEDS; do
                       --rows 5 --cols "$(fetch_cols "$density")") ;;
         adamw) extra=(--lr "$LR" --freeze-variance-after 0) ;;
         ef21a) extra=(--lr "$LR" --feedback ef21) ;;
-        frozen) extra=(--lr "$LR" --freeze-variance-after "${FREEZE:-150}") ;;
+        frozen) extra=(--lr "$LR" --freeze-variance-after "${FREEZE:-150}"
+                       --adam-variance frozen) ;;
         moving) extra=(--lr "$LR" --freeze-variance-after "${FREEZE:-150}"
                        --adam-variance moving) ;;
         adamwd) extra=(--lr "$LR" --start-iter "${FREEZE:-150}" --freeze-variance-after 0) ;;
