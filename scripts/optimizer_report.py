@@ -122,8 +122,8 @@ def _summarise(data: dict[str, Any]) -> dict[str, Any]:
                 done = {r: v for r, v in done.items() if v["seeds"] == most}
                 best = min(done, key=lambda r: done[r]["gap"]) if done else None
                 recipes["_best"] = best
-                recipes["_met"] = (best is not None and target is not None
-                                   and done[best]["gap"] <= target)
+                recipes["_met"] = None if target is None else (
+                    best is not None and done[best]["gap"] <= target)  # None: no target
             entry["densities"][density] = {"target": target, "methods": rows}
         summary[model] = entry
     return summary
@@ -162,9 +162,9 @@ def _markdown(summary: dict[str, Any]) -> str:
                     else:
                         cells.append(f"{v['loss']:.4f} ({v['gap']:+.1%}, {v['seeds']}; "
                                      f"{v['bytes_per_step'] / 1e3:,.0f} kB)")
-                met = "met" if row["_met"] else "missed"
+                met = "-" if row["_met"] is None else "met" if row["_met"] else "missed"
                 seeds = row[row["_best"]]["seeds"] if row["_best"] else 0
-                if seeds < SEEDS:
+                if seeds < SEEDS and row["_met"] is not None:
                     met += f" ({seeds} seed{'s' if seeds > 1 else ''})"
                 out.append(f"| {method} | " + " | ".join(cells) + f" | {row['_best']} | {met} |")
             out.append("")

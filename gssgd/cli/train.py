@@ -155,7 +155,7 @@ def _optimisation_flags(parser: argparse.ArgumentParser) -> None:
                      help="AdamW's betas (default 0.9 0.999)")
     opt.add_argument("--freeze-variance-after", type=int, default=None, metavar="N",
                      help="AdamW, sparse methods: 1-bit Adam's recipe: N dense AdamW steps, "
-                     "then the variance frozen and the momentum compressed (sets "
+                     "then the momentum compressed and the variance frozen or kept moving (sets "
                      "--start-iter N, --feedback onebit, --local-momentum B1); default "
                      f"{ADAMW_FREEZE_STEPS} unless --feedback, --start-iter or "
                      "--local-momentum is given; 0 = off (AdamW on the error-fed update)")
