@@ -24,6 +24,7 @@ from gssgd.methods import (
 from gssgd.optim import MOVING_VARIANCE_BELOW_DENSITY, VARIANCES
 from gssgd.train.config import (
     ADAMW_FREEZE_STEPS,
+    ADAMW_LM_LR,
     ADAMW_LR,
     OPTIMIZERS,
     TrainConfig,
@@ -141,7 +142,8 @@ def _optimisation_flags(parser: argparse.ArgumentParser) -> None:
                      help="learning rate (constant); default: SGD's recipe, "
                      f"{DENSE_RECIPE[0]} for dense methods, {SPARSE_RECIPE[0]} for sparse ones, "
                      f"on a language model {TEXT_RECIPE[0]} for dense methods and "
-                     f"{TEXT_SPARSE_RECIPE[0]} for sparse ones; AdamW: {ADAMW_LR}")
+                     f"{TEXT_SPARSE_RECIPE[0]} for sparse ones; AdamW: {ADAMW_LR} (the character "
+                     f"LSTM: {ADAMW_LM_LR})")
     opt.add_argument("--momentum", type=float, default=None,
                      help="SGD momentum, applied after aggregation; default: "
                      f"{DENSE_RECIPE[1]} for dense methods, {SPARSE_RECIPE[1]} for sparse ones "

@@ -24,6 +24,7 @@ from gssgd.train.launch import DEVICES
 from gssgd.train.models import MODELS, TEXT_MODELS
 
 __all__ = [
+    "ADAMW_LM_LR",
     "ADAMW_LR",
     "DEFAULT_POWERSGD_RANK",
     "DEFAULT_START_ITER",
@@ -47,8 +48,14 @@ DEFAULT_POWERSGD_RANK = 2
 
 #: What ``--optimizer`` accepts.
 OPTIMIZERS: tuple[str, ...] = ("sgd", "adamw")
-#: AdamW's learning rate when ``--lr`` is not given.
+#: AdamW's learning rate when ``--lr`` is not given (the character LSTM's is
+#: :data:`ADAMW_LM_LR`).
 ADAMW_LR = 1e-3
+#: AdamW's learning rate on the character LSTM (``--model lm``, text's default model) when
+#: ``--lr`` is not given: the best of dense AdamW's sweep (0.001 / 0.003 / 0.01, 1,500
+#: steps, three seeds: 1.737 / 1.635 / 1.590), and the lr every sparse recipe was measured
+#: at there (docs/study.md, "Keep your optimizer").
+ADAMW_LM_LR = 1e-2
 #: A sparse method under AdamW: dense AdamW steps before the variance freezes and the
 #: momentum is compressed (1-bit Adam's recipe, ``--freeze-variance-after``), by default.
 ADAMW_FREEZE_STEPS = 150
@@ -290,8 +297,9 @@ class TrainConfig:
         (on a language model a sparse method also takes the local momentum of
         :data:`~gssgd.methods.TEXT_SPARSE_RECIPE` unless the optimizer's momentum, a
         local momentum or another error feedback was given; the optimizer's momentum
-        defaults to 0 wherever the aggregator keeps one), AdamW's :data:`ADAMW_LR` (AdamW
-        has no ``momentum``: its betas play that part).
+        defaults to 0 wherever the aggregator keeps one), AdamW's :data:`ADAMW_LR` (on the
+        character LSTM :data:`ADAMW_LM_LR`; AdamW has no ``momentum``: its betas play that
+        part).
 
         Raises:
             ValueError: an unknown optimizer, or ``momentum`` given with AdamW."""
@@ -302,7 +310,9 @@ class TrainConfig:
             if self.momentum not in (None, 0, 0.0):
                 raise _bad("momentum", self.momentum, "it must be left out with AdamW",
                            "AdamW's first moment is --betas' first value.")
-            self.lr = ADAMW_LR if self.lr is None else self.lr
+            lstm = self.model == "lm" or (self.model is None and self.trains_text)
+            if self.lr is None:
+                self.lr = ADAMW_LM_LR if lstm else ADAMW_LR
             self.momentum = 0.0
             return
         method = get_method(self.method)

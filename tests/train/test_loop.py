@@ -278,6 +278,12 @@ def test_bad_settings_name_the_flag_the_range_and_the_fix(
           "local_momentum": 0.9}, 1.6, 0.0, 0.9),
         ({"method": "gs", "dataset": "shakespeare", "feedback": "ef21"}, 1.6, 0.9, None),
         ({"method": "topk", "optimizer": "adamw"}, 0.001, 0.0, 0.9),  # 1-bit Adam's beta1
+        # AdamW's lr: the character LSTM's best, 0.01; elsewhere 0.001
+        ({"method": "dense", "dataset": "shakespeare", "optimizer": "adamw"}, 0.01, 0.0, None),
+        ({"method": "gs", "dataset": "text:x.txt", "model": "lm", "optimizer": "adamw"}, 0.01,
+         0.0, 0.9),
+        ({"method": "dense", "dataset": "shakespeare", "model": "gpt", "optimizer": "adamw"},
+         0.001, 0.0, None),
         ({"method": "topk", "dataset": "shakespeare", "lr": 0.3, "momentum": 0.5}, 0.3, 0.5,
          None),
     ],
