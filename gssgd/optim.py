@@ -42,15 +42,10 @@ from typing import Any
 
 import torch
 
-__all__ = ["MOVING_VARIANCE_BELOW_DENSITY", "VARIANCES", "FrozenVarianceAdamW"]
+__all__ = ["VARIANCES", "FrozenVarianceAdamW"]
 
 #: What :class:`FrozenVarianceAdamW` does with the variance after its dense warm-up.
 VARIANCES: tuple[str, ...] = ("frozen", "moving")
-#: Below this density (coordinates sent / d) keep the variance moving; from it on, frozen.
-#: On the character LSTM (P = 4, 1,500 steps, docs/study.md) moving won at density 0.001
-#: for every global method (three seeds) and lost or tied at 0.003 and 0.01; 0.002 lies
-#: between the two measured sides. ``gssgd train`` chooses by it, the DDP hook warns by it.
-MOVING_VARIANCE_BELOW_DENSITY = 0.002
 
 
 class FrozenVarianceAdamW(torch.optim.Optimizer):

@@ -69,15 +69,6 @@ def test_adamw_on_the_classic_update_points_to_1bit_adams_recipe(
     del state
 
 
-def test_a_frozen_variance_below_its_density_points_to_the_moving_one(fresh_warning) -> None:
-    state = HookState("gs", density=0.001, feedback="onebit", momentum=0.9)
-    seen = _step("frozen")
-    assert len(seen) == 1
-    text = str(seen[0].message)
-    assert "variance='moving'" in text and "density 0.001" in text and "0.002" in text
-    del state
-
-
 @pytest.mark.parametrize(
     ("options", "optimizer"),
     [
@@ -103,8 +94,9 @@ def test_an_optimizer_with_momentum_on_a_feedback_with_its_own_momentum_warns(
     [
         ({"density": 0.01, "feedback": "global", "momentum": 0.9}, "sgd", 0.0),
         ({"density": 0.01, "feedback": "onebit", "momentum": 0.9}, "frozen", 0.0),  # 1-bit Adam
+        # either variance at 0.001: each measured better on one model (docs/study.md)
+        ({"density": 0.001, "feedback": "onebit", "momentum": 0.9}, "frozen", 0.0),
         ({"density": 0.001, "feedback": "onebit", "momentum": 0.9}, "moving", 0.0),
-        ({"k": 5, "feedback": "onebit", "momentum": 0.9}, "frozen", 0.0),  # density unknown
         ({"density": 0.01}, "sgd", 0.9),  # momentum SGD at 0.01: the LSTM's best recipe
         ({"density": 0.001}, "sgd", 0.0),  # plain SGD: the image recipe
         ({"density": 0.001, "feedback": "ef21", "momentum": 0.9}, "sgd", 0.0),  # EF21-SGDM

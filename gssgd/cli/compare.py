@@ -84,9 +84,9 @@ feedback, lr 0.2, 100 density warm-up steps), about five minutes on a 2-core mac
 On a language model (--model lm or gpt, the default for text) dense trains with SGD momentum
 0.9 at lr 0.8 and the sparse methods with plain SGD at lr 1.6 and DGC's momentum 0.9 inside
 the aggregator; --optimizer adamw trains dense with AdamW and the sparse methods with 1-bit
-Adam's recipe (150 dense AdamW steps, then the momentum compressed and the variance kept
-moving below density 0.002, compare's default 0.001, else frozen; --adam-variance chooses,
---freeze-variance-after 0: plain AdamW). The table's
+Adam's recipe (150 dense AdamW steps, then the variance frozen and the momentum
+compressed; --adam-variance moving keeps the variance moving, --freeze-variance-after 0:
+plain AdamW). The table's
 "vs dense" column is each method's loss against dense's (text) or its accuracy in points.
 """
 

@@ -21,7 +21,7 @@ from gssgd.methods import (
     TEXT_RECIPE,
     TEXT_SPARSE_RECIPE,
 )
-from gssgd.optim import MOVING_VARIANCE_BELOW_DENSITY, VARIANCES
+from gssgd.optim import VARIANCES
 from gssgd.train.config import (
     ADAMW_FREEZE_STEPS,
     ADAMW_LM_LR,
@@ -163,11 +163,9 @@ def _optimisation_flags(parser: argparse.ArgumentParser) -> None:
                      "--local-momentum is given; 0 = off (AdamW on the error-fed update)")
     opt.add_argument("--adam-variance", choices=VARIANCES, default=None,
                      help="with --freeze-variance-after N: the variance after those N steps, "
-                     "frozen (1-bit Adam's) or moving (updated from the averaged gradient "
-                     "the compressed momentum implies); default: moving below density "
-                     f"{MOVING_VARIANCE_BELOW_DENSITY:g}, frozen from it on and with --k (on a "
-                     "character LSTM moving won at 0.001, frozen at 0.003 and 0.01: "
-                     "docs/study.md)")
+                     "frozen (default, 1-bit Adam's) or moving (updated from the averaged "
+                     "gradient the compressed momentum implies; at density 0.001 better on "
+                     "a character LSTM, far worse on a character GPT: docs/study.md)")
     opt.add_argument("--seq-len", type=int, default=c.seq_len, help="characters per window (text)")
     opt.add_argument("--seed", type=int, default=c.seed,
                      help="seeds the model init, the batches and the sketch hashes")

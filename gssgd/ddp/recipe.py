@@ -20,11 +20,6 @@ such a state is alive and warns about the first bad combination it finds
   (:class:`~gssgd.optim.FrozenVarianceAdamW` with ``feedback="onebit"``) ended 1.2-3.1 %
   above (three seeds; the other figure is seed 0's); the warning says how to switch.
 
-* 1-bit Adam's recipe with the variance frozen below density
-  :data:`~gssgd.optim.MOVING_VARIANCE_BELOW_DENSITY` (0.002): on the character LSTM at
-  density 0.001 gs ended 9.8 % above dense AdamW's loss with it and 8.1 % with the
-  variance kept moving (``FrozenVarianceAdamW(..., variance="moving")``; three seeds); the
-  warning says how to switch.
 * An optimizer with momentum, or AdamW, on ``feedback="global"`` or ``"fetchsgd"``, or on
   ``"onebit"`` other than :class:`~gssgd.optim.FrozenVarianceAdamW`: those modes keep the
   momentum themselves, so the optimizer would apply it a second time.
@@ -45,7 +40,7 @@ from torch.optim.optimizer import register_optimizer_step_pre_hook
 
 from gssgd.aggregators import AGGREGATORS
 from gssgd.aggregators.options import DEFAULT_DENSITY, OWN_MOMENTUM_FEEDBACKS
-from gssgd.optim import MOVING_VARIANCE_BELOW_DENSITY, FrozenVarianceAdamW
+from gssgd.optim import FrozenVarianceAdamW
 
 if TYPE_CHECKING:
     from gssgd.ddp.core import HookCore
@@ -115,17 +110,6 @@ def recipe_advice(optimizer: torch.optim.Optimizer, method: str, options: dict[s
             "params, ..., freeze_step=N) with HookState(..., start_iter=N, "
             "feedback='onebit', momentum=beta1) (N dense steps, 150 there); see "
             "docs/study.md, 'Keep your optimizer'."
-        )
-    if (isinstance(optimizer, FrozenVarianceAdamW) and feedback == "onebit"
-            and density is not None and density < MOVING_VARIANCE_BELOW_DENSITY
-            and optimizer.param_groups[0].get("variance") == "frozen"):
-        return (
-            f"gssgd: {name} freezes the variance while the sparse method {method!r} sends "
-            f"density {density}. Below density {MOVING_VARIANCE_BELOW_DENSITY:g} keep it "
-            "moving: FrozenVarianceAdamW(params, ..., variance='moving'). On a character "
-            "LSTM at density 0.001 (P = 4, 1,500 steps, three seeds) gs ended 8.1 % above "
-            "dense AdamW's loss with it against 9.8 % frozen, gTop-k 8.9 against 9.9 %; "
-            "see docs/study.md, 'Keep your optimizer'."
         )
     low = (density if density is not None else DEFAULT_DENSITY) <= LOW_DENSITY
     if kind == "momentum" and feedback == "ef" and low and not inner:

@@ -68,8 +68,7 @@ class HookState(HookCore):
             with SGD, ``momentum=0.9`` here and the optimizer's momentum 0 (DGC's
             momentum correction) at dense's learning rate; with AdamW,
             :class:`~gssgd.optim.FrozenVarianceAdamW` and ``start_iter=N,
-            feedback="onebit", momentum=beta1`` (1-bit Adam's recipe; below density
-            0.002 with ``variance="moving"``). On image models,
+            feedback="onebit", momentum=beta1`` (1-bit Adam's recipe). On image models,
             plain SGD on the classic error-fed update. The combinations that measured
             worse are warned about once (:mod:`gssgd.ddp.recipe`).
 

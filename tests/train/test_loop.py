@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from gssgd.comm import ring_allreduce_bytes
-from gssgd.optim import MOVING_VARIANCE_BELOW_DENSITY, FrozenVarianceAdamW
+from gssgd.optim import FrozenVarianceAdamW
 from gssgd.train.checkpoint import CHECKPOINT_DIR, CheckpointError, resolve_checkpoint
 from gssgd.train.config import ADAMW_FREEZE_STEPS
 from gssgd.train.launch import WorkerFailed, launch
@@ -335,16 +335,14 @@ def test_a_sparse_method_under_adamw_freezes_the_variance_by_default(
 @pytest.mark.parametrize(
     ("settings", "variance"),
     [
-        ({}, "frozen"),  # the default density, 0.01
-        ({"density": 0.001}, "moving"),
-        ({"density": MOVING_VARIANCE_BELOW_DENSITY}, "frozen"),  # from the bound on: frozen
-        ({"density": MOVING_VARIANCE_BELOW_DENSITY * 0.99}, "moving"),
-        ({"k": 10}, "frozen"),  # the density is not known before the model is built
-        ({"density": 0.001, "adam_variance": "frozen"}, "frozen"),  # given: kept
+        ({}, "frozen"),  # 1-bit Adam's, at every density
+        ({"density": 0.001}, "frozen"),
+        ({"k": 10}, "frozen"),
+        ({"density": 0.001, "adam_variance": "moving"}, "moving"),  # given: kept
         ({"density": 0.01, "adam_variance": "moving"}, "moving"),
     ],
 )
-def test_1bit_adams_variance_follows_the_density_unless_given(
+def test_1bit_adams_variance_is_frozen_unless_given(
     settings: dict[str, Any], variance: str
 ) -> None:
     cfg = TrainConfig(method="gs", optimizer="adamw", **settings)
