@@ -27,7 +27,7 @@
 #           (--start-iter; lstm-adamw, gpt): frozen's dense start without the freeze
 #   frozen  1-bit Adam's recipe (lstm-adamw, gpt): FREEZE (default 150) dense AdamW steps,
 #           then the variance frozen and the momentum compressed (--freeze-variance-after,
-#           --adam-variance frozen: named, since the default is moving below density 0.002)
+#           --adam-variance frozen, named so the run's config says which it ran)
 #   moving  frozen's recipe with the variance kept moving after the dense steps, on the
 #           averaged gradient the compressed momentum implies (--adam-variance moving)
 # A run is named METHOD-RECIPE-lrLR (sgd: METHOD-sgd, its lr is fixed).
