@@ -22,6 +22,7 @@ from __future__ import annotations
 import json
 import statistics
 import sys
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -89,14 +90,18 @@ def _paired_gap(runs: list[dict[str, Any]], dense: dict[int, float]) -> float | 
     return statistics.fmean(r["loss"] / dense[r["seed"]] - 1 for r in runs)
 
 
-def _on_shared_seeds(runs_by_lr: dict[str, list[dict[str, Any]]], done: dict[str, float],
-                     lr: str) -> float:
-    """Dense's mean loss at ``lr`` over the seeds every completed lr in ``done`` ran (all
-    its seeds if they share none): a sweep compares its lrs on the same seeds, not one
-    seed's luck against a mean over three."""
-    shared = set.intersection(*({r["seed"] for r in runs_by_lr[x]} for x in done))
-    runs = [r for r in runs_by_lr[lr] if r["seed"] in shared] or runs_by_lr[lr]
-    return statistics.fmean(r["loss"] for r in runs)
+def _best_lr(runs_by_lr: dict[str, list[dict[str, Any]]], completed: Iterable[str]) -> str:
+    """Dense's best lr among the ``completed`` ones, by mean loss over the seeds they all
+    ran (each lr's own seeds if they share none): a sweep compares its lrs on the same
+    seeds, not one seed's luck against a mean over three."""
+    lrs = list(completed)
+    shared = set.intersection(*({r["seed"] for r in runs_by_lr[lr]} for lr in lrs))
+
+    def loss(lr: str) -> float:
+        runs = [r for r in runs_by_lr[lr] if r["seed"] in shared] or runs_by_lr[lr]
+        return statistics.fmean(r["loss"] for r in runs)
+
+    return min(lrs, key=loss)
 
 
 def _summarise(data: dict[str, Any]) -> dict[str, Any]:
@@ -106,7 +111,7 @@ def _summarise(data: dict[str, Any]) -> dict[str, Any]:
         ok = {lr: v for lr, v in dense.items() if v is not None}
         if not ok:
             continue
-        best_lr = min(ok, key=lambda lr: _on_shared_seeds(parts["dense"], ok, lr))
+        best_lr = _best_lr(parts["dense"], ok)
         ref = ok[best_lr]
         by_seed = {r["seed"]: r["loss"] for r in parts["dense"][best_lr]}
         entry: dict[str, Any] = {"dense": {"lr": best_lr, "loss": ref, "sweep": dense,

@@ -304,7 +304,7 @@ def _optimizer(r: dict[str, Any]) -> str:
     kind = r.get("optimizer", "sgd")
     extra = f", m {r['momentum']:g}" if kind == "sgd" and r.get("momentum") else ""
     if r.get("freeze_variance_after"):
-        extra += f", {r.get('adam_variance') or 'frozen'} after {r['freeze_variance_after']}"
+        extra += f", {r['adam_variance']} after {r['freeze_variance_after']}"
     return f"{kind} lr {r['lr']:g}{extra}"
 
 
