@@ -34,6 +34,7 @@ compared with an uninterrupted one (tests/test_accelerate.py does that).
 from __future__ import annotations
 
 import argparse
+import gc
 from pathlib import Path
 from typing import Any
 
@@ -174,6 +175,12 @@ def main(argv: list[str] | None = None) -> None:
     final = {"params": params, "hook": _to_cpu(state.state_dict()), "step": progress.step,
              "started_at": started_at}
     torch.save(final, args.out / f"final_rank{accelerator.process_index}.pt")
+    # Leave as a torchrun script should: DDP's reducer holds the process group in a
+    # reference cycle; destroyed while that lives, the group can abort the process in C++
+    # at exit. So release the prepared objects, collect, then destroy (end_training).
+    accelerator.free_memory()
+    del model, optimizer, loader
+    gc.collect()
     accelerator.end_training()
 
 
