@@ -236,12 +236,12 @@ def synthetic_gradient(d: int, rank: int, seed: int, k: int) -> torch.Tensor:
 
 
 def _worker(config_path: Path, out_dir: Path) -> None:
-    """One rank: join the group, run the timed rounds (:func:`_timed_rounds`), leave the
-    group (:func:`gssgd.train.launch.leave_process_group`)."""
+    """One rank: join the group, build every method, run the interleaved timed steps."""
     import torch
     import torch.distributed as dist
 
-    from gssgd.train.launch import leave_process_group
+    from gssgd.aggregators import make_aggregator
+    from gssgd.sketch import HashCache
 
     cfg = json.loads(config_path.read_text())
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
@@ -253,58 +253,44 @@ def _worker(config_path: Path, out_dir: Path) -> None:
         timeout=datetime.timedelta(seconds=cfg["collective_timeout_s"]),
     )
     try:
-        _timed_rounds(cfg, rank, world, out_dir)
+        specs = [MethodSpec(**s) for s in cfg["specs"]]
+        hashes = HashCache()  # one copy of each sketch shape's tables for all the methods
+        aggs = [
+            make_aggregator(s.aggregator, s.d, hashes=hashes, **s.aggregator_options())
+            for s in specs
+        ]
+        k = max(1, round(cfg["density"] * cfg["d"]))
+        grad = synthetic_gradient(cfg["d"], rank, cfg["seed"], k)
+        records: dict[str, dict[str, list[float]]] = {
+            s.name: {f: [] for f in ("wall", *_FIELDS)} for s in specs
+        }
+        probes: dict[str, list[float]] = {"latency": [], "alone": [], "together": []}
+        torch.topk(grad.abs(), k, sorted=False)  # the compute probe's first call
+        for step in range(cfg["warmup"] + cfg["repeats"]):
+            for spec, agg in zip(specs, aggs, strict=True):
+                dist.barrier()
+                start = time.perf_counter()
+                agg.step(grad)
+                wall = time.perf_counter() - start
+                if step < cfg["warmup"]:
+                    continue
+                rec = records[spec.name]
+                rec["wall"].append(wall)
+                for f in _FIELDS:
+                    rec[f].append(getattr(agg.last_stats, f))
+            if step >= cfg["warmup"]:  # probes in every round: the same load as the steps
+                if world > 1:
+                    probes["latency"].append(_latency_probe(world))
+                alone, together = _compute_probe(grad, k)
+                probes["alone"].append(alone)
+                probes["together"].append(together)
+        dist.barrier()
+        tmp = out_dir / f"rank{rank}.json.tmp"
+        tmp.write_text(json.dumps({"rank": rank, "methods": records, "probes": probes}))
+        tmp.replace(out_dir / f"rank{rank}.json")
     finally:
-        # the aggregators (their communicators hold the group) are gone with the frame of
-        # _timed_rounds; collect what cycles kept, then destroy, so gloo's threads are
-        # joined now and not at interpreter exit, where they can abort the process in C++
-        leave_process_group(rank)
-
-
-def _timed_rounds(cfg: dict[str, Any], rank: int, world: int, out_dir: Path) -> None:
-    """Build every method and run the interleaved timed steps and probes; write this rank's
-    records to ``out_dir/rank{rank}.json``."""
-    import torch
-    import torch.distributed as dist
-
-    from gssgd.aggregators import make_aggregator
-    from gssgd.sketch import HashCache
-
-    specs = [MethodSpec(**s) for s in cfg["specs"]]
-    hashes = HashCache()  # one copy of each sketch shape's tables for all the methods
-    aggs = [
-        make_aggregator(s.aggregator, s.d, hashes=hashes, **s.aggregator_options())
-        for s in specs
-    ]
-    k = max(1, round(cfg["density"] * cfg["d"]))
-    grad = synthetic_gradient(cfg["d"], rank, cfg["seed"], k)
-    records: dict[str, dict[str, list[float]]] = {
-        s.name: {f: [] for f in ("wall", *_FIELDS)} for s in specs
-    }
-    probes: dict[str, list[float]] = {"latency": [], "alone": [], "together": []}
-    torch.topk(grad.abs(), k, sorted=False)  # the compute probe's first call
-    for step in range(cfg["warmup"] + cfg["repeats"]):
-        for spec, agg in zip(specs, aggs, strict=True):
-            dist.barrier()
-            start = time.perf_counter()
-            agg.step(grad)
-            wall = time.perf_counter() - start
-            if step < cfg["warmup"]:
-                continue
-            rec = records[spec.name]
-            rec["wall"].append(wall)
-            for f in _FIELDS:
-                rec[f].append(getattr(agg.last_stats, f))
-        if step >= cfg["warmup"]:  # probes in every round: the same load as the steps
-            if world > 1:
-                probes["latency"].append(_latency_probe(world))
-            alone, together = _compute_probe(grad, k)
-            probes["alone"].append(alone)
-            probes["together"].append(together)
-    dist.barrier()
-    tmp = out_dir / f"rank{rank}.json.tmp"
-    tmp.write_text(json.dumps({"rank": rank, "methods": records, "probes": probes}))
-    tmp.replace(out_dir / f"rank{rank}.json")
+        with contextlib.suppress(Exception):
+            dist.destroy_process_group()
 
 
 def _latency_probe(world: int) -> float:
