@@ -31,9 +31,11 @@
 #   moving  frozen's recipe with the variance kept moving after the dense steps, on the
 #           averaged gradient the compressed momentum implies (--adam-variance moving)
 # A run is named METHOD-RECIPE-lrLR (sgd: METHOD-sgd, its lr is fixed).
-# Raw runs go to runs/optimizer (git-ignored); scripts/optimizer_report.py summarises them.
+# Raw runs go to DIR (default runs/optimizer, git-ignored; give runs of another length their
+# own DIR: a run's name does not say its steps); scripts/optimizer_report.py [DIR OUTDIR]
+# summarises them.
 set -u
-cd "$(dirname "$0")/.." && DIR=runs/optimizer
+cd "$(dirname "$0")/.." && DIR=${DIR:-runs/optimizer}
 source scripts/lib/study_run.sh
 MODEL=${1:-lstm}
 SEEDS=${2:-"0"}
