@@ -86,11 +86,10 @@ On a language model (--model lm or gpt, the default for text) dense trains with 
 the aggregator; --optimizer adamw trains dense with AdamW and the sparse methods with 1-bit
 Adam's recipe (150 dense AdamW steps, then the variance frozen and the momentum
 compressed; --adam-variance moving keeps the variance moving, --freeze-variance-after 0:
-plain AdamW). The table's
-"vs dense" column is each method's loss against dense's (text) or its accuracy in points.
-On a language model 400 steps is short: the sparse methods' gaps to dense are still
-opening there (on the character GPT they peak near steps 500-1,000 and narrow after),
-so judge them with --steps 1500 or more.
+plain AdamW). The table's "vs dense" column is each method's loss against dense's (text)
+or its accuracy in points. On a language model 400 steps is short: the sparse methods'
+gaps to dense are still opening there (on the character GPT they peak near steps
+500-1,000 and narrow after), so judge them with --steps 1500 or more.
 """
 
 EPILOG = """\
