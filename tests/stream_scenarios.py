@@ -36,6 +36,9 @@ SETTINGS = {
     "rows3": {"density": 0.02, "rows": 3, "cols": 160, "candidates": 2},
     "rows1-momentum": {"density": 0.02, "rows": 1, "cols": 400, "candidates": 3,
                        "momentum": 0.9},
+    # 1-bit Adam's compressed momentum (what compressed_adamw streams)
+    "rows3-onebit": {"density": 0.02, "rows": 3, "cols": 160, "candidates": 2,
+                     "feedback": "onebit", "momentum": 0.9},
 }
 
 
@@ -94,6 +97,8 @@ class PartitionedReference:
         self.backend = opts.get("allreduce", "recursive_doubling") == "backend"
         self.residual = torch.zeros(self.d)
         self.momentum = torch.zeros(self.d)
+        self.onebit = opts.get("feedback", "ef") == "onebit"
+        self.shared: torch.Tensor | None = None  # 1-bit Adam's m: the last update
 
     def _region(self, x: torch.Tensor, cols: int) -> torch.Tensor:
         """Count Sketch of ``x`` into ``rows x cols``: each row's positive and negative
@@ -124,7 +129,12 @@ class PartitionedReference:
 
     def step(self, grad: torch.Tensor) -> torch.Tensor:
         world = dist.get_world_size()
-        if self.rho > 0:
+        if self.onebit:  # e + rho * m + (1 - rho) * g, m the last update (0 at first)
+            own = grad * (1 - self.rho)
+            if self.shared is not None:
+                own = torch.add(own, self.shared, alpha=self.rho)
+            acc = self.residual + own
+        elif self.rho > 0:
             self.momentum = self.momentum * self.rho + grad
             acc = self.residual + self.momentum
         else:
@@ -149,6 +159,8 @@ class PartitionedReference:
         acc[chosen] = 0
         self.residual = acc
         self.momentum[chosen] = 0
+        if self.onebit:
+            self.shared = update
         return update
 
 

@@ -24,7 +24,7 @@ from tests.dist_utils import raise_worker_errors, run_workers
 
 #: (world size, runs): every layout and setting is covered, split over the two sizes.
 RUNS = {
-    3: ["many-rows3", "uneven-rows1-momentum", "one-rows3"],
+    3: ["many-rows3", "uneven-rows1-momentum", "one-rows3", "uneven-rows3-onebit"],
     4: ["many-rows1-momentum", "uneven-rows3", "one-rows1-momentum"],
 }
 CASES = [(p, run) for p, runs in RUNS.items() for run in runs]

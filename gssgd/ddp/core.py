@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import time
 import warnings
+import weakref
 from dataclasses import dataclass
 from typing import Any
 
@@ -25,7 +26,33 @@ from gssgd.amp import LossScaleFollower
 from gssgd.comm import Communicator, new_future
 from gssgd.ddp.settings import HookSettings
 
-__all__ = ["WHOLE_MODEL", "HookCore", "IterationStats", "Layout", "Pending", "layout_str"]
+__all__ = [
+    "ITERATION_KINDS",
+    "WHOLE_MODEL",
+    "HookCore",
+    "IterationStats",
+    "Layout",
+    "Pending",
+    "latest_hook",
+    "layout_str",
+]
+
+#: What :attr:`HookCore.last_iteration` says of the iteration that ended last: none yet, a
+#: dense all-reduce, a compressed step, or a compressed step skipped for a non-finite
+#: gradient (``nonfinite="skip"``: every rank returned zeros; under a scaler's
+#: ``"propagate"`` the optimizer step is skipped by the scaler).
+ITERATION_KINDS: tuple[str, ...] = ("none", "dense", "compressed", "skipped")
+
+#: The hook state that ended an iteration last in this process (a weak reference).
+_latest: weakref.ref[HookCore] | None = None
+
+
+def latest_hook() -> HookCore | None:
+    """The hook state whose iteration ended last in this process, or None (no hook has
+    run, or it was collected): the hook that produced the gradients an optimizer is about
+    to step on (:mod:`gssgd.ddp.recipe` pairs a hand-built
+    :class:`~gssgd.optim.FrozenVarianceAdamW` with it)."""
+    return None if _latest is None else _latest()
 
 #: Key of the single aggregator in whole-model mode (in ``state_dict()["buckets"]``).
 WHOLE_MODEL = 0
@@ -107,6 +134,8 @@ class HookCore:
         self._loss_scale = LossScaleFollower()  # the scaler's scale the residuals are in
         self._scale_followed_at = -1  # the iteration whose loss scale was last followed
         self._warned_skip = False  # the skipped-step advice of _end_iteration, given once
+        self.last_iteration = "none"  # what the last iteration was (ITERATION_KINDS)
+        self._param_ids: set[int] = set()  # id() of the parameters DDP's buckets hold
 
     # ------------------------------------------------------------------ settings
     @property
@@ -197,11 +226,21 @@ class HookCore:
             self._stats = IterationStats()
         return self._stats
 
-    def _end_iteration(self) -> None:
+    def _end_iteration(self, compressed: bool) -> None:
+        """Publish the iteration's statistics and what kind it was; count it.
+
+        Args:
+            compressed: whether the iteration ran the aggregator (else a dense all-reduce).
+        """
+        global _latest
         self.last_stats = self._iteration_stats().total
         self._stats = None
+        self.last_iteration = (
+            "dense" if not compressed else "skipped" if self.last_stats.skipped else "compressed"
+        )
         self.iter += 1
         self._session_iters += 1
+        _latest = weakref.ref(self)
         if self.last_stats.skipped and not self._warned_skip:
             self._warn_skipped()
 
@@ -220,6 +259,17 @@ class HookCore:
             UserWarning,
             stacklevel=2,
         )
+
+    def _note_parameters(self, bucket: dist.GradBucket) -> None:
+        """In this process's first iteration, remember which parameters the buckets hold
+        (:meth:`holds`)."""
+        if self._session_iters == 0:
+            self._param_ids.update(id(p) for p in bucket.parameters())
+
+    def holds(self, params: list[torch.Tensor]) -> bool:
+        """Whether this hook averaged the gradients of any of ``params`` (in an iteration
+        of this process): an optimizer over them steps on what this hook returned."""
+        return any(id(p) in self._param_ids for p in params)
 
     def _layout(self, params: list[torch.Tensor]) -> Layout:
         return [[self._positions.get(id(p), -1), p.numel()] for p in params]

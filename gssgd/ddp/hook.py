@@ -71,10 +71,12 @@ def comm_hook(state: HookState, bucket: dist.GradBucket) -> torch.futures.Future
 def _route(state: HookState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
     """:func:`comm_hook`'s steps 1-4 for one bucket."""
     state._follow_loss_scale()  # residuals in the scaler's current units (once an iteration)
+    state._note_parameters(bucket)  # which optimizer steps on this hook's gradients
     if state.overlap == "stream":
         return stream_hook(state, bucket)  # gssgd.ddp.stream: sketch regions during backward
     state._note_grad_views(bucket)  # for parameters no rank used (find_unused_parameters)
-    if not state._compressing():
+    compressing = state._compressing()
+    if not compressing:
         fut = state._allreduce_mean(bucket.buffer())
     else:
         waits = state.whole_model or state._waits_for_iteration()
@@ -87,5 +89,5 @@ def _route(state: HookState, bucket: dist.GradBucket) -> torch.futures.Future[to
         else:
             fut = per_bucket.iteration(state, bucket)
     if bucket.is_last():
-        state._end_iteration()
+        state._end_iteration(compressing)
     return fut

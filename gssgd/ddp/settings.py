@@ -57,11 +57,11 @@ def check_overlap(overlap: object, method: str, whole_model: bool, options: dict
             f"reuse={options['reuse']!r} cannot be used with overlap='stream': the streamed "
             "buckets sketch every step. Use reuse=1 or overlap='none'."
         )
-    if options.get("feedback", "ef") != "ef":
+    if options.get("feedback", "ef") not in ("ef", "onebit"):
         raise ValueError(
             f"feedback={options['feedback']!r} cannot be used with overlap='stream': the "
-            "streamed buckets keep classic error feedback only. Use overlap='none' for "
-            "feedback='ef21', 'global' or 'fetchsgd'."
+            "streamed buckets keep classic error feedback or 1-bit Adam's ('onebit') only. "
+            "Use overlap='none' for feedback='ef21', 'global' or 'fetchsgd'."
         )
     if options.get("local_clip") is not None:
         raise ValueError(

@@ -12,7 +12,8 @@ Algorithm, per compressed iteration (every rank runs the collectives in the same
 as DDP hands the buckets over in index order):
 
 1. Bucket ``b`` arrives (``comm_hook``): ``a_b = e_b + g_b`` (with momentum
-   ``u_b = rho * u_b + g_b``, ``a_b = e_b + u_b``), sketch ``a_b`` into region ``b``, and
+   ``u_b = rho * u_b + g_b``, ``a_b = e_b + u_b``; under ``feedback="onebit"``, 1-bit
+   Adam's ``a_b = e_b + rho * m_b + (1 - rho) * g_b`` with ``m`` the last update), sketch ``a_b`` into region ``b``, and
    start the region's all-reduce with ``async_op=True``, chained on its future
    (``get_future().then(...)``). The bucket gets a pending future.
 2. The last bucket: wait for every region's sum, then, as whole-model gs does: the
@@ -243,6 +244,11 @@ class StreamingGS(GlobalSketchSGD):
             torch.mul(self.momentum_buffer[part], self.options.momentum, out=it.momentum[part])
             it.momentum[part].add_(g)
             g = it.momentum[part]
+        elif self._feedback == "onebit":  # rho * m + (1 - rho) * g, m the last update
+            rho = self.options.momentum
+            g = g * (1 - rho)
+            if self.momentum_buffer is not None:
+                g.add_(self.momentum_buffer[part].to(g.device, g.dtype), alpha=rho)
         torch.add(self.residual[part], g, out=it.accumulated[part])
         it.sketch.accumulate(index, it.accumulated[part])
         region = it.sketch.region_table(index)
@@ -271,7 +277,7 @@ class StreamingGS(GlobalSketchSGD):
         self.step_k = self._warmup.k_at(self.steps)
         dtype = state_dtype(grad.dtype)  # the residual's
         sketch, candidates = self._sketch_of_step(torch.empty(0, dtype=dtype, device=grad.device))
-        momentum = self.options.momentum > 0
+        momentum = self.options.momentum > 0 and self._feedback == "ef"  # DGC's local u
         return _Iteration(sketch, candidates, self.d, grad, dtype, momentum)  # type: ignore[arg-type]
 
     def finish(self) -> torch.Tensor:
@@ -416,7 +422,7 @@ def stream_hook(state: HookCore, bucket: dist.GradBucket) -> torch.futures.Futur
             if state._session_iters >= 1:  # DDP's own first iteration has a provisional layout
                 session.recorded = [session.recording[i] for i in sorted(session.recording)]
             session.recording = {}
-            state._end_iteration()
+            state._end_iteration(compressed=False)
         return fut
     try:
         assert session.recorded is not None
@@ -456,5 +462,5 @@ def stream_hook(state: HookCore, bucket: dist.GradBucket) -> torch.futures.Futur
     for buf, fut in session.pending:
         fut.set_result(buf)
     session.pending = []
-    state._end_iteration()
+    state._end_iteration(compressed=True)
     return completed_future(buffer)
