@@ -3,6 +3,8 @@ the variance it had at the freeze."""
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 
@@ -100,3 +102,158 @@ def test_a_moving_variance_follows_the_gradient_the_momentum_implies() -> None:
 def test_bad_settings_are_refused(settings: dict, match: str) -> None:
     with pytest.raises(ValueError, match=match):
         FrozenVarianceAdamW(_params(), **settings)
+
+
+# ------------------------------------------------------------------ mutations the math must kill
+def test_weight_decay_reaches_every_coordinate_of_a_sparse_momentum() -> None:
+    """The compressed momentum is sparse (k of d coordinates): decoupled weight decay still
+    shrinks all d, not only those with a nonzero update."""
+    lr, wd = 0.01, 0.1
+    p = torch.nn.Parameter(torch.linspace(1, 2, 12))
+    opt = FrozenVarianceAdamW([p], lr=lr, weight_decay=wd, freeze_step=1)
+    p.grad = torch.ones(12)
+    opt.step()  # the dense step
+    before = p.detach().clone()
+    sparse = torch.zeros(12)
+    sparse[3] = 0.5
+    p.grad = sparse
+    opt.step()
+    untouched = torch.arange(12) != 3
+    torch.testing.assert_close(p.detach()[untouched], before[untouched] * (1 - lr * wd),
+                               rtol=0, atol=0)
+
+
+def test_eps_is_added_outside_the_square_root() -> None:
+    """``m / (sqrt(v_hat) + eps)``: with gradients of 1e-6, ``sqrt(v_hat + eps)`` would be a
+    hundred times larger (the usual tests, with v of order 1, cannot tell them apart)."""
+    lr, eps, (b1, b2) = 0.01, 1e-8, (0.9, 0.999)
+    p = torch.nn.Parameter(torch.zeros(4, dtype=torch.float64))
+    opt = FrozenVarianceAdamW([p], lr=lr, betas=(b1, b2), eps=eps, weight_decay=0.0,
+                              freeze_step=1)
+    g = torch.full((4,), 1e-6, dtype=torch.float64)
+    p.grad = g.clone()
+    opt.step()  # AdamW's first step: m_hat = g, v_hat = g^2
+    torch.testing.assert_close(p.detach(), -lr * g / (g.abs() + eps), rtol=1e-12, atol=0)
+    before = p.detach().clone()
+    m = torch.full((4,), 2e-6, dtype=torch.float64)
+    p.grad = m.clone()
+    opt.step()  # frozen: m / (sqrt(v_hat) + eps), v_hat = g^2 after one step
+    torch.testing.assert_close(p.detach(), before - lr * m / (g.abs() + eps), rtol=1e-12, atol=0)
+
+
+# ------------------------------------------------------------------ coordinates v never saw
+def test_a_parameter_unused_in_the_warm_up_steps_no_more_than_adamw_would() -> None:
+    """A parameter with no gradient through the dense steps has v = 0 at the freeze. Frozen,
+    its first momentum would step lr * m / eps (1e5 * lr here); its v keeps moving instead
+    (bias-corrected from the freeze), so the step is AdamW's size: at most a few lr."""
+    lr, (b1, b2) = 0.01, (0.9, 0.999)
+    used, unused = torch.nn.Parameter(torch.zeros(5)), torch.nn.Parameter(torch.zeros(5))
+    opt = FrozenVarianceAdamW([used, unused], lr=lr, betas=(b1, b2), weight_decay=0.0,
+                              freeze_step=FREEZE)
+    for t in range(FREEZE):
+        used.grad, unused.grad = _grads(t)[0][:, 0].clone(), torch.zeros(5)
+        opt.step()
+    assert torch.equal(unused.detach(), torch.zeros(5))
+    for t in range(3):
+        m = torch.full((5,), 1e-3 * (t + 1))  # the first momenta that reach it
+        before = unused.detach().clone()
+        used.grad, unused.grad = torch.zeros(5), m
+        opt.step()
+        moved = (unused.detach() - before).abs().max()
+        assert 0 < moved <= 1.5 * lr, f"step {t}: moved {float(moved)} (AdamW's size: ~lr)"
+    assert bool(opt.state[unused]["unseen"].all()) and "unseen" not in opt.state[used]
+    # and it is the documented rule: v moves on the implied gradient from the freeze
+    v = torch.zeros(5)
+    previous = torch.zeros(5)
+    for t in range(3):
+        m = torch.full((5,), 1e-3 * (t + 1))
+        implied = (m - b1 * previous) / (1 - b1)
+        v = b2 * v + (1 - b2) * implied * implied
+        previous = m
+    torch.testing.assert_close(opt.state[unused]["exp_avg_sq"], v)
+
+
+def test_a_checkpoint_keeps_the_unseen_coordinates_and_the_freeze() -> None:
+    """load_state_dict casts tensors to the parameter's dtype: the mask still works after
+    a round trip, and the freeze step is kept."""
+    p = torch.nn.Parameter(torch.zeros(4))
+    opt = FrozenVarianceAdamW([p], lr=0.01, freeze_step=2)
+    for g in (torch.tensor([1.0, 0, 0, 0]), torch.tensor([1.0, 0, 0, 0]), torch.ones(4)):
+        p.grad = g
+        opt.step()
+    q = torch.nn.Parameter(p.detach().clone())
+    again = FrozenVarianceAdamW([q], lr=0.01, freeze_step=2)
+    again.load_state_dict(copy.deepcopy(opt.state_dict()))  # as torch.save would
+    assert again.state[q]["frozen_at"] == 2
+    for o, x in ((opt, p), (again, q)):
+        x.grad = torch.full((4,), 0.5)
+        o.step()
+    assert torch.equal(p.detach(), q.detach())
+    assert again.state[q]["unseen"].dtype == torch.bool
+
+
+# ------------------------------------------------------------------ following a hook
+class _Hook:
+    """What the optimizer reads of a hook state: its iteration count and last kind."""
+
+    def __init__(self) -> None:
+        self.iter, self.last_iteration = 0, "none"
+
+    def ran(self, kind: str) -> None:
+        self.iter += 1
+        self.last_iteration = kind
+
+
+def test_following_a_hook_the_variance_freezes_at_its_first_compressed_iteration() -> None:
+    """A step the scaler skipped in the warm-up (the hook ran, the optimizer did not) does
+    not shift the switch: the first compressed momentum is stepped on as a momentum, with
+    the variance of the dense steps actually taken."""
+    params = _params()
+    opt = FrozenVarianceAdamW(params, lr=0.01, freeze_step=FREEZE)
+    hook = _Hook()
+    opt.follow(hook)
+    for t in range(FREEZE):
+        hook.ran("dense")
+        if t == 1:
+            continue  # the scaler skipped this optimizer step
+        _step(opt, params, _grads(t))
+    hook.ran("compressed")
+    v = [opt.state[p]["exp_avg_sq"].clone() for p in params]
+    momentum = _grads(50)
+    _step(opt, params, momentum)
+    for p, m, vi in zip(params, momentum, v, strict=True):
+        assert opt.state[p]["frozen_at"] == FREEZE - 1
+        assert torch.equal(opt.state[p]["exp_avg"], m)  # taken as m, not folded into AdamW's
+        assert torch.equal(opt.state[p]["exp_avg_sq"], vi)  # and v did not absorb m^2
+
+
+@pytest.mark.parametrize("variance", ["frozen", "moving"])
+def test_a_skipped_iteration_moves_nothing(variance: str) -> None:
+    """The hook returned zeros for a non-finite step: parameters and both moments stay."""
+    params = _params()
+    opt = FrozenVarianceAdamW(params, lr=0.01, freeze_step=1, variance=variance)
+    hook = _Hook()
+    opt.follow(hook)
+    for t, kind in enumerate(["dense", "compressed", "compressed"]):
+        hook.ran(kind)
+        _step(opt, params, _grads(t))
+    before = {k: [opt.state[p][k].clone() for p in params] for k in ("exp_avg", "exp_avg_sq")}
+    weights = [p.detach().clone() for p in params]
+    hook.ran("skipped")
+    _step(opt, params, [torch.zeros_like(p) for p in params])
+    for key, saved in before.items():
+        for p, s in zip(params, saved, strict=True):
+            assert torch.equal(opt.state[p][key], s), key
+    for p, w in zip(params, weights, strict=True):
+        assert torch.equal(p.detach(), w)
+
+
+def test_a_second_step_on_the_same_iteration_is_refused() -> None:
+    params = _params()
+    opt = FrozenVarianceAdamW(params, lr=0.01, freeze_step=1)
+    hook = _Hook()
+    opt.follow(hook)
+    hook.ran("dense")
+    _step(opt, params, _grads(0))
+    with pytest.raises(RuntimeError, match=r"ran twice on iteration 0 of its hook"):
+        _step(opt, params, _grads(1))
