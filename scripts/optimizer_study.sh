@@ -28,6 +28,8 @@
 #   frozen  1-bit Adam's recipe (lstm-adamw, gpt): FREEZE (default 150) dense AdamW steps,
 #           then the variance frozen and the momentum compressed (--freeze-variance-after,
 #           --adam-variance frozen, named so the run's config says which it ran)
+#           UNSEEN (moving, mask, floor or frozen) chooses what a coordinate the dense
+#           steps gave no gradient does (--adam-unseen; default moving)
 #   moving  frozen's recipe with the variance kept moving after the dense steps, on the
 #           averaged gradient the compressed momentum implies (--adam-variance moving)
 # A run is named METHOD-RECIPE-lrLR (sgd: METHOD-sgd, its lr is fixed).
@@ -93,7 +95,7 @@ for seed in $SEEDS; do
         adamw) extra=(--lr "$LR" --freeze-variance-after 0) ;;
         ef21a) extra=(--lr "$LR" --feedback ef21) ;;
         frozen) extra=(--lr "$LR" --freeze-variance-after "${FREEZE:-150}"
-                       --adam-variance frozen) ;;
+                       --adam-variance frozen ${UNSEEN:+--adam-unseen "$UNSEEN"}) ;;
         moving) extra=(--lr "$LR" --freeze-variance-after "${FREEZE:-150}"
                        --adam-variance moving) ;;
         adamwd) extra=(--lr "$LR" --start-iter "${FREEZE:-150}" --freeze-variance-after 0) ;;

@@ -57,6 +57,19 @@ def test_ef21_without_inner_momentum_under_an_optimizer_with_momentum_warns(
     del state
 
 
+@pytest.mark.parametrize("feedback", ["ef", "ef21"])
+def test_optimizer_momentum_on_top_of_the_hooks_local_momentum_warns(
+    fresh_warning, feedback: str
+) -> None:
+    state = HookState("topk", density=0.01, momentum=0.9, feedback=feedback)
+    seen = _step("sgd", momentum=0.9)
+    assert len(seen) == 1
+    text = str(seen[0].message)
+    assert "applied twice" in text and "SGD(momentum=0)" in text
+    assert "HookState(..., momentum=0)" in text
+    del state
+
+
 @pytest.mark.parametrize("method", ["topk", "gs"])
 def test_adamw_on_the_classic_update_points_to_1bit_adams_recipe(
     fresh_warning, method: str

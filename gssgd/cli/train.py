@@ -21,7 +21,7 @@ from gssgd.methods import (
     TEXT_RECIPE,
     TEXT_SPARSE_RECIPE,
 )
-from gssgd.optim import VARIANCES
+from gssgd.optim import UNSEEN_RULES, VARIANCES
 from gssgd.train.config import (
     ADAMW_FREEZE_STEPS,
     ADAMW_LM_LR,
@@ -166,6 +166,11 @@ def _optimisation_flags(parser: argparse.ArgumentParser) -> None:
                      "frozen (default, 1-bit Adam's) or moving (updated from the averaged "
                      "gradient the compressed momentum implies; at density 0.001 better on "
                      "a character LSTM, far worse on a character GPT: docs/study.md)")
+    opt.add_argument("--adam-unseen", choices=UNSEEN_RULES, default=None,
+                     help="with the frozen variance: coordinates the dense steps gave no "
+                     "gradient (an embedding row not seen yet) keep their variance moving "
+                     "(default), are masked, floored at their tensor's mean, or frozen at 0 "
+                     "(steps of lr*m/eps: the old rule)")
     opt.add_argument("--seq-len", type=int, default=c.seq_len, help="characters per window (text)")
     opt.add_argument("--seed", type=int, default=c.seed,
                      help="seeds the model init, the batches and the sketch hashes")

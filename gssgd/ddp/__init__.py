@@ -62,14 +62,18 @@ Modules (each imports only those above it in this list):
 * :mod:`~gssgd.ddp.settings`: :class:`HookSettings`, validated; the ``overlap=`` values.
 * :mod:`~gssgd.ddp.core`: :class:`~gssgd.ddp.core.HookCore`, the runtime trunk every mode
   shares (aggregators, layouts, statistics, waiting buckets, the dense warm-up).
-* :mod:`~gssgd.ddp.recipe`: the optimizer-momentum warning.
+* :mod:`~gssgd.ddp.recipe`: the optimizer-momentum warning, and the check that pairs a
+  hand-built :class:`~gssgd.optim.FrozenVarianceAdamW` with its hook.
 * :mod:`~gssgd.ddp.per_bucket`, :mod:`~gssgd.ddp.whole_model`: the two compressing modes.
 * :mod:`~gssgd.ddp.stream`: streaming gs (``overlap="stream"``), its aggregator and hook.
 * :mod:`~gssgd.ddp.state`: :class:`HookState`, the public state (construction, binding,
   checkpoints, the scaler).
 * :mod:`~gssgd.ddp.hook`: :func:`comm_hook`, which routes each bucket to its mode.
+* :mod:`~gssgd.ddp.adamw`: :func:`compressed_adamw`, AdamW and a compressing hook built
+  together (1-bit Adam's recipe, its values matched).
 """
 
+from gssgd.ddp.adamw import CompressedAdamW, compressed_adamw
 from gssgd.ddp.hook import comm_hook
 from gssgd.ddp.settings import OVERLAP_MODES, STREAMING_METHODS, HookSettings, check_overlap
 from gssgd.ddp.state import HookState
@@ -79,12 +83,14 @@ __all__ = [
     "OVERLAP_LOG_ENV",
     "OVERLAP_MODES",
     "STREAMING_METHODS",
+    "CompressedAdamW",
     "HookSettings",
     "HookState",
     "OverlapStats",
     "StreamingGS",
     "check_overlap",
     "comm_hook",
+    "compressed_adamw",
     "stream_hook",
     "stream_traffic",
 ]

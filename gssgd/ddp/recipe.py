@@ -40,12 +40,13 @@ from torch.optim.optimizer import register_optimizer_step_pre_hook
 
 from gssgd.aggregators import AGGREGATORS
 from gssgd.aggregators.options import DEFAULT_DENSITY, OWN_MOMENTUM_FEEDBACKS
+from gssgd.ddp.core import latest_hook
 from gssgd.optim import FrozenVarianceAdamW
 
 if TYPE_CHECKING:
     from gssgd.ddp.core import HookCore
 
-__all__ = ["recipe_advice", "watch"]
+__all__ = ["adamw_mismatch", "pair_adamw", "recipe_advice", "watch"]
 
 #: The compressing hook states alive in this process (for the recipe warning).
 _SPARSE_STATES: weakref.WeakSet[HookCore] = weakref.WeakSet()
@@ -82,6 +83,15 @@ def recipe_advice(optimizer: torch.optim.Optimizer, method: str, options: dict[s
     kind, value = _optimizer_kind(optimizer)
     name = type(optimizer).__name__
     feedback, inner = options.get("feedback", "ef"), options.get("momentum", 0.0)
+    if kind == "momentum" and inner and feedback in ("ef", "ef21"):
+        return (
+            f"gssgd: {name} has momentum={value} on top of the momentum the sparse method "
+            f"{method!r} keeps inside the hook (HookState(..., momentum={inner}"
+            + (f", feedback={feedback!r}" if feedback != "ef" else "") + ")): the momentum "
+            "is applied twice. Keep one: DGC's momentum inside the hook with "
+            "torch.optim.SGD(momentum=0) (measured best on the character LSTM), or the "
+            "optimizer's with HookState(..., momentum=0)."
+        )
     if kind != "plain" and feedback == "ef21" and not inner:
         return (
             f"gssgd: {name} steps on EF21's dense estimate without momentum inside "
@@ -126,9 +136,90 @@ def recipe_advice(optimizer: torch.optim.Optimizer, method: str, options: dict[s
     return None
 
 
-def _warn_recipe(optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
-    """An optimizer step pre-hook: warn once per process about the first alive sparse
-    state whose combination with ``optimizer`` measured badly."""
+def adamw_mismatch(optimizer: FrozenVarianceAdamW, state: HookCore) -> str | None:
+    """What keeps ``optimizer`` from stepping on ``state``'s hook, or None when they match.
+
+    1-bit Adam's recipe holds when the hook compresses from iteration ``freeze_step`` on
+    (``start_iter == freeze_step``), returns the compressed momentum
+    (``feedback="onebit"``) and forms it with the optimizer's beta1 (``momentum ==
+    beta1``); every param group must share betas and freeze_step. Anything else steps on
+    a gradient the optimizer takes for something else: on a small MLP the error-fed update
+    under a frozen variance went to NaN within 44 steps.
+
+    Args:
+        optimizer: the frozen-variance AdamW.
+        state: the hook state whose gradients it steps on.
+
+    Returns:
+        The error message (it names both sides' values and the one call that sets them
+        together), or None.
+    """
+    groups = optimizer.param_groups
+    settings = {(tuple(g["betas"]), g["freeze_step"]) for g in groups}
+    if len(settings) > 1:
+        return (
+            "gssgd: FrozenVarianceAdamW's param groups differ in betas or freeze_step "
+            f"({sorted(settings)}), but the hook forms one momentum for them all. Give "
+            "every group the same betas and freeze_step."
+        )
+    (betas, freeze_step), = settings
+    options = state.options
+    feedback, momentum = options.get("feedback", "ef"), options.get("momentum", 0.0)
+    method = state.method
+    wrong = []
+    if method not in AGGREGATORS or AGGREGATORS[method].sends_all:
+        wrong.append(f"method {method!r} never compresses (use torch.optim.AdamW with it)")
+    if state.start_iter != freeze_step:
+        wrong.append(f"start_iter={state.start_iter} is not freeze_step={freeze_step}")
+    if feedback != "onebit":
+        wrong.append(f"feedback={feedback!r} is not 'onebit'")
+    if momentum != betas[0]:
+        wrong.append(f"momentum={momentum} is not beta1={betas[0]}")
+    if not wrong:
+        return None
+    return (
+        f"gssgd: FrozenVarianceAdamW(freeze_step={freeze_step}, betas={betas}) steps on "
+        f"HookState({method!r}, start_iter={state.start_iter}, feedback={feedback!r}, "
+        f"momentum={momentum}), which does not match it: {'; '.join(wrong)}. 1-bit Adam's "
+        "recipe needs the hook to compress the momentum from the step the variance "
+        "freezes. Build both with one call, which matches them: gssgd.ddp.compressed_adamw("
+        f"ddp_model, {method!r}, lr=..., betas={betas}, freeze_step={freeze_step}, ...); "
+        "or, to keep this hook, use torch.optim.AdamW."
+    )
+
+
+def pair_adamw(optimizer: FrozenVarianceAdamW, state: HookCore, pending: bool = False) -> None:
+    """Check that ``optimizer`` and ``state`` match (:func:`adamw_mismatch`) and make the
+    optimizer follow the hook's phase (:meth:`FrozenVarianceAdamW.follow`).
+
+    Args:
+        optimizer: the frozen-variance AdamW.
+        state: the hook state whose gradients it steps on.
+        pending: the hook's last iteration has not been stepped on yet (pairing at a step).
+
+    Raises:
+        ValueError: they do not match; the message says what differs and the fix.
+    """
+    error = adamw_mismatch(optimizer, state)
+    if error is not None:
+        raise ValueError(error)
+    optimizer.follow(state, pending=pending)
+
+
+def _before_step(optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+    """An optimizer step pre-hook: pair a hand-built :class:`FrozenVarianceAdamW` with the
+    hook that produced its gradients (or stop with the mismatch), then the recipe warning."""
+    if isinstance(optimizer, FrozenVarianceAdamW) and optimizer.hook is None:
+        state = latest_hook()
+        params = [p for g in optimizer.param_groups for p in g["params"]]
+        if state is not None and state.holds(params):
+            pair_adamw(optimizer, state, pending=True)
+    _warn_recipe(optimizer)
+
+
+def _warn_recipe(optimizer: torch.optim.Optimizer) -> None:
+    """Warn once per process about the first alive sparse state whose combination with
+    ``optimizer`` measured badly."""
     global _warned
     if _warned or not _SPARSE_STATES:
         return
@@ -141,9 +232,11 @@ def _warn_recipe(optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> No
 
 
 def watch(state: HookCore) -> None:
-    """For a sparse method: warn (once per process) if an optimizer steps on ``state`` in a
+    """Look at every optimizer step from now on: pair a hand-built
+    :class:`FrozenVarianceAdamW` with the hook it steps on (:func:`pair_adamw`) and, for a
+    sparse method, warn (once per process) if an optimizer steps on ``state`` in a
     combination that measured badly (:func:`recipe_advice`)."""
+    if not _recipe_hook:
+        _recipe_hook.append(register_optimizer_step_pre_hook(_before_step))
     if state.method in AGGREGATORS and not AGGREGATORS[state.method].sends_all:
-        if not _recipe_hook:
-            _recipe_hook.append(register_optimizer_step_pre_hook(_warn_recipe))
         _SPARSE_STATES.add(state)

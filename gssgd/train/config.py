@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import importlib
 import math
+import warnings
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -19,7 +20,7 @@ from gssgd.aggregators.options import OWN_MOMENTUM_FEEDBACKS, PAYLOAD_DTYPES
 from gssgd.amp import AMP_DTYPES
 from gssgd.ddp import STREAMING_METHODS, HookSettings
 from gssgd.methods import METHODS, applies_to, get_method
-from gssgd.optim import VARIANCES
+from gssgd.optim import UNSEEN_RULES, VARIANCES
 from gssgd.train.launch import DEVICES
 from gssgd.train.models import MODELS, TEXT_MODELS
 
@@ -87,12 +88,14 @@ METHOD_SETTINGS: tuple[str, ...] = (
     "overlap",
     "freeze_variance_after",
     "adam_variance",
+    "adam_unseen",
 )
 #: Method-specific TrainConfig fields that are neither options nor hook settings, and the
 #: methods that take them.
 _ONLY_FOR: dict[str, tuple[str, ...]] = {"overlap": STREAMING_METHODS}
 #: Method-specific TrainConfig fields that apply to the methods taking another option.
-_APPLIES_LIKE = {"freeze_variance_after": "feedback", "adam_variance": "feedback"}
+_APPLIES_LIKE = {"freeze_variance_after": "feedback", "adam_variance": "feedback",
+                 "adam_unseen": "feedback"}
 
 
 def flag(name: str) -> str:
@@ -187,6 +190,7 @@ class TrainConfig:
     betas: tuple[float, float] = (0.9, 0.999)  # AdamW's betas
     freeze_variance_after: int | None = None  # AdamW: dense steps, then 1-bit Adam's (0: off)
     adam_variance: str | None = None  # after those steps: frozen (default) or moving
+    adam_unseen: str | None = None  # frozen v: coordinates with none at the freeze (moving)
     seq_len: int = 64  # characters per window (text data)
     seed: int = 0  # seeds the model init, the batches and the sketch hashes
     # -- workers
@@ -343,18 +347,27 @@ class TrainConfig:
         n = self.freeze_variance_after
         if self.method not in setting_applies_to("freeze_variance_after"):
             return  # check_settings_apply says it does not apply, if it was given
-        if self.adam_variance is not None and self.adam_variance not in VARIANCES:
-            raise _bad("adam_variance", self.adam_variance,
-                       f"it must be one of {', '.join(VARIANCES)}",
-                       "Leave it out for 1-bit Adam's frozen variance.")
+        for name, valid in (("adam_variance", VARIANCES), ("adam_unseen", UNSEEN_RULES)):
+            if getattr(self, name) is not None and getattr(self, name) not in valid:
+                raise _bad(name, getattr(self, name), f"it must be one of {', '.join(valid)}",
+                           f"Leave it out for the default, {valid[0]}.")
         chosen = (self.feedback, self.start_iter, self.local_momentum)
-        if n is None and self.optimizer == "adamw" and chosen == (None, None, None) \
-                and self.overlap in (None, "none"):
+        if n is None and self.optimizer == "adamw" and chosen == (None, None, None):
             n = self.freeze_variance_after = ADAMW_FREEZE_STEPS
-        if not n and self.adam_variance is not None:
-            raise _bad("adam_variance", self.adam_variance, "it applies to 1-bit Adam's "
-                       "recipe only (--optimizer adamw with --freeze-variance-after N > 0)",
-                       "Drop --adam-variance, or use that recipe.")
+            if isinstance(self.steps, int) and self.steps <= n:
+                n = self.freeze_variance_after = self.steps // 10
+                warnings.warn(
+                    f"gssgd train: --steps {self.steps} is not longer than AdamW's default "
+                    f"dense warm-up of {ADAMW_FREEZE_STEPS} steps, which would leave the whole "
+                    "run dense; using --freeze-variance-after "
+                    + (f"{n} (a tenth of the run)" if n else "0 (AdamW on the error-fed "
+                       "update: the run is too short for a warm-up)")
+                    + ". Give --freeze-variance-after N to choose.", UserWarning, stacklevel=2)
+        for name in ("adam_variance", "adam_unseen"):
+            if not n and getattr(self, name) is not None:
+                raise _bad(name, getattr(self, name), "it applies to 1-bit Adam's recipe only "
+                           "(--optimizer adamw with --freeze-variance-after N > 0)",
+                           f"Drop {flag(name)}, or use that recipe.")
         if n is None:
             return
         _check_int("freeze_variance_after", n, 0)
@@ -363,8 +376,15 @@ class TrainConfig:
         if self.optimizer != "adamw":
             raise _bad("freeze_variance_after", n, "it freezes AdamW's variance",
                        "Add --optimizer adamw, or drop --freeze-variance-after.")
+        if isinstance(self.steps, int) and n >= self.steps:
+            raise _bad("freeze_variance_after", n, f"it must be below --steps {self.steps} (the "
+                       "steps before it are dense AdamW, so the whole run would be dense)",
+                       f"Use a tenth of the run, --freeze-variance-after "
+                       f"{max(1, self.steps // 10)}, or 0 for AdamW on the error-fed update.")
         if self.adam_variance is None:
             self.adam_variance = "frozen"
+        if self.adam_unseen is None:
+            self.adam_unseen = UNSEEN_RULES[0]
         beta1 = float(self.betas[0]) if isinstance(self.betas, (tuple, list)) else None
         wanted = {"start_iter": n, "feedback": "onebit", "local_momentum": beta1}
         for name, value in wanted.items():

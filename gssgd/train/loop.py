@@ -43,7 +43,9 @@ except ImportError:  # pragma: no cover - exercised in a subprocess by tests/tes
 
 from gssgd.aggregators.guard import SketchCollapseError
 from gssgd.amp import AMP_DTYPES, make_scaler
+from gssgd.ddp.recipe import pair_adamw
 from gssgd.methods import METHODS
+from gssgd.optim import FrozenVarianceAdamW
 from gssgd.train import checkpoint
 from gssgd.train.config import TrainConfig, import_plugins, settings_for
 from gssgd.train.data import ImageData, TextData, load_dataset
@@ -210,6 +212,8 @@ def _setup(worker: Worker, cfg: TrainConfig) -> _Run:
         sync.load_state_dict(resumed["ranks"][worker.rank]["sync"])
         if sync.hook_state is not None:  # the buckets were rebuilt above, before the hook
             sync.hook_state.note_buckets_rebuilt()
+    if isinstance(optimizer, FrozenVarianceAdamW) and sync.hook_state is not None:
+        pair_adamw(optimizer, sync.hook_state)  # 1-bit Adam's: the hook says when v freezes
 
     is_main = worker.rank == 0
     if is_main:

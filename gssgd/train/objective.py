@@ -49,7 +49,8 @@ def make_optimizer(model: nn.Module, cfg: TrainConfig) -> torch.optim.Optimizer:
         return FrozenVarianceAdamW(model.parameters(), lr=cfg.lr, betas=cfg.betas,
                                    weight_decay=cfg.weight_decay,
                                    freeze_step=cfg.freeze_variance_after,
-                                   variance=cfg.adam_variance)
+                                   variance=cfg.adam_variance,
+                                   unseen=cfg.adam_unseen or "moving")
     if cfg.optimizer == "adamw":
         return torch.optim.AdamW(
             model.parameters(), lr=cfg.lr, betas=cfg.betas, weight_decay=cfg.weight_decay

@@ -38,6 +38,8 @@ from torch import nn
 
 from gssgd.aggregators.guard import SketchCollapseError
 from gssgd.ddp import HookState, comm_hook
+from gssgd.ddp.recipe import pair_adamw
+from gssgd.optim import FrozenVarianceAdamW
 from gssgd.simulated import SimulatedWorld
 from gssgd.train.config import TrainConfig, import_plugins
 from gssgd.train.data import load_dataset
@@ -132,6 +134,8 @@ def simulate_training(cfg: TrainConfig) -> dict[str, Any]:
         HookState.from_settings(settings, group=world.rank(r), model=model)
         for r in range(world_size)
     ]
+    if isinstance(optimizer, FrozenVarianceAdamW):
+        pair_adamw(optimizer, states[0])  # 1-bit Adam's: the hook says when v freezes
     write_json(out / "config.json", {**dataclasses.asdict(cfg), "world_size": world_size, "d": d})
     log, totals = MetricsLog(out, 0), RunTotals()
     status, message = STATUS_COMPLETED, ""

@@ -38,7 +38,10 @@ CONFIGS: dict[str, tuple[str, dict, int]] = {
     # FetchSGD's momentum in sketch space
     "topk_global": ("topk", {"density": 0.01, "feedback": "global", "momentum": 0.9}, D),
     "gs_global": ("gs", {"density": 0.01, "feedback": "global", "momentum": 0.9, **SKETCH}, D),
+    "topk_onebit": ("topk", {"density": 0.01, "feedback": "onebit", "momentum": 0.9}, D),
     "gtopk_onebit": ("gtopk", {"density": 0.01, "feedback": "onebit", "momentum": 0.9}, D),
+    "sketched_onebit": ("sketched", {"density": 0.01, "feedback": "onebit", "momentum": 0.9,
+                                     **SKETCH}, D),
     "gs_onebit": ("gs", {"density": 0.01, "feedback": "onebit", "momentum": 0.9, **SKETCH}, D),
     "sketched_fetchsgd": ("sketched", {"density": 0.01, "feedback": "fetchsgd",
                                        "momentum": 0.9, **SKETCH}, D),

@@ -241,6 +241,9 @@ def test_non_finite_loss_stops_every_worker_cleanly(first_runs) -> None:
          "--feedback='ef21' is invalid: --freeze-variance-after 9 sets it to 'onebit'"),
         ({"method": "dense", "optimizer": "adamw", "freeze_variance_after": 9},
          "--freeze-variance-after does not apply to --method dense"),
+        ({"optimizer": "adamw", "freeze_variance_after": 100, "steps": 100},
+         "--freeze-variance-after=100 is invalid: it must be below --steps 100 .* Use a "
+         "tenth of the run, --freeze-variance-after 10"),
         ({"optimizer": "adamw", "freeze_variance_after": -1},
          "--freeze-variance-after=-1 is invalid: it must be an integer >= 0"),
         ({"optimizer": "adamw", "adam_variance": "slow"},
@@ -316,7 +319,8 @@ def test_freezing_the_variance_sets_1bit_adams_recipe() -> None:
         ({"method": "topk", "optimizer": "adamw", "freeze_variance_after": 0}, 0),  # off
         ({"method": "topk", "optimizer": "adamw", "feedback": "ef"}, None),  # chosen
         ({"method": "gs", "optimizer": "adamw", "start_iter": 5}, None),
-        ({"method": "gs", "optimizer": "adamw", "overlap": "stream"}, None),
+        # streaming gs carries 1-bit Adam's momentum too
+        ({"method": "gs", "optimizer": "adamw", "overlap": "stream"}, ADAMW_FREEZE_STEPS),
         ({"method": "dense", "optimizer": "adamw"}, None),
         ({"method": "gs"}, None),  # SGD
     ],
@@ -330,6 +334,21 @@ def test_a_sparse_method_under_adamw_freezes_the_variance_by_default(
         assert (checked.feedback == "onebit") == bool(freeze)
         assert isinstance(make_optimizer(torch.nn.Linear(2, 2), checked),
                           FrozenVarianceAdamW) == bool(freeze)
+
+
+@pytest.mark.parametrize(("steps", "freeze"), [(100, 10), (150, 15), (9, 0)])
+def test_a_run_shorter_than_the_default_warm_up_lowers_it_and_says_so(
+    steps: int, freeze: int
+) -> None:
+    """``--steps 100`` under AdamW: the default 150 dense steps would leave the whole run
+    dense; a tenth of the run is used instead (none below 10 steps), with a warning."""
+    with pytest.warns(UserWarning, match=rf"--steps {steps} is not longer than AdamW's "
+                      rf"default dense warm-up of {ADAMW_FREEZE_STEPS} steps.*"
+                      rf"--freeze-variance-after {freeze}"):
+        cfg = TrainConfig(method="gs", optimizer="adamw", steps=steps)
+    assert cfg.freeze_variance_after == freeze and (cfg.start_iter == freeze or not freeze)
+    again = dataclasses.replace(cfg)  # checked again on the workers: kept, no new warning
+    assert again.freeze_variance_after == freeze
 
 
 @pytest.mark.parametrize(
