@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import tempfile
 import traceback
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -81,8 +82,19 @@ def _pairing(rank: int, name: str) -> dict:
     return {"step": None, "paired": optimizer.hook is state}
 
 
+def _short_run(rank: int) -> dict:
+    """compressed_adamw told the run is no longer than its dense warm-up."""
+    ddp = DDP(make_model(), bucket_cap_mb=CAP_MB)
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        compressed_adamw(ddp, "topk", density=0.02, freeze_step=30, total_steps=20)
+    return {"warnings": [str(w.message) for w in seen]}
+
+
 def pairing_runs(rank: int, world: int) -> dict:
-    return {name: _guarded(_pairing, rank, name) for name in PAIRINGS}
+    out = {name: _guarded(_pairing, rank, name) for name in PAIRINGS}
+    out["short"] = _guarded(_short_run, rank)
+    return out
 
 
 @pytest.fixture(scope="module")
@@ -114,6 +126,37 @@ def test_a_mismatched_pair_stops_at_the_first_step_on_every_rank(
 def test_a_matched_hand_built_pair_is_paired(pairings: list[dict]) -> None:
     for rank in pairings:
         assert rank["matched"] == {"step": None, "paired": True}
+
+
+def test_a_run_no_longer_than_the_warm_up_warns(pairings: list[dict]) -> None:
+    for rank in pairings:
+        said = [w for w in rank["short"]["warnings"] if "total_steps=20" in w]
+        assert len(said) == 1 and "the whole run is dense AdamW" in said[0]
+        assert "a tenth of it: 2" in said[0]
+
+
+class _NotDDP(torch.nn.Linear):
+    """Looks like a DDP model to the argument checks (they run before anything is built)."""
+
+    def register_comm_hook(self, state: object, hook: object) -> None:
+        raise AssertionError("never reached")
+
+
+@pytest.mark.parametrize(
+    ("model", "method", "options", "match"),
+    [
+        (torch.nn.Linear(2, 2), "gs", {}, r"model=Linear is invalid: it must be the "
+         r"DistributedDataParallel model"),
+        (_NotDDP(2, 2), "dense", {}, r"method='dense' is invalid here: it never compresses"),
+        (_NotDDP(2, 2), "gs", {"feedback": "ef", "start_iter": 5},
+         r"feedback='ef', start_iter=5: compressed_adamw sets start_iter=freeze_step"),
+    ],
+)
+def test_compressed_adamw_refuses_what_would_break_the_recipe(
+    model: torch.nn.Module, method: str, options: dict, match: str
+) -> None:
+    with pytest.raises(ValueError, match=match):
+        compressed_adamw(model, method, **options)
 
 
 # ----------------------------------------------------------------------------- overflow

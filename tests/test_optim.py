@@ -257,3 +257,45 @@ def test_a_second_step_on_the_same_iteration_is_refused() -> None:
     _step(opt, params, _grads(0))
     with pytest.raises(RuntimeError, match=r"ran twice on iteration 0 of its hook"):
         _step(opt, params, _grads(1))
+
+
+def _unused_after_freeze(unseen: str) -> tuple[FrozenVarianceAdamW, torch.nn.Parameter,
+                                                 torch.nn.Parameter]:
+    """A tensor half of whose coordinates had no gradient in the FREEZE dense steps, then
+    one compressed step with a momentum on every coordinate."""
+    p = torch.nn.Parameter(torch.zeros(6))
+    other = torch.nn.Parameter(torch.zeros(2))
+    opt = FrozenVarianceAdamW([p, other], lr=0.01, weight_decay=0.0, freeze_step=FREEZE,
+                              unseen=unseen)
+    for t in range(FREEZE + 1):
+        grad = torch.zeros(6)
+        grad[:3] = torch.tensor([1.0, -2.0, 0.5]) * (t + 1)
+        p.grad, other.grad = (grad, torch.ones(2)) if t < FREEZE else (torch.full((6,), 0.1),
+                                                                      torch.ones(2))
+        opt.step()
+    return opt, p, other
+
+
+def test_the_mask_rule_never_steps_a_coordinate_the_warm_up_did_not_see() -> None:
+    opt, p, _ = _unused_after_freeze("mask")
+    assert torch.equal(p.detach()[3:], torch.zeros(3))
+    assert bool((p.detach()[:3] != 0).all())
+
+
+def test_the_floor_rule_gives_unseen_coordinates_the_mean_variance_of_their_tensor() -> None:
+    opt, p, _ = _unused_after_freeze("floor")
+    v = opt.state[p]["exp_avg_sq"]
+    torch.testing.assert_close(v[3:], v[:3].mean().expand(3))
+    assert "unseen" not in opt.state[p]  # frozen from the freeze on, like the rest
+
+
+def test_the_frozen_rule_is_the_old_lr_m_over_eps_step() -> None:
+    """What the default rule prevents: 0.01 * 0.1 / 1e-8 = 1e5 per step."""
+    opt, p, _ = _unused_after_freeze("frozen")
+    assert float(p.detach()[3:].abs().min()) > 1e4
+
+
+def test_an_unknown_unseen_rule_is_refused() -> None:
+    with pytest.raises(ValueError, match=r"unseen='zero' is invalid: it must be one of "
+                       r"\('moving', 'mask', 'floor', 'frozen'\)"):
+        FrozenVarianceAdamW(_params(), unseen="zero")
