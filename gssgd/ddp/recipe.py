@@ -1,10 +1,21 @@
-"""The training recipe's warnings: an optimizer on top of a sparse method's hook, in the
-combinations that measured badly (docs/study.md, "Keep your optimizer").
+"""The training recipe's checks: a hand-built 1-bit Adam pair that does not match (an
+error), and an optimizer on top of a sparse method's hook in the combinations that
+measured badly (warnings; docs/study.md, "Keep your optimizer").
 
-A compressing :class:`~gssgd.ddp.HookState` registers itself with :func:`watch`; one
-optimizer step pre-hook then looks, once per process, at the optimizer that steps while
-such a state is alive and warns about the first bad combination it finds
+Every :class:`~gssgd.ddp.HookState` registers itself with :func:`watch`, which installs one
+optimizer step pre-hook. Before a :class:`~gssgd.optim.FrozenVarianceAdamW` that follows no
+hook steps, it finds the hook that ended the last iteration and holds the optimizer's
+parameters, checks the pair (:func:`adamw_mismatch`: ``start_iter == freeze_step``,
+``feedback="onebit"``, ``momentum == beta1``, a compressing method) and pairs them
+(:func:`pair_adamw`), or raises the mismatch as a ``ValueError`` that names both values and
+:func:`gssgd.ddp.compressed_adamw`, which builds a matching pair in one call.
+
+For the warnings, the same pre-hook looks, once per process, at the optimizer that steps
+while a compressing state is alive and warns about the first bad combination it finds
 (:func:`recipe_advice`):
+
+* Momentum SGD on top of the momentum the hook keeps (DGC's local momentum, ``"ef"`` or
+  ``"ef21"`` with ``momentum``): applied twice.
 
 * EF21 without momentum inside (``feedback="ef21"``, ``momentum=0``) under an optimizer
   with momentum or AdamW: the optimizer then steps on a stale dense estimate. With AdamW,

@@ -66,14 +66,19 @@ class HookState(HookCore):
             :func:`gssgd.make_aggregator`). The recipes that
             measured best on a language model (docs/study.md, "Keep your optimizer"):
             with SGD, ``momentum=0.9`` here and the optimizer's momentum 0 (DGC's
-            momentum correction) at dense's learning rate; with AdamW,
+            momentum correction) at dense's learning rate; with AdamW, 1-bit Adam's
+            recipe, built with its optimizer in one call by
+            :func:`~gssgd.ddp.compressed_adamw` (by hand:
             :class:`~gssgd.optim.FrozenVarianceAdamW` and ``start_iter=N,
-            feedback="onebit", momentum=beta1`` (1-bit Adam's recipe). On image models,
+            feedback="onebit", momentum=beta1``, checked at the first step). On image models,
             plain SGD on the classic error-fed update. The combinations that measured
             worse are warned about once (:mod:`gssgd.ddp.recipe`).
 
     Attributes:
         iter: the number of DDP iterations this state has seen (saved in checkpoints).
+        last_iteration: what the last iteration was: ``"none"`` (none yet), ``"dense"``
+            (the warm-up's all-reduce), ``"compressed"``, or ``"skipped"`` (a non-finite
+            step returned as zeros); :class:`~gssgd.optim.FrozenVarianceAdamW` follows it.
         last_stats: the summed :class:`~gssgd.StepStats` of the last iteration: bytes,
             messages and rounds of every aggregator step (dense warm-up all-reduces counted
             with the ring figure ``floor(2(P-1)/P * n)``), seconds, and ``k``/``d`` summed
