@@ -99,6 +99,7 @@ def compressed_adamw(
     weight_decay: float = 0.01,
     freeze_step: int = 150,
     variance: str = "frozen",
+    unseen: str = "moving",
     density: float | None = None,
     whole_model: bool = True,
     scaler: torch.amp.GradScaler | None = None,
@@ -126,6 +127,8 @@ def compressed_adamw(
         freeze_step: dense AdamW steps before the variance freezes (>= 1); also the hook's
             first compressed iteration.
         variance: ``"frozen"`` (1-bit Adam's) or ``"moving"`` after ``freeze_step``.
+        unseen: what a coordinate with no variance at the freeze does
+            (:data:`gssgd.optim.UNSEEN_RULES`; default: its variance keeps moving).
         density: the fraction of coordinates sent per step (or ``k=`` in ``options``).
         whole_model: one global selection over the model (True, as the papers) or one per
             DDP bucket.
@@ -151,7 +154,7 @@ def compressed_adamw(
     _check_arguments(model, method, options)
     optimizer = FrozenVarianceAdamW(
         model.parameters() if params is None else params, lr=lr, betas=betas, eps=eps,
-        weight_decay=weight_decay, freeze_step=freeze_step, variance=variance,
+        weight_decay=weight_decay, freeze_step=freeze_step, variance=variance, unseen=unseen,
     )
     hook = HookState(
         method, density=density, start_iter=freeze_step, whole_model=whole_model,

@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# The streaming regression check: streamed gs's step against blocking gs's, on emulated
+# 100 Mbit/s links (root: network namespaces), 4 workers, Shakespeare's character LSTM.
+#
+#   bash scripts/overlap_check.sh               # 3 runs a mode, interleaved; one result line
+#   REPEAT=5 bash scripts/overlap_check.sh
+#   PYTHONPATH=/tmp/wt-abc123 LABEL=abc123 bash scripts/overlap_check.sh   # another checkout
+#
+# Each run is `gssgd bench train --methods gs --overlap MODE --link 100mbit --workers 4
+# --steps 30 --eval-every 30 --dataset shakespeare` (the command the figures in
+# docs/benchmarks.md, "Streaming gs: the regression check", were taken with). The modes
+# alternate, so drift on a noisy machine hits both alike; the line printed (and appended to
+# HISTORY) holds the date, the commit, the median seconds per step of each mode and their
+# ratio. The streamed step should be at most 0.75x the blocking one. Raw runs go to $OUT
+# (git-ignored).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+GSSGD=${GSSGD:-.venv/bin/gssgd}
+OUT=${OUT:-runs/overlap-check}
+REPEAT=${REPEAT:-3}
+HISTORY=${HISTORY:-docs/results/overlap-check/history.tsv}
+LABEL=${LABEL:-$(git rev-parse --short HEAD)}
+[ "$(id -u)" = 0 ] || { echo "overlap_check: needs root (network namespaces)"; exit 2; }
+rm -rf "$OUT" && mkdir -p "$OUT" "$(dirname "$HISTORY")"
+for i in $(seq 1 "$REPEAT"); do
+  for mode in stream none; do
+    "$GSSGD" bench train --methods gs --overlap "$mode" --link 100mbit --workers 4 \
+      --steps 30 --eval-every 30 --dataset shakespeare \
+      --out "$OUT/$mode-$i" > "$OUT/$mode-$i.log" 2>&1 \
+      || { echo "overlap_check: $mode run $i failed:"; tail -5 "$OUT/$mode-$i.log"; exit 1; }
+  done
+done
+[ -f "$HISTORY" ] || printf 'date\tcommit\tstream_ms\tnone_ms\tratio\truns\n' > "$HISTORY"
+.venv/bin/python - "$OUT" "$REPEAT" "$LABEL" "$HISTORY" <<'PY'
+import datetime, json, statistics, sys
+from pathlib import Path
+out, repeat, label, history = Path(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4]
+ms = {m: [1000 * json.loads((out / f"{m}-{i}/results.json").read_text())["gs"]["seconds_per_step"]
+          for i in range(1, repeat + 1)] for m in ("stream", "none")}
+stream, none = statistics.median(ms["stream"]), statistics.median(ms["none"])
+line = (f"{datetime.date.today()}\t{label}\t{stream:.1f}\t{none:.1f}\t{stream / none:.3f}\t"
+        f"stream {', '.join(f'{x:.1f}' for x in ms['stream'])}; "
+        f"none {', '.join(f'{x:.1f}' for x in ms['none'])}")
+with open(history, "a") as f:
+    f.write(line + "\n")
+print(f"streamed {stream:.1f} ms, blocking {none:.1f} ms per step: {stream / none:.2f}x "
+      f"(medians of {repeat}; target <= 0.75x)")
+print(line)
+PY
