@@ -226,7 +226,8 @@ class FrozenVarianceAdamW(torch.optim.Optimizer):
             v.mul_(beta2).addcmul_(implied, implied, value=1 - beta2)
             denominator = (v / (1 - beta2**t)).sqrt_().add_(group["eps"])
         else:
-            denominator = (v / (1 - beta2**dense_steps)).sqrt_().add_(group["eps"])
+            correction = 1 - beta2**dense_steps if dense_steps else 1.0  # v = 0 without any
+            denominator = (v / correction).sqrt_().add_(group["eps"])
             unseen = state.get("unseen")
             if unseen is not None:
                 if unseen.dtype != torch.bool:  # load_state_dict casts it to p's dtype

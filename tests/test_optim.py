@@ -299,3 +299,20 @@ def test_an_unknown_unseen_rule_is_refused() -> None:
     with pytest.raises(ValueError, match=r"unseen='zero' is invalid: it must be one of "
                        r"\('moving', 'mask', 'floor', 'frozen'\)"):
         FrozenVarianceAdamW(_params(), unseen="zero")
+
+
+@pytest.mark.parametrize("unseen", ["moving", "mask", "floor", "frozen"])
+def test_a_first_step_that_is_already_compressed_stays_finite(unseen: str) -> None:
+    """The hook compressed before the optimizer took any dense step (every warm-up step
+    skipped by the scaler): no variance at all, yet no NaN from a zero bias correction."""
+    p = torch.nn.Parameter(torch.ones(4))
+    opt = FrozenVarianceAdamW([p], lr=0.01, freeze_step=2, unseen=unseen)
+    hook = _Hook()
+    opt.follow(hook)
+    hook.ran("dense")
+    hook.ran("dense")  # both dense steps skipped by the scaler
+    hook.ran("compressed")
+    p.grad = torch.full((4,), 0.1)
+    opt.step()
+    assert bool(torch.isfinite(p.detach()).all())
+    assert opt.state[p]["frozen_at"] == 0
