@@ -194,14 +194,15 @@ def test_a_checkpoint_keeps_the_unseen_coordinates_and_the_freeze() -> None:
 
 # ------------------------------------------------------------------ following a hook
 class _Hook:
-    """What the optimizer reads of a hook state: its iteration count and last kind."""
+    """What the optimizer reads of a hook state: its iteration count, last kind and the
+    parameters it skipped."""
 
     def __init__(self) -> None:
-        self.iter, self.last_iteration = 0, "none"
+        self.iter, self.last_iteration, self.last_skipped = 0, "none", frozenset()
 
-    def ran(self, kind: str) -> None:
+    def ran(self, kind: str, skipped: frozenset[int] = frozenset()) -> None:
         self.iter += 1
-        self.last_iteration = kind
+        self.last_iteration, self.last_skipped = kind, skipped
 
 
 def test_following_a_hook_the_variance_freezes_at_its_first_compressed_iteration() -> None:
@@ -316,3 +317,55 @@ def test_a_first_step_that_is_already_compressed_stays_finite(unseen: str) -> No
     opt.step()
     assert bool(torch.isfinite(p.detach()).all())
     assert opt.state[p]["frozen_at"] == 0
+
+
+def test_a_hook_dense_for_longer_than_freeze_step_freezes_at_its_switch() -> None:
+    """Streaming gs runs a process's first two iterations dense whatever start_iter says:
+    with freeze_step=1 the optimizer takes two dense steps, then freezes (and marks the
+    coordinates it never saw) at the first compressed one."""
+    used, unused = torch.nn.Parameter(torch.zeros(3)), torch.nn.Parameter(torch.zeros(3))
+    opt = FrozenVarianceAdamW([used, unused], lr=0.01, weight_decay=0.0, freeze_step=1)
+    hook = _Hook()
+    opt.follow(hook)
+    for kind in ("dense", "dense", "compressed"):
+        hook.ran(kind)
+        used.grad, unused.grad = torch.ones(3), (torch.zeros(3) if kind == "dense"
+                                                 else torch.full((3,), 0.1))
+        opt.step()
+    assert opt.state[used]["frozen_at"] == opt.state[unused]["frozen_at"] == 2
+    assert bool(opt.state[unused]["unseen"].all())
+    assert float(unused.detach().abs().max()) <= 0.015  # AdamW's size, not lr * m / eps
+
+
+def test_a_state_saved_without_frozen_at_froze_at_freeze_step() -> None:
+    p = torch.nn.Parameter(torch.zeros(2))
+    opt = FrozenVarianceAdamW([p], lr=0.01, freeze_step=2)
+    for _ in range(4):
+        p.grad = torch.ones(2)
+        opt.step()
+    for steps, want in ((4, 2), (2, -1)):  # past the freeze step, or not yet
+        old = copy.deepcopy(opt.state_dict())
+        for state in old["state"].values():
+            del state["frozen_at"]
+            state["step"] = torch.tensor(float(steps), dtype=torch.float64)
+        again = FrozenVarianceAdamW([torch.nn.Parameter(torch.zeros(2))], lr=0.01,
+                                    freeze_step=2)
+        again.load_state_dict(old)
+        assert next(iter(again.state.values()))["frozen_at"] == want
+
+
+def test_parameters_of_a_skipped_bucket_do_not_move() -> None:
+    """Per-bucket hooks skip bucket by bucket: the others step, the skipped stay."""
+    params = _params()
+    opt = FrozenVarianceAdamW(params, lr=0.01, freeze_step=1)
+    hook = _Hook()
+    opt.follow(hook)
+    hook.ran("dense")
+    _step(opt, params, _grads(0))
+    before = [p.detach().clone() for p in params]
+    moments = [opt.state[p]["exp_avg"].clone() for p in params]
+    hook.ran("compressed", skipped=frozenset({id(params[1])}))
+    _step(opt, params, [_grads(1)[0], torch.zeros(3)])
+    assert not torch.equal(params[0].detach(), before[0])
+    assert torch.equal(params[1].detach(), before[1])
+    assert torch.equal(opt.state[params[1]]["exp_avg"], moments[1])

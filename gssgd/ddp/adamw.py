@@ -43,9 +43,9 @@ from torch import nn
 
 from gssgd.aggregators import AGGREGATORS
 from gssgd.ddp.hook import comm_hook
-from gssgd.ddp.recipe import pair_adamw
+from gssgd.ddp.recipe import compresses, pair_adamw
 from gssgd.ddp.state import HookState
-from gssgd.optim import FrozenVarianceAdamW
+from gssgd.optim import FrozenVarianceAdamW, dense_steps_for
 
 __all__ = ["CompressedAdamW", "compressed_adamw"]
 
@@ -181,11 +181,11 @@ def _check_arguments(model: nn.Module, method: str, options: dict[str, Any]) -> 
             "DistributedDataParallel model the hook is registered on; wrap it first: "
             "compressed_adamw(DistributedDataParallel(net), ...)."
         )
-    if method in AGGREGATORS and AGGREGATORS[method].sends_all:
+    if method in AGGREGATORS and not compresses(method):
         raise ValueError(
             f"method={method!r} is invalid here: it never compresses, so there is nothing to "
             "pair AdamW with. Use torch.optim.AdamW with it, or a compressing method "
-            f"({', '.join(m for m, c in AGGREGATORS.items() if not c.sends_all)})."
+            f"({', '.join(m for m in AGGREGATORS if compresses(m))})."
         )
     given = sorted(set(options) & set(_RECIPE_OPTIONS))
     if given:
@@ -201,7 +201,7 @@ def _warn_all_dense(total_steps: int, freeze_step: int) -> None:
     warnings.warn(
         f"gssgd: total_steps={total_steps} is not longer than freeze_step={freeze_step}: "
         "the whole run is dense AdamW and nothing is compressed. Use a freeze_step "
-        f"below the run's length (a tenth of it: {max(1, total_steps // 10)}).",
+        f"below the run's length (a tenth of it: {max(1, dense_steps_for(total_steps))}).",
         UserWarning,
         stacklevel=3,
     )

@@ -33,26 +33,29 @@ __all__ = [
     "IterationStats",
     "Layout",
     "Pending",
-    "latest_hook",
+    "hook_for",
     "layout_str",
 ]
 
 #: What :attr:`HookCore.last_iteration` says of the iteration that ended last: none yet, a
-#: dense all-reduce, a compressed step, or a compressed step skipped for a non-finite
-#: gradient (``nonfinite="skip"``: every rank returned zeros; under a scaler's
-#: ``"propagate"`` the optimizer step is skipped by the scaler).
+#: dense all-reduce, a compressed step, or a compressed step whose every vector was skipped
+#: for a non-finite gradient (``nonfinite="skip"``: zeros returned, state kept; under a
+#: scaler's ``"propagate"`` the scaler skips the optimizer step instead). In per-bucket
+#: mode buckets skip on their own: :attr:`HookCore.last_skipped` names their parameters.
 ITERATION_KINDS: tuple[str, ...] = ("none", "dense", "compressed", "skipped")
 
-#: The hook state that ended an iteration last in this process (a weak reference).
-_latest: weakref.ref[HookCore] | None = None
+#: The hook states alive in this process that have ended an iteration (weak references).
+_HOOKS: weakref.WeakSet[HookCore] = weakref.WeakSet()
+_ended = 0  # iterations ended in this process, over every hook (orders them)
 
 
-def latest_hook() -> HookCore | None:
-    """The hook state whose iteration ended last in this process, or None (no hook has
-    run, or it was collected): the hook that produced the gradients an optimizer is about
-    to step on (:mod:`gssgd.ddp.recipe` pairs a hand-built
-    :class:`~gssgd.optim.FrozenVarianceAdamW` with it)."""
-    return None if _latest is None else _latest()
+def hook_for(params: list[torch.Tensor]) -> HookCore | None:
+    """The live hook state that averaged the gradients of ``params`` most recently, or None:
+    the hook that produced the gradients an optimizer over ``params`` is about to step on
+    (:mod:`gssgd.ddp.recipe` pairs a hand-built :class:`~gssgd.optim.FrozenVarianceAdamW`
+    with it)."""
+    holding = [h for h in list(_HOOKS) if h.holds(params)]
+    return max(holding, key=lambda h: h._ended_at, default=None)
 
 #: Key of the single aggregator in whole-model mode (in ``state_dict()["buckets"]``).
 WHOLE_MODEL = 0
@@ -135,7 +138,11 @@ class HookCore:
         self._scale_followed_at = -1  # the iteration whose loss scale was last followed
         self._warned_skip = False  # the skipped-step advice of _end_iteration, given once
         self.last_iteration = "none"  # what the last iteration was (ITERATION_KINDS)
-        self._param_ids: set[int] = set()  # id() of the parameters DDP's buckets hold
+        self.last_skipped: frozenset[int] = frozenset()  # id()s of parameters skipped in it
+        self._skipping: set[int] = set()  # the same, during the iteration
+        self._params: dict[int, weakref.ref[torch.Tensor]] = {}  # the buckets' parameters
+        self._params_known = False  # set once an iteration has noted every bucket's
+        self._ended_at = 0  # when, over every hook of the process, it last ended an iteration
 
     # ------------------------------------------------------------------ settings
     @property
@@ -232,15 +239,21 @@ class HookCore:
         Args:
             compressed: whether the iteration ran the aggregator (else a dense all-reduce).
         """
-        global _latest
+        global _ended
         self.last_stats = self._iteration_stats().total
         self._stats = None
+        self.last_skipped, self._skipping = frozenset(self._skipping), set()
+        every = self.last_skipped >= set(self._params)  # every vector skipped
         self.last_iteration = (
-            "dense" if not compressed else "skipped" if self.last_stats.skipped else "compressed"
+            "dense" if not compressed
+            else "skipped" if self.last_stats.skipped and every else "compressed"
         )
         self.iter += 1
         self._session_iters += 1
-        _latest = weakref.ref(self)
+        self._params_known = bool(self._params)
+        _ended += 1
+        self._ended_at = _ended
+        _HOOKS.add(self)
         if self.last_stats.skipped and not self._warned_skip:
             self._warn_skipped()
 
@@ -261,15 +274,26 @@ class HookCore:
         )
 
     def _note_parameters(self, bucket: dist.GradBucket) -> None:
-        """In this process's first iteration, remember which parameters the buckets hold
-        (:meth:`holds`)."""
-        if self._session_iters == 0:
-            self._param_ids.update(id(p) for p in bucket.parameters())
+        """Until an iteration has ended with them, remember which parameters the buckets
+        hold (:meth:`holds`)."""
+        if not self._params_known:
+            self._params.update((id(p), weakref.ref(p)) for p in bucket.parameters())
+
+    def _add_step(self, stats: StepStats, params: list[torch.Tensor] | None = None) -> None:
+        """Count an aggregator step of this iteration; a skipped one (non-finite) leaves its
+        parameters (None: every parameter) without an update (:attr:`last_skipped`)."""
+        self._iteration_stats().add(stats)
+        if stats.skipped:
+            self._skipping.update(self._params if params is None else (id(p) for p in params))
 
     def holds(self, params: list[torch.Tensor]) -> bool:
         """Whether this hook averaged the gradients of any of ``params`` (in an iteration
         of this process): an optimizer over them steps on what this hook returned."""
-        return any(id(p) in self._param_ids for p in params)
+        for p in params:
+            ref = self._params.get(id(p))
+            if ref is not None and ref() is p:
+                return True
+        return False
 
     def _layout(self, params: list[torch.Tensor]) -> Layout:
         return [[self._positions.get(id(p), -1), p.numel()] for p in params]

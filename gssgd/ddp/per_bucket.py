@@ -27,7 +27,7 @@ def step(state: HookCore, bucket: dist.GradBucket) -> torch.futures.Future[torch
     agg = state._aggregator(index, layout, buffer.numel(), f"bucket {index}")
     update = agg.step(buffer)
     state._hand_over_unused(bucket.parameters(), bucket.gradients(), update)
-    state._iteration_stats().add(agg.last_stats)
+    state._add_step(agg.last_stats, bucket.parameters())
     return completed_future(update)
 
 
@@ -51,7 +51,7 @@ def iteration(state: HookCore, bucket: dist.GradBucket) -> torch.futures.Future[
         bad_ranks = state._nonfinite_ranks([e.buffer for e in entries])
         for e, agg in zip(entries, aggs, strict=True):
             update = agg.nonfinite_step(e.buffer, bad_ranks) if bad_ranks else agg.step(e.buffer)
-            state._iteration_stats().add(agg.last_stats)
+            state._add_step(agg.last_stats, e.params)
             e.buffer.copy_(update)
             state._hand_over_unused(e.params, e.grads, update)
     except BaseException as exc:

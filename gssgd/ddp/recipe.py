@@ -51,13 +51,13 @@ from torch.optim.optimizer import register_optimizer_step_pre_hook
 
 from gssgd.aggregators import AGGREGATORS
 from gssgd.aggregators.options import DEFAULT_DENSITY, OWN_MOMENTUM_FEEDBACKS
-from gssgd.ddp.core import latest_hook
+from gssgd.ddp.core import hook_for
 from gssgd.optim import FrozenVarianceAdamW
 
 if TYPE_CHECKING:
     from gssgd.ddp.core import HookCore
 
-__all__ = ["adamw_mismatch", "pair_adamw", "recipe_advice", "watch"]
+__all__ = ["adamw_mismatch", "compresses", "pair_adamw", "recipe_advice", "watch"]
 
 #: The compressing hook states alive in this process (for the recipe warning).
 _SPARSE_STATES: weakref.WeakSet[HookCore] = weakref.WeakSet()
@@ -147,6 +147,12 @@ def recipe_advice(optimizer: torch.optim.Optimizer, method: str, options: dict[s
     return None
 
 
+def compresses(method: str) -> bool:
+    """Whether the hook's ``method`` is an aggregator that compresses (not one that sends
+    every coordinate, as dense does)."""
+    return method in AGGREGATORS and not AGGREGATORS[method].sends_all
+
+
 def adamw_mismatch(optimizer: FrozenVarianceAdamW, state: HookCore) -> str | None:
     """What keeps ``optimizer`` from stepping on ``state``'s hook, or None when they match.
 
@@ -178,7 +184,7 @@ def adamw_mismatch(optimizer: FrozenVarianceAdamW, state: HookCore) -> str | Non
     feedback, momentum = options.get("feedback", "ef"), options.get("momentum", 0.0)
     method = state.method
     wrong = []
-    if method not in AGGREGATORS or AGGREGATORS[method].sends_all:
+    if not compresses(method):
         wrong.append(f"method {method!r} never compresses (use torch.optim.AdamW with it)")
     if state.start_iter != freeze_step:
         wrong.append(f"start_iter={state.start_iter} is not freeze_step={freeze_step}")
@@ -221,9 +227,8 @@ def _before_step(optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> No
     """An optimizer step pre-hook: pair a hand-built :class:`FrozenVarianceAdamW` with the
     hook that produced its gradients (or stop with the mismatch), then the recipe warning."""
     if isinstance(optimizer, FrozenVarianceAdamW) and optimizer.hook is None:
-        state = latest_hook()
-        params = [p for g in optimizer.param_groups for p in g["params"]]
-        if state is not None and state.holds(params):
+        state = hook_for([p for g in optimizer.param_groups for p in g["params"]])
+        if state is not None:
             pair_adamw(optimizer, state, pending=True)
     _warn_recipe(optimizer)
 
@@ -238,7 +243,7 @@ def _warn_recipe(optimizer: torch.optim.Optimizer) -> None:
         advice = recipe_advice(optimizer, state.method, state.options, state.density)
         if advice is not None:
             _warned = True
-            warnings.warn(advice, UserWarning, stacklevel=3)
+            warnings.warn(advice, UserWarning, stacklevel=4)  # the optimizer.step() call
             return
 
 
@@ -249,5 +254,5 @@ def watch(state: HookCore) -> None:
     combination that measured badly (:func:`recipe_advice`)."""
     if not _recipe_hook:
         _recipe_hook.append(register_optimizer_step_pre_hook(_before_step))
-    if state.method in AGGREGATORS and not AGGREGATORS[state.method].sends_all:
+    if compresses(state.method):
         _SPARSE_STATES.add(state)

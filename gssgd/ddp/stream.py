@@ -448,7 +448,7 @@ def stream_hook(state: HookCore, bucket: dist.GradBucket) -> torch.futures.Futur
             session.pending.append((buffer, fut))
             return fut
         update = agg.finish()
-        state._iteration_stats().add(agg.last_stats)
+        state._add_step(agg.last_stats)
         pieces = update.split(agg.sizes)
         buffers = [b for b, _ in session.pending] + [buffer]
         for buf, piece in zip(buffers, pieces, strict=True):

@@ -47,7 +47,7 @@ def step(state: HookCore, bucket: dist.GradBucket) -> torch.futures.Future[torch
         flat = torch.cat([g.reshape(-1) for _, g in pairs])
         agg = state._aggregator(WHOLE_MODEL, layout, flat.numel(), "the whole model")
         update = agg.step(flat)
-        state._iteration_stats().add(agg.last_stats)
+        state._add_step(agg.last_stats)
         pieces = update.split([g.numel() for _, g in pairs])
         for (_, g), piece in zip(pairs, pieces, strict=True):
             g.copy_(piece.view_as(g))

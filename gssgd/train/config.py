@@ -20,7 +20,7 @@ from gssgd.aggregators.options import OWN_MOMENTUM_FEEDBACKS, PAYLOAD_DTYPES
 from gssgd.amp import AMP_DTYPES
 from gssgd.ddp import STREAMING_METHODS, HookSettings
 from gssgd.methods import METHODS, applies_to, get_method
-from gssgd.optim import UNSEEN_RULES, VARIANCES
+from gssgd.optim import UNSEEN_RULES, VARIANCES, dense_steps_for
 from gssgd.train.launch import DEVICES
 from gssgd.train.models import MODELS, TEXT_MODELS
 
@@ -355,7 +355,7 @@ class TrainConfig:
         if n is None and self.optimizer == "adamw" and chosen == (None, None, None):
             n = self.freeze_variance_after = ADAMW_FREEZE_STEPS
             if isinstance(self.steps, int) and self.steps <= n:
-                n = self.freeze_variance_after = self.steps // 10
+                n = self.freeze_variance_after = dense_steps_for(self.steps)
                 warnings.warn(
                     f"gssgd train: --steps {self.steps} is not longer than AdamW's default "
                     f"dense warm-up of {ADAMW_FREEZE_STEPS} steps, which would leave the whole "
@@ -380,7 +380,9 @@ class TrainConfig:
             raise _bad("freeze_variance_after", n, f"it must be below --steps {self.steps} (the "
                        "steps before it are dense AdamW, so the whole run would be dense)",
                        f"Use a tenth of the run, --freeze-variance-after "
-                       f"{max(1, self.steps // 10)}, or 0 for AdamW on the error-fed update.")
+                       f"{dense_steps_for(self.steps)}, or 0 for AdamW on the error-fed "
+                       "update." if dense_steps_for(self.steps) else "Use 0 (AdamW on the "
+                       "error-fed update): the run is too short for dense steps first.")
         if self.adam_variance is None:
             self.adam_variance = "frozen"
         if self.adam_unseen is None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import shutil
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -347,8 +348,11 @@ def test_a_run_shorter_than_the_default_warm_up_lowers_it_and_says_so(
                       rf"--freeze-variance-after {freeze}"):
         cfg = TrainConfig(method="gs", optimizer="adamw", steps=steps)
     assert cfg.freeze_variance_after == freeze and (cfg.start_iter == freeze or not freeze)
-    again = dataclasses.replace(cfg)  # checked again on the workers: kept, no new warning
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        again = dataclasses.replace(cfg)  # checked again on the workers: kept, no new warning
     assert again.freeze_variance_after == freeze
+    assert not [w for w in seen if "dense warm-up" in str(w.message)]
 
 
 @pytest.mark.parametrize(
