@@ -149,7 +149,11 @@ class FrozenVarianceAdamW(torch.optim.Optimizer):
         on the averaged gradient), ``"compressed"`` (the variance freezes at the first one,
         whatever the scaler skipped before it, and the step is on the arriving momentum) or
         ``"skipped"`` (a non-finite step the hook returned as zeros: nothing moves, neither
-        the parameters nor the moments). Use :func:`gssgd.ddp.compressed_adamw`, which
+        the parameters nor the moments; in per-bucket mode only the skipped buckets'
+        parameters stay). Only the last iteration before a step counts: accumulate
+        gradients under DDP's ``no_sync()``, so the hook runs once per step (a step the
+        scaler skipped also leaves iterations behind, by design). Use
+        :func:`gssgd.ddp.compressed_adamw`, which
         checks that the two match before it pairs them; a hand-built pair is checked and
         paired at its first step (:mod:`gssgd.ddp.recipe`).
 
