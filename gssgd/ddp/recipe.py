@@ -4,8 +4,8 @@ measured badly (warnings; docs/study.md, "Keep your optimizer").
 
 Every :class:`~gssgd.ddp.HookState` registers itself with :func:`watch`, which installs one
 optimizer step pre-hook. Before a :class:`~gssgd.optim.FrozenVarianceAdamW` that follows no
-hook steps, it finds the hook that ended the last iteration and holds the optimizer's
-parameters, checks the pair (:func:`adamw_mismatch`: ``start_iter == freeze_step``,
+hook steps, it finds the live hook that holds the optimizer's parameters and ran last
+(:func:`~gssgd.ddp.core.hook_for`), checks the pair (:func:`adamw_mismatch`: ``start_iter == freeze_step``,
 ``feedback="onebit"``, ``momentum == beta1``, a compressing method) and pairs them
 (:func:`pair_adamw`), or raises the mismatch as a ``ValueError`` that names both values and
 :func:`gssgd.ddp.compressed_adamw`, which builds a matching pair in one call.
