@@ -4,7 +4,10 @@
 #
 #   bash scripts/overlap_check.sh               # 3 runs a mode, interleaved; one result line
 #   REPEAT=5 bash scripts/overlap_check.sh
-#   PYTHONPATH=/tmp/wt-abc123 LABEL=abc123 bash scripts/overlap_check.sh   # another checkout
+#   # another commit: unpack it beside, run its copy of this script with this venv
+#   git archive abc123 | tar -x -C /tmp/wt-abc123 && cp scripts/overlap_check.sh /tmp/wt-abc123/scripts/
+#   PYTHON=$PWD/.venv/bin/python HISTORY=$PWD/docs/results/overlap-check/history.tsv \
+#     LABEL=abc123 bash /tmp/wt-abc123/scripts/overlap_check.sh
 #
 # Each run is `gssgd bench train --methods gs --overlap MODE --link 100mbit --workers 4
 # --steps 30 --eval-every 30 --dataset shakespeare` (the command the figures in
@@ -15,23 +18,23 @@
 # (git-ignored).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-GSSGD=${GSSGD:-.venv/bin/gssgd}
+PYTHON=${PYTHON:-.venv/bin/python}  # run from the checkout: its gssgd comes first on the path
 OUT=${OUT:-runs/overlap-check}
 REPEAT=${REPEAT:-3}
 HISTORY=${HISTORY:-docs/results/overlap-check/history.tsv}
-LABEL=${LABEL:-$(git rev-parse --short HEAD)}
+LABEL=${LABEL:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}
 [ "$(id -u)" = 0 ] || { echo "overlap_check: needs root (network namespaces)"; exit 2; }
 rm -rf "$OUT" && mkdir -p "$OUT" "$(dirname "$HISTORY")"
 for i in $(seq 1 "$REPEAT"); do
   for mode in stream none; do
-    "$GSSGD" bench train --methods gs --overlap "$mode" --link 100mbit --workers 4 \
+    "$PYTHON" -m gssgd.cli.main bench train --methods gs --overlap "$mode" --link 100mbit --workers 4 \
       --steps 30 --eval-every 30 --dataset shakespeare \
       --out "$OUT/$mode-$i" > "$OUT/$mode-$i.log" 2>&1 \
       || { echo "overlap_check: $mode run $i failed:"; tail -5 "$OUT/$mode-$i.log"; exit 1; }
   done
 done
 [ -f "$HISTORY" ] || printf 'date\tcommit\tstream_ms\tnone_ms\tratio\truns\n' > "$HISTORY"
-.venv/bin/python - "$OUT" "$REPEAT" "$LABEL" "$HISTORY" <<'PY'
+"$PYTHON" - "$OUT" "$REPEAT" "$LABEL" "$HISTORY" <<'PY'
 import datetime, json, statistics, sys
 from pathlib import Path
 out, repeat, label, history = Path(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4]
