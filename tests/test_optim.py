@@ -249,13 +249,19 @@ def test_a_skipped_iteration_moves_nothing(variance: str) -> None:
         assert torch.equal(p.detach(), w)
 
 
-def test_a_second_step_on_the_same_iteration_is_refused() -> None:
+def _after_one_dense_step() -> tuple[list, FrozenVarianceAdamW, _Hook]:
+    """An optimizer following a hook, after the hook's one dense iteration and its step."""
     params = _params()
     opt = FrozenVarianceAdamW(params, lr=0.01, freeze_step=1)
     hook = _Hook()
     opt.follow(hook)
     hook.ran("dense")
     _step(opt, params, _grads(0))
+    return params, opt, hook
+
+
+def test_a_second_step_on_the_same_iteration_is_refused() -> None:
+    params, opt, _ = _after_one_dense_step()
     with pytest.raises(RuntimeError, match=r"ran twice on iteration 0 of its hook"):
         _step(opt, params, _grads(1))
 
@@ -356,12 +362,7 @@ def test_a_state_saved_without_frozen_at_froze_at_freeze_step() -> None:
 
 def test_parameters_of_a_skipped_bucket_do_not_move() -> None:
     """Per-bucket hooks skip bucket by bucket: the others step, the skipped stay."""
-    params = _params()
-    opt = FrozenVarianceAdamW(params, lr=0.01, freeze_step=1)
-    hook = _Hook()
-    opt.follow(hook)
-    hook.ran("dense")
-    _step(opt, params, _grads(0))
+    params, opt, hook = _after_one_dense_step()
     before = [p.detach().clone() for p in params]
     moments = [opt.state[p]["exp_avg"].clone() for p in params]
     hook.ran("compressed", skipped=frozenset({id(params[1])}))
