@@ -241,8 +241,9 @@ class FrozenVarianceAdamW(torch.optim.Optimizer):
             denominator = (state["exp_avg_sq"] / (1 - beta2**t)).sqrt_().add_(group["eps"])
             self._apply(p, group, state["exp_avg"] / (1 - beta1**t), denominator)
             return
-        if frozen_at < 0:  # the first compressed step: freeze here
-            frozen_at = self._freeze(state, t - 1, group, beta2)
+        if frozen_at < 0:  # the first compressed step: freeze here, after t - 1 dense ones
+            frozen_at = t - 1
+            self._freeze(state, frozen_at, group, beta2)
             previous = torch.zeros_like(grad)  # the hook's momentum starts afresh
         else:
             previous = state["exp_avg"]
@@ -269,7 +270,7 @@ class FrozenVarianceAdamW(torch.optim.Optimizer):
         self._apply(p, group, direction, denominator)
 
     def _freeze(self, state: dict[str, Any], dense_steps: int, group: dict[str, Any],
-                beta2: float) -> int:
+                beta2: float) -> None:
         """Freeze ``v`` after ``dense_steps`` dense steps; mark the coordinates the warm-up
         gave no usable variance (``sqrt(v_hat) <= eps``: no gradient yet, as an embedding
         row not seen or a parameter not used) for the ``unseen`` rule: their ``v`` keeps
@@ -283,12 +284,11 @@ class FrozenVarianceAdamW(torch.optim.Optimizer):
         else:
             unseen = (v / (1 - beta2**dense_steps)).sqrt_() <= group["eps"]
         if rule == "frozen" or group.get("variance") == "moving" or not bool(unseen.any()):
-            return dense_steps
+            return
         if rule == "floor" and not bool(unseen.all()):
             v[unseen] = v[~unseen].mean()  # frozen from here on, as the rest
-            return dense_steps
+            return
         state["unseen"] = unseen
-        return dense_steps
 
     @staticmethod
     def _unseen_variance(state: dict[str, Any], unseen: torch.Tensor, momentum: torch.Tensor,

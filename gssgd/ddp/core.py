@@ -243,10 +243,9 @@ class HookCore:
         self.last_stats = self._iteration_stats().total
         self._stats = None
         self.last_skipped, self._skipping = frozenset(self._skipping), set()
-        every = self.last_skipped >= set(self._params)  # every vector skipped
-        self.last_iteration = (
-            "dense" if not compressed
-            else "skipped" if self.last_stats.skipped and every else "compressed"
+        skipped = self.last_stats.skipped and self.last_skipped >= self._params.keys()
+        self.last_iteration = (  # "skipped" only when every vector was
+            "dense" if not compressed else "skipped" if skipped else "compressed"
         )
         self.iter += 1
         self._session_iters += 1
