@@ -24,7 +24,7 @@ from gssgd.aggregators.sketch_feedback import SketchFeedback
 from gssgd.comm import CONTROL_BYTES, Communicator, Traffic, allgather
 from gssgd.sketch import CountSketch, HashCache
 
-__all__ = ["Aggregator", "StepStats", "index_dtype", "state_dtype"]
+__all__ = ["Aggregator", "StepStats", "all_finite", "index_dtype", "state_dtype"]
 
 
 @dataclass
@@ -76,7 +76,7 @@ def state_dtype(grad_dtype: torch.dtype) -> torch.dtype:
     return torch.promote_types(grad_dtype, torch.float32)
 
 
-def _all_finite(x: torch.Tensor) -> bool:
+def all_finite(x: torch.Tensor) -> bool:
     """Whether every element is finite: one sum (any NaN/Inf makes it non-finite), and the
     exact element-wise check only when the sum is not finite (it may just have overflowed)."""
     return bool(torch.isfinite(x.sum())) or bool(torch.isfinite(x).all())
@@ -198,8 +198,15 @@ class Aggregator:
         }
 
     # ---------------------------------------------------------------- step pieces
-    def _begin(self, grad: torch.Tensor) -> torch.Tensor | None:
+    def _begin(self, grad: torch.Tensor, bad_ranks: list[int] | None = None
+               ) -> torch.Tensor | None:
         """Validate ``grad``, check rank agreement once, and apply the non-finite guard.
+
+        Args:
+            grad: this rank's whole gradient.
+            bad_ranks: the ranks whose gradient is not finite, when a collective of the step
+                already carried every rank's flag (streaming gs sends them with its last
+                region); None: all-gather the flags here (:meth:`control_traffic`).
 
         Returns:
             None to go on with the step, or the all-zero update of a skipped step.
@@ -224,12 +231,14 @@ class Aggregator:
         if not self._agreed:
             self._check_agreement(grad.device)
             self._agreed = True
-        with self._timed("compress"):
-            bad_here = torch.tensor(
-                [0 if _all_finite(grad) else 1], dtype=torch.int32, device=grad.device
-            )
-        bad_anywhere = self.comm.allgather_backend(bad_here) if self.world_size > 1 else [bad_here]
-        bad_ranks = [r for r, flag in enumerate(bad_anywhere) if int(flag)]
+        if bad_ranks is None:
+            with self._timed("compress"):
+                bad_here = torch.tensor(
+                    [0 if all_finite(grad) else 1], dtype=torch.int32, device=grad.device
+                )
+            bad_anywhere = (self.comm.allgather_backend(bad_here) if self.world_size > 1
+                            else [bad_here])
+            bad_ranks = [r for r, flag in enumerate(bad_anywhere) if int(flag)]
         if not bad_ranks:
             self.consecutive_skips = 0
             return None

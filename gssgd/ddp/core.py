@@ -21,7 +21,7 @@ import torch
 import torch.distributed as dist
 
 from gssgd.aggregators import Aggregator, StepStats, make_aggregator
-from gssgd.aggregators.base import _all_finite
+from gssgd.aggregators.base import all_finite
 from gssgd.amp import LossScaleFollower
 from gssgd.comm import Communicator, new_future
 from gssgd.ddp.settings import HookSettings
@@ -211,7 +211,7 @@ class HookCore:
         if self._comm is None:
             self._comm = Communicator(self.group)
         bad = torch.tensor(
-            [0 if all(_all_finite(b) for b in buffers) else 1],
+            [0 if all(all_finite(b) for b in buffers) else 1],
             dtype=torch.int32,
             device=buffers[0].device,
         )

@@ -16,8 +16,11 @@ as DDP hands the buckets over in index order):
    Adam's ``a_b = e_b + rho * m_b + (1 - rho) * g_b`` with ``m`` the last update), sketch ``a_b`` into region ``b``, and
    start the region's all-reduce with ``async_op=True``, chained on its future
    (``get_future().then(...)``). The bucket gets a pending future.
+   The last bucket's region also carries every rank's non-finite flag (``P`` slots, this
+   rank's set to 1 when any of its gradient is NaN/Inf), so no flag all-gather waits after
+   backward.
 2. The last bucket: wait for every region's sum, then, as whole-model gs does: the
-   all-gather of the non-finite flag (and the ``nonfinite`` policy), the ``m * k``
+   ``nonfinite`` policy on the summed flags, the ``m * k``
    candidates over the whole table (one global selection, ties to the lower index), the
    exact round, the top ``k``, the update ``/ P`` and error feedback ``e = a`` with the
    ``k`` coordinates zeroed.
@@ -59,7 +62,7 @@ import torch
 import torch.distributed as dist
 
 from gssgd.aggregators import build_options
-from gssgd.aggregators.base import state_dtype
+from gssgd.aggregators.base import all_finite, state_dtype
 from gssgd.aggregators.gs import GlobalSketchSGD
 from gssgd.aggregators.options import GSOptions
 from gssgd.comm import Traffic, completed_future, new_future, recursive_doubling, ring_allreduce
@@ -112,12 +115,15 @@ class OverlapStats:
 def stream_traffic(
     region_cols: list[int], k: int, d: int, options: GSOptions, world_size: int
 ) -> Traffic:
-    """What one streaming step moves: the flag all-gather, one ring all-reduce per region
-    (``rows * c_b`` entries of ``table_dtype``) and, with ``exact``, the candidates' round
+    """What one streaming step moves: one ring all-reduce per region (``rows * c_b``
+    entries of ``table_dtype``, the last region ``P`` more: the ranks' non-finite flags,
+    which whole-model gs all-gathers) and, with ``exact``, the candidates' round
     (``allreduce=``'s pattern), as :meth:`GlobalSketchSGD.traffic` counts whole-model gs."""
-    out = GlobalSketchSGD.control_traffic(world_size)
-    for c in region_cols:
-        out = out + ring_allreduce(options.rows * c * options.table_dtype.itemsize, world_size)
+    out = Traffic((0,) * world_size, (0,) * world_size, 0, 0)
+    for b, c in enumerate(region_cols):
+        flags = world_size if b == len(region_cols) - 1 else 0
+        out = out + ring_allreduce((options.rows * c + flags) * options.table_dtype.itemsize,
+                                   world_size)
     if options.exact:
         reduce = ring_allreduce if options.allreduce == "backend" else recursive_doubling
         out = out + reduce(options.num_candidates(k, d) * 4, world_size)
@@ -254,6 +260,10 @@ class StreamingGS(GlobalSketchSGD):
         region = it.sketch.region_table(index)
         wire = self.options.table_dtype
         payload = region if wire == region.dtype else (region / self.world_size).to(wire)
+        if index == len(self.sizes) - 1:  # every bucket is in: the flags ride along
+            flags = torch.zeros(self.world_size, dtype=payload.dtype, device=payload.device)
+            flags[self.rank] = 0 if all_finite(it.grad) else 1
+            payload = torch.cat([payload.reshape(-1), flags])
         it.seconds_compress += time.perf_counter() - start
         it.payloads.append(payload)
         it.started.append(time.perf_counter())
@@ -309,7 +319,11 @@ class StreamingGS(GlobalSketchSGD):
         self._log_overlap()
         regions = self.comm.take_stats()
         regions.seconds += exposed
-        skipped = self._begin(it.grad)  # the non-finite flag and policy, as one step
+        flags = it.payloads[-1][-self.world_size:]
+        last = it.sketch.region_table(len(self.sizes) - 1)
+        it.payloads[-1] = it.payloads[-1][: -self.world_size].view(last.shape)
+        bad_ranks = [r for r, flag in enumerate(flags.tolist()) if flag]
+        skipped = self._begin(it.grad, bad_ranks)  # the non-finite policy, as one step
         if skipped is not None:
             for name in ("bytes_sent", "bytes_received", "messages", "rounds"):
                 setattr(
@@ -322,10 +336,11 @@ class StreamingGS(GlobalSketchSGD):
         k, summed, accumulated = self.step_k, it.sketch, it.accumulated
         with self._timed("decompress"):
             for b, payload in enumerate(it.payloads):
+                region = summed.region_table(b)
                 if payload.dtype != accumulated.dtype:
-                    summed.region_table(b).copy_(
-                        payload.to(accumulated.dtype).mul_(self.world_size)
-                    )
+                    region.copy_(payload.to(accumulated.dtype).mul_(self.world_size))
+                elif payload.data_ptr() != region.data_ptr():  # the last, sent with flags
+                    region.copy_(payload)
         if it.momentum is not None:
             self.momentum_buffer = it.momentum
 
