@@ -8,8 +8,8 @@ feedback), independent of ``gssgd.ddp.stream`` and ``gssgd.partitioned_sketch``:
 are those of ``tests/aggregators/reference.py`` (re-implemented from the documented scheme,
 not ``gssgd.hashing``), and its sums over ranks are plain ``torch.distributed`` calls, not
 gssgd's ``Communicator``. They are the sums the hook makes (the backend's all-reduce of
-each region, in bucket order; the exact round added up in recursive doubling's order), so
-the result must agree bit for bit.
+each region, in bucket order; the exact round by the backend's all-reduce, streaming's
+default, or added up in recursive doubling's order), so the result must agree bit for bit.
 """
 
 from __future__ import annotations
@@ -34,8 +34,9 @@ ITERS = 7
 #: density 0.02 of d = 4010: k = 80; 3 rows of 160 columns in all; m = 2.
 SETTINGS = {
     "rows3": {"density": 0.02, "rows": 3, "cols": 160, "candidates": 2},
+    # the exact round by recursive doubling (streaming's default is the backend's ring)
     "rows1-momentum": {"density": 0.02, "rows": 1, "cols": 400, "candidates": 3,
-                       "momentum": 0.9},
+                       "momentum": 0.9, "allreduce": "recursive_doubling"},
     # 1-bit Adam's compressed momentum (what compressed_adamw streams)
     "rows3-onebit": {"density": 0.02, "rows": 3, "cols": 160, "candidates": 2,
                      "feedback": "onebit", "momentum": 0.9},
@@ -83,7 +84,8 @@ class PartitionedReference:
     """Streaming gs's math on one rank: feed it the local gradient in bucket order.
 
     ``opts``: HookState's options; ``exact=False`` keeps the sketch's own top k and their
-    estimates, ``allreduce="backend"`` sums the exact round with the backend's all-reduce.
+    estimates; the exact round is summed with the backend's all-reduce, as streaming gs does
+    by default, or with ``allreduce="recursive_doubling"`` in that pattern's order.
     """
 
     def __init__(self, sizes: list[int], opts: dict) -> None:
@@ -94,7 +96,7 @@ class PartitionedReference:
         self.rho = opts.get("momentum", 0.0)
         self.seed = opts.get("seed", 0)
         self.exact = opts.get("exact", True)
-        self.backend = opts.get("allreduce", "recursive_doubling") == "backend"
+        self.backend = opts.get("allreduce", "backend") == "backend"
         self.residual = torch.zeros(self.d)
         self.momentum = torch.zeros(self.d)
         self.onebit = opts.get("feedback", "ef") == "onebit"
