@@ -328,3 +328,34 @@ def test_a_region_only_touches_its_own_columns() -> None:
     for b in (0, 2):
         assert torch.count_nonzero(sk.region_table(b)) == 0
     assert torch.count_nonzero(sk.region_table(1)) > 0
+
+
+# ------------------------------------------------------------------ non-finite flags
+def _nonfinite_worker(rank: int, world_size: int) -> dict:
+    """Streamed iterations of the MLP in four buckets, where rank 1's gradient holds a NaN
+    in the first layer (DDP's last bucket) at iteration START + 1, under
+    nonfinite='raise': the flags ride on the last region's all-reduce."""
+    torch.manual_seed(0)
+    ddp = DDP(scen.make_model(), bucket_cap_mb=scen.LAYOUTS["many"])
+    state = HookState("gs", density=0.02, start_iter=scen.START, whole_model=True,
+                      overlap="stream", rows=1, cols=400, candidates=2, nonfinite="raise")
+    ddp.register_comm_hook(state, comm_hook)
+    for t in range(scen.START + 2):
+        ddp.zero_grad()
+        loss = ddp(scen.batch(rank, t)).square().mean()
+        if t == scen.START + 1 and rank == 1:
+            first = next(ddp.module.parameters())
+            loss = loss + (first * torch.full_like(first, float("nan"))).sum() * 0
+        try:
+            loss.backward()
+        except FloatingPointError as exc:
+            return {"iteration": t, "error": str(exc)}
+    return {"iteration": None}
+
+
+def test_a_nan_on_one_rank_is_seen_by_every_rank_from_the_last_regions_flags() -> None:
+    ranks = run_workers(3, _nonfinite_worker)
+    raise_worker_errors(ranks)
+    for r, res in enumerate(ranks):
+        assert res["iteration"] == scen.START + 1, (r, res)
+        assert "rank(s) [1]" in res["error"], (r, res["error"])
