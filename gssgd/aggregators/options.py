@@ -289,8 +289,9 @@ class TopkOptions(CommonOptions):
               2020): no residual on the ranks; the summed sketch ``S`` of the gradients
               feeds a velocity ``S_u = momentum*S_u + S`` and an error ``S_e += S_u`` kept
               in sketch space (alike on every rank for gs, on the server for Sketched-SGD);
-              the top k of ``S_e``'s estimates are delivered, their sketch is subtracted
-              from ``S_e``, and ``S_u`` is zeroed in the buckets they touch. One round of
+              the top k of ``S_e``'s estimates are delivered, and ``S_e`` and ``S_u`` are
+              zeroed in the buckets they touch (the authors' code; subtracting their
+              sketch from ``S_e``, as the paper writes it, diverges). One round of
               tables, no exact round (gs needs ``exact=False``) and no density warm-up
               (its tables keep one shape); use plain SGD and ``rows`` > 1 (one row cannot
               tell a bucket's coordinates apart).

@@ -191,10 +191,11 @@ def reference_run(
     ``opts["reuse"]`` R (gs; no warm-up): steps t with t % R != 0 skip the sketch and take
     the top k of the exact sums at the last sketched step's candidates.
 
-    ``opts["feedback"] == "fetchsgd"`` (sketched, gs): FetchSGD as its paper states it: the
-    summed sketch ``S`` of the gradients, ``S_u = rho*S_u + S``, ``S_e += S_u``, deliver
-    the sketch's top k of ``S_e`` (estimates), ``S_e -= S(delta)``, ``S_u = 0`` where
-    ``S(delta)`` is nonzero; no residual on the ranks (returned as zeros).
+    ``opts["feedback"] == "fetchsgd"`` (sketched, gs): FetchSGD as its authors' code runs
+    it: the summed sketch ``S`` of the gradients, ``S_u = rho*S_u + S``, ``S_e += S_u``,
+    deliver the sketch's top k of ``S_e`` (estimates), then ``S_e = 0`` and ``S_u = 0``
+    wherever ``S(delta)`` is nonzero (the paper's ``S_e -= S(delta)`` diverges, as the
+    authors' code notes); no residual on the ranks (returned as zeros).
 
     Returns:
         (updates per step as arrays, final residual per rank as arrays), in ``dtype``; under
@@ -231,7 +232,7 @@ def reference_run(
             delta[chosen] = values
             delivered_sketch = RefSketch(d, opts["rows"], opts["cols"], opts.get("seed", 0))
             delivered_sketch.accumulate(delta)
-            sketch_e = sketch_e - delivered_sketch.table
+            sketch_e[delivered_sketch.table != 0] = 0
             sketch_u[delivered_sketch.table != 0] = 0
             updates.append((delta / world).astype(dtype))
             continue
