@@ -32,6 +32,7 @@ __all__ = [
     "topk_indices",
     "exact_topk_indices",
     "sampled_topk_indices",
+    "keep_largest",
 ]
 
 METHODS: tuple[str, ...] = ("auto", "exact", "sampled")
@@ -227,3 +228,15 @@ def sampled_topk_indices(
         return exact_topk_indices(values, k, ordered), "many"
     keep = exact_topk_indices(values[survivors], k, ordered)
     return survivors[keep], "sampled"
+
+
+def keep_largest(values: torch.Tensor, n: int) -> torch.Tensor:
+    """``values`` with all but its ``n`` largest ``|values|`` set to zero (ties to the lower
+    index): a sketching method's local pre-filter (``prefilter``). ``n >= values.numel()``
+    returns ``values`` itself."""
+    if n >= values.numel():
+        return values
+    keep = topk_indices(values.abs(), n)
+    out = torch.zeros_like(values)
+    out[keep] = values[keep]
+    return out

@@ -66,7 +66,7 @@ def test_every_name_has_one_code_path() -> None:
 
 def test_settings_apply_by_the_options_the_method_takes() -> None:
     assert applies_to("rows") == ("sketched", "gs")
-    assert applies_to("table_dtype") == ("gs",)
+    assert applies_to("table_dtype") == applies_to("prefilter") == ("sketched", "gs")
     assert applies_to("dtype") == ("dense",)
     assert set(applies_to("density")) == {"topk", "gtopk", "sketched", "gs"}
     assert setting_applies_to("local_momentum") == ("topk", "gtopk", "sketched", "gs")

@@ -19,6 +19,7 @@ import torch
 
 from gssgd import make_aggregator
 from gssgd.aggregators.gs import GlobalSketchSGD
+from gssgd.aggregators.sketched import SketchedSGD
 from gssgd.simulated import SimulatedWorld, SimulationError
 from tests.aggregators.reference import default_sketch, reference_run
 from tests.aggregators.scenarios import make_grad
@@ -181,6 +182,31 @@ def test_gs_many_workers_default_matches_the_independent_reference(world_size: i
     steady = GlobalSketchSGD.traffic(d, k, opts, world_size)
     assert aggs[0].last_stats.bytes_sent == steady.sent[0]
     assert max(a.last_stats.bytes_received for a in aggs) == max(steady.received)
+
+
+def test_sketched_many_workers_default_matches_the_independent_reference() -> None:
+    """From 16 workers Sketched-SGD takes the same sketch shape as gs (one rule sizes
+    both): 16·k columns, m = 8, the pre-filter of 8·k and float16 tables, which its server
+    widens and sums as float32. Replayed by the independent reference of that shape, the
+    same coordinates; the steady bytes are its traffic formula's."""
+    world_size, d, density, steps = 16, 4000, 0.01, 6
+    k = round(density * d)
+    world = SimulatedWorld(world_size)
+    aggs = [make_aggregator("sketched", d, density=density, group=world.rank(r))
+            for r in range(world_size)]
+    opts = aggs[0].options
+    assert (opts.cols, opts.candidates, opts.prefilter, opts.table_dtype) == (
+        16 * k, 8, 8, torch.float16)
+    grads = [[make_grad(p, t, d) for p in range(world_size)] for t in range(steps)]
+    got = [world.run(lambda rank, t=t: aggs[rank.rank].step(grads[t][rank.rank]))[0]
+           for t in range(steps)]
+    want, _ = reference_run("sketched", grads, k, default_sketch(d, k, world_size))
+    for t in range(steps):
+        assert set(torch.nonzero(got[t]).flatten().tolist()) == set(
+            np.flatnonzero(want[t]).tolist()), f"step {t}"
+        np.testing.assert_allclose(got[t].double().numpy(), want[t], rtol=1e-5, atol=1e-5)
+    steady = SketchedSGD.traffic(d, k, opts, world_size)
+    assert [a.last_stats.bytes_sent for a in aggs] == list(steady.sent)
 
 
 def test_below_sixteen_workers_gs_keeps_the_small_p_default() -> None:

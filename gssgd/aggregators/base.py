@@ -18,6 +18,7 @@ from typing import Any, ClassVar
 import torch
 import torch.distributed as dist
 
+from gssgd._select import keep_largest
 from gssgd.aggregators.options import CommonOptions
 from gssgd.aggregators.schedule import DensityWarmup
 from gssgd.aggregators.sketch_feedback import SketchFeedback
@@ -357,6 +358,21 @@ class Aggregator:
             warm[cols] = self._new_sketch(cols)
         warm[cols] = warm[cols].to(like.device, like.dtype).zero_()
         return warm[cols], candidates
+
+    def _prefiltered(self, accumulated: torch.Tensor, k: int) -> torch.Tensor:
+        """Sketching methods: what this rank sketches: ``a_p``, or with ``prefilter`` f >= 1
+        only its ``f * k`` largest coordinates (the rest zero)."""
+        f = self.options.prefilter
+        return keep_largest(accumulated, f * k) if f else accumulated
+
+    def _table_payload(self, table: torch.Tensor) -> torch.Tensor:
+        """Sketching methods: a table as it goes on the wire, in ``table_dtype`` (a 16-bit
+        table is the mean over ranks, scaled by 1/P before the cast, so it fits)."""
+        wire = self.options.table_dtype
+        if wire == table.dtype:
+            return table
+        with self._timed("compress"):
+            return (table / self.world_size).to(wire)
 
     def _keep_residual(self, accumulated: torch.Tensor, delivered: torch.Tensor) -> None:
         """``e = a`` with ``a[delivered] = 0`` (and momentum stopping ``u[delivered] = 0``)."""

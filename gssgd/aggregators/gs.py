@@ -173,14 +173,11 @@ class GlobalSketchSGD(Aggregator):
 
     def _sum_tables(self, table: torch.Tensor) -> torch.Tensor:
         """The sum over ranks of the sketch tables, sent as ``options.table_dtype``."""
-        wire = self.options.table_dtype
-        if wire == table.dtype:
-            return self._allreduce(table)
-        with self._timed("compress"):
-            payload = (table / self.world_size).to(wire)  # the mean fits 16 bits better
-        summed = self._allreduce(payload)
+        summed = self._allreduce(self._table_payload(table))
+        if summed.dtype == table.dtype:
+            return summed
         with self._timed("decompress"):
-            return summed.to(table.dtype).mul_(self.world_size)
+            return summed.to(table.dtype).mul_(self.world_size)  # 16-bit means
 
     def step(self, grad: torch.Tensor) -> torch.Tensor:
         skipped = self._begin(grad)
@@ -209,17 +206,6 @@ class GlobalSketchSGD(Aggregator):
             return self._finish(update)
         update, delivered = self._recover_and_update(accumulated, summed, k, num_candidates)
         return self._finish(update, delivered_fraction=delivered)
-
-    def _prefiltered(self, accumulated: torch.Tensor, k: int) -> torch.Tensor:
-        """What this rank sketches: ``a_p``, or with ``prefilter`` f >= 1 only its ``f * k``
-        largest coordinates (the rest zero)."""
-        f = self.options.prefilter
-        if not f or f * k >= self.d:
-            return accumulated
-        keep = topk_indices(accumulated.abs(), f * k)
-        part = torch.zeros_like(accumulated)
-        part[keep] = accumulated[keep]
-        return part
 
     def _candidates(self, summed: Any, num_candidates: int) -> torch.Tensor:
         """The ``num_candidates`` heaviest coordinates of the summed sketch, sorted by index:

@@ -4,9 +4,12 @@ The original parameter-server topology: rank 0 is the server (and also a worker)
 
 Steps (per rank p, each step):
     1. Accumulate: ``a_p = e_p + u_p``.
-    2. Compress: Count-Sketch ``a_p`` (rows x cols, hashes shared through the seed).
-    3. Every rank sends its sketch to rank 0; rank 0 sums them (in rank order) and takes the
-       top ``m*k`` candidates by |estimate| (ties by lower index), sorted by index.
+    2. Compress: Count-Sketch ``a_p`` (rows x cols, hashes shared through the seed; with
+       ``prefilter`` f: only this rank's ``f * k`` largest coordinates of it).
+    3. Every rank sends its sketch to rank 0 (as ``table_dtype``: a 16-bit table is the mean
+       over ranks, like the reference's ``transferHalf``); rank 0 sums them (in rank order,
+       in float32) and takes the top ``m*k`` candidates by |estimate| (ties by lower
+       index), sorted by index.
     4. Rank 0 sends the candidate indices to every rank; every rank sends back ``a_p`` at
        the candidates.
     5. Rank 0 sums the exact values, keeps the top k (ties by lower index), and sends
@@ -54,7 +57,7 @@ class SketchedSGD(Aggregator):
         p, i, v = world_size, index_dtype(d).itemsize, 4
         k_t = cls.k_at_step(d, k, options, step)
         cols, c = options.shape_at(d, k, k_t)
-        k, table = k_t, options.rows * cols * v
+        k, table = k_t, options.rows * cols * options.table_dtype.itemsize
         if options.feedback == "fetchsgd":  # tables in, (index, value) out
             return cls.control_traffic(p) + star(table, 0, p) + star(0, k * (i + v), p)
         return (
@@ -81,17 +84,15 @@ class SketchedSGD(Aggregator):
         with self._timed("compress"):
             accumulated = self._error_compensated(grad)
             sketch, num_candidates = self._sketch_of_step(accumulated)
-            sketch.accumulate(accumulated)
+            sketch.accumulate(self._prefiltered(accumulated, k))
 
-        tables = self.comm.gather_to_root([sketch.table])
+        tables = self.comm.gather_to_root([self._table_payload(sketch.table)])
         if self.sketch_feedback is not None:
             return self._fetch_step(sketch, tables, accumulated, k)
         candidates = torch.empty(num_candidates, dtype=index_dtype(self.d), device=grad.device)
         if is_server:
             with self._timed("decompress"):
-                summed = sketch.copy()
-                for (table,) in tables[1:]:
-                    summed.table += table
+                summed = self._summed_sketch(sketch, tables)
                 found = summed.heavy_hitters(num_candidates, ordered=False)[0]
                 candidates = found.sort().values.to(candidates.dtype)  # canonical order
         (candidates,) = self.comm.broadcast_from_root([candidates])
@@ -118,6 +119,17 @@ class SketchedSGD(Aggregator):
             self._keep_residual(accumulated, final_idx)
         return self._finish(update)
 
+    def _summed_sketch(self, sketch: CountSketch, tables: list[Payload]) -> CountSketch:
+        """The server's sum of the gathered tables (its own first), in rank order, in the
+        sketch's dtype (16-bit tables are summed as float32 means, then times P)."""
+        dtype = sketch.table.dtype
+        total = tables[0][0].to(dtype)
+        for (table,) in tables[1:]:
+            total = total + table.to(dtype)
+        if tables[0][0].dtype != dtype:  # 16-bit means
+            total.mul_(self.world_size)
+        return sketch.with_table(total)
+
     def _fetch_step(self, sketch: CountSketch, tables: list[Payload] | None,
                     accumulated: torch.Tensor, k: int) -> torch.Tensor:
         """FetchSGD's server step: sum the tables in rank order, recover from the error
@@ -130,9 +142,7 @@ class SketchedSGD(Aggregator):
         ]
         if self.rank == 0:
             with self._timed("decompress"):
-                summed = sketch.copy()
-                for (table,) in tables[1:]:
-                    summed.table += table
+                summed = self._summed_sketch(sketch, tables)
                 chosen, values = self.sketch_feedback.recover(summed, k)
                 final = [chosen.to(final[0].dtype), values]
         final_idx, final_vals = self.comm.broadcast_from_root(final)

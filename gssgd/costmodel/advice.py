@@ -375,7 +375,7 @@ def advise(
             overlap = "table"
         method, _ = get_variant(variant)  # a clear error for an unknown name
         warm = method.recipe_warmup_steps() if warmup_steps is None else warmup_steps
-        # gs's default shape depends on P (gs_default_shape); streaming keeps the small-P
+        # gs's default shape depends on P (sketch_default_shape); streaming keeps the small-P
         # shape (its regions cannot pre-filter: gssgd.ddp.stream)
         shape_for = None if overlap is not None else workers
         spec = method_spec(variant, params, density, warmup_steps=warm, world_size=shape_for)

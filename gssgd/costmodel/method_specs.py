@@ -185,7 +185,7 @@ def method_spec(
         warmup_steps, warmup_density: a density warm-up, for a method whose options take
             one (others ignore it): see :func:`warmup_traffic`.
         world_size: the number of workers the method's defaults are resolved for (gs's
-            shape depends on it: :func:`gssgd.aggregators.options.gs_default_shape`);
+            shape depends on it: :func:`gssgd.aggregators.options.sketch_default_shape`);
             None: the small-P defaults.
 
     Returns:

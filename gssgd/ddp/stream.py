@@ -39,7 +39,7 @@ Differences from whole-model gs, by design:
   exact round (``allreduce=`` still chooses it; whole-model gs below 16 workers uses
   recursive doubling). On the regression check's command (scripts/overlap_check.sh) the
   exact round on the ring took 24 ms off a 201 ms streamed step.
-* The sketch keeps the small-P shape (:func:`~gssgd.aggregators.options.gs_default_shape`:
+* The sketch keeps the small-P shape (:func:`~gssgd.aggregators.options.sketch_default_shape`:
   40·k columns, m = 32, float32) at every ``P`` and sketches every coordinate: the
   pre-filter needs the whole gradient before bucket 0, and the many-workers shape's narrow
   table relies on it.

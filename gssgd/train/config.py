@@ -215,9 +215,9 @@ class TrainConfig:
     candidates: int | None = None  # m: the sketch proposes m*k candidates (default 32, m*k <= d/8)
     exact: bool | None = None  # gs: fetch exact values of the candidates (default True)
     allreduce: str | None = None  # gs: recursive_doubling (default) or backend
-    table_dtype: str | None = None  # gs: sketch tables on the wire: float32 (default), float16, bfloat16
+    table_dtype: str | None = None  # sketched, gs: sketch tables on the wire: float32, float16, bfloat16
     guard: str | None = None  # gs: on a collapsed sketch grow it (default), raise, or off
-    prefilter: int | None = None  # gs: each worker sketches only its own prefilter*k largest
+    prefilter: int | None = None  # sketched, gs: each worker sketches only its own prefilter*k largest
     reuse: int | None = None  # gs: sketch every reuse-th step, between them reuse its candidates
     powersgd_rank: int | None = None  # powersgd: matrix approximation rank (default 2)
     start_iter: int | None = None  # steps of plain all-reduce before compression (default 2)

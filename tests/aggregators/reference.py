@@ -102,22 +102,22 @@ class RefSketch:
 
 
 # ---------------------------------------------------------------------------- defaults
-def default_sketch(d: int, k: int, world_size: int = 1, method: str = "gs") -> dict:
+def default_sketch(d: int, k: int, world_size: int = 1) -> dict:
     """The sketch shape gssgd ships as its default, from its documentation (docs/sizing.md,
     ``SketchedOptions``; docs/study.md for many workers), restated here.
 
     Below 16 workers: one row, ``40 k`` columns capped at ``max(256, d / 4)``, and ``m = 32``
-    candidates per selected coordinate capped so that ``m k <= d / 8``; gs's ranks sketch
-    only their own ``8 k`` largest coordinates (``method``: Sketched-SGD has no pre-filter).
-    From 16 workers on (gs only; Sketched-SGD keeps the first): ``16 k`` columns and
-    ``m = 8`` under the same caps, the same pre-filter, float16 tables on the wire and the
-    backend's all-reduce."""
+    candidates per selected coordinate capped so that ``m k <= d / 8``; the ranks sketch
+    only their own ``8 k`` largest coordinates (both methods: one rule sizes both).
+    From 16 workers on: ``16 k`` columns and ``m = 8`` under the same caps,
+    the same pre-filter, float16 tables on the wire (and, for gs, the backend's
+    all-reduce)."""
     if world_size < 16:
         return {
             "rows": 1,
             "cols": max(1, min(40 * k, max(256, d // 4))),
             "candidates": max(1, min(32, d // (8 * k))),
-            **({"prefilter": 8} if method == "gs" else {}),
+            "prefilter": 8,
         }
     return {
         "rows": 1,
@@ -128,13 +128,20 @@ def default_sketch(d: int, k: int, world_size: int = 1, method: str = "gs") -> d
     }
 
 
-def _summed_table(tables: list[np.ndarray], wire16: bool) -> np.ndarray:
+def _summed_table(tables: list[np.ndarray], wire16: bool, server: bool = False) -> np.ndarray:
     """The sum of the ranks' tables: exact (float64), or as a float16 wire carries it: each
     table scaled by 1/P and rounded to float16, summed in float16 in rank order (the
-    simulated world's all-reduce order), widened and scaled back by P."""
+    simulated world's all-reduce order), widened and scaled back by P; ``server``
+    (Sketched-SGD): the float16 tables widened to float32 and summed there, in rank order."""
     if not wire16:
         return sum(tables)
     world = len(tables)
+    if server:
+        means = [(t.astype(np.float32) / np.float32(world)).astype(np.float16) for t in tables]
+        acc = means[0].astype(np.float32)
+        for m in means[1:]:
+            acc = acc + m.astype(np.float32)
+        return acc * np.float32(world)
     acc = (tables[0].astype(np.float32) / np.float32(world)).astype(np.float16)
     for t in tables[1:]:
         acc = (acc + (t.astype(np.float32) / np.float32(world)).astype(np.float16)).astype(
@@ -290,7 +297,8 @@ def reference_run(
                 one = RefSketch(d, opts["rows"], opts["cols"], opts.get("seed", 0))
                 one.accumulate(part)
                 tables.append(one.table)
-            summed.table = _summed_table(tables, opts.get("table16", False))
+            wire16 = opts.get("table16", False) or str(opts.get("table_dtype")) == "torch.float16"
+            summed.table = _summed_table(tables, wire16, server=method == "sketched")
             if opts.get("exact", True):
                 cand, _ = summed.heavy_hitters(min(opts["candidates"] * k, d))
                 cand = kept = np.sort(cand)  # canonical order: exact ties go to the lower index

@@ -52,6 +52,10 @@ CONFIGS: dict[str, tuple[str, dict, int]] = {
     "gs_backend": ("gs", {"density": 0.01, "allreduce": "backend", **SKETCH}, D),
     "gs_estimate": ("gs", {"density": 0.01, "exact": False, **SKETCH}, D),
     "gs_half": ("gs", {"density": 0.01, "table_dtype": torch.float16, **SKETCH}, D),
+    # Sketched-SGD's many-workers levers: float16 tables (summed as float32 on the server)
+    # and the pre-filter
+    "sketched_half_prefilter": ("sketched", {"density": 0.01, "table_dtype": torch.float16,
+                                             "prefilter": 2, **SKETCH}, D),
     "gs_prefilter": ("gs", {"density": 0.01, "prefilter": 2, **SKETCH}, D),
     # Ok-Topk-style reuse: a sketch every third step, the exact round at its candidates between
     "gs_reuse": ("gs", {"density": 0.01, "reuse": 3, **SKETCH}, D),

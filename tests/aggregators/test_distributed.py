@@ -79,11 +79,11 @@ def k_of(name: str) -> int:
 
 def reference_opts(name: str) -> dict:
     """The config's options; without a sketch shape, the documented default one, and
-    gs's default pre-filter unless the config sets one."""
+    the sketching methods' default pre-filter unless the config sets one."""
     method, opts, d = CONFIGS[name]
     if method not in ("sketched", "gs"):
         return opts
-    defaults = default_sketch(d, k_of(name), method=method)
+    defaults = default_sketch(d, k_of(name))
     if "rows" in opts:
         defaults = {key: v for key, v in defaults.items() if key == "prefilter"}
     return {**defaults, **opts}

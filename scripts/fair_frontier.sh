@@ -1,0 +1,62 @@
+#!/usr/bin/env bash
+# The fair frontier (issue #35): accuracy against bytes, every method at several
+# compression levels, under weak scaling (a fixed per-worker batch), simulated world.
+#   bash scripts/fair_frontier.sh "16" "0"                 # P values, seeds
+#   DATASET=fashion-mnist bash scripts/fair_frontier.sh "16 64" "0 1 2"
+#   METHODS="gs topk" bash scripts/fair_frontier.sh 16 0   # a subset
+# Every run: the CNN on DATASET (mnist or fashion-mnist), BATCH samples a worker (default
+# 16: global batch P * BATCH), STEPS steps (default 400), evaluated every 100. Methods and
+# levels (a run is named METHOD-LEVEL):
+#   dense-lrX       momentum 0.9 at lr X for each X in DENSE_LRS (default "0.05 0.1"):
+#                   dense's small learning-rate sweep at this P; dense16-lrX the same
+#                   with a float16 payload (at the first lr of DENSE_LRS only)
+#   topk|gtopk|gs|sketched-dD   each sparse method at each density D of DENSITIES
+#                   (default "0.001 0.003 0.01"), with its default recipe (plain SGD
+#                   with error feedback, lr 0.2, the 100-step density warm-up) and, for
+#                   gs and Sketched-SGD, the default sketch shape for its P
+#   powersgd-rR     PowerSGD at each rank R of RANKS (default "1 2 4"), when the method
+#                   is registered (gssgd's own, error feedback, momentum 0.9 at dense's
+#                   first lr: its authors' recipe keeps the optimizer's momentum)
+# Raw runs go to runs/fair-frontier/DATASET (git-ignored); scripts/frontier_report.py
+# RUNS_DIR OUT_DIR summarises them (docs/results/fair-frontier-DATASET).
+set -u
+cd "$(dirname "$0")/.."
+DATASET=${DATASET:-mnist}
+DIR=${RUNS_DIR:-runs/fair-frontier/$DATASET}
+source scripts/lib/study_run.sh
+PS=${1:-16}
+SEEDS=${2:-0}
+BATCH=${BATCH:-16}
+STEPS=${STEPS:-400}
+DENSE_LRS=${DENSE_LRS:-"0.05 0.1"}
+DENSITIES=${DENSITIES:-"0.001 0.003 0.01"}
+RANKS=${RANKS:-"1 2 4"}
+METHODS=${METHODS:-"dense dense16 topk gtopk gs sketched powersgd"}
+has_powersgd=$(.venv/bin/python -c "import gssgd; print(int('powersgd' in gssgd.AGGREGATORS))")
+first_lr=${DENSE_LRS%% *}
+for P in $PS; do
+  for seed in $SEEDS; do
+    base=(--simulate --dataset "$DATASET" --model cnn --steps "$STEPS" --eval-every 100
+          --workers "$P" --global-batch $((P * BATCH)) --seed "$seed" --no-progress --overwrite)
+    run() {  # run NAME ARGS...
+      local name=$1; shift
+      execute "P$P-s$seed-$name" "$DIR/P$P/s$seed/$name/summary.json" \
+        .venv/bin/gssgd train "${base[@]}" "$@" --out "$DIR/P$P/s$seed/$name"
+    }
+    for method in $METHODS; do
+      case $method in
+        dense) for lr in $DENSE_LRS; do run "dense-lr$lr" --method dense --lr "$lr"; done ;;
+        dense16) run "dense16-lr$first_lr" --method dense --lr "$first_lr" \
+                   --payload-dtype float16 ;;
+        powersgd)
+          [ "$has_powersgd" = 1 ] || { echo "skip  powersgd: not registered"; continue; }
+          for r in $RANKS; do
+            run "powersgd-r$r" --method powersgd --powersgd-rank "$r" --lr "$first_lr"
+          done ;;
+        *) for density in $DENSITIES; do
+             run "$method-d$density" --method "$method" --density "$density"
+           done ;;
+      esac
+    done
+  done
+done
