@@ -33,6 +33,7 @@ from __future__ import annotations
 import json
 import statistics
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -143,10 +144,19 @@ def metric_of(runs_dir: Path) -> Metric:
     return ACCURACY
 
 
-def summarise(runs_dir: Path, m: Metric = ACCURACY) -> dict[str, dict[str, Any]]:
+def plain_dense(runs: dict[str, list[dict[str, Any]]], m: Metric) -> str | None:
+    """The dense reference of a P: the run named ``dense``."""
+    return "dense" if "dense" in runs else None
+
+
+def summarise(runs_dir: Path, m: Metric = ACCURACY,
+              dense_of: Callable[[dict[str, list[dict[str, Any]]], Metric], str | None]
+              = plain_dense) -> dict[str, dict[str, Any]]:
     """By P, by method: mean accuracy (or loss), its spread, bytes, and the steps and bytes
     to reach dense (:meth:`Metric.reaches`, on the mean curve over seeds: :func:`_to_target`),
-    the steps also as a multiple of dense's own."""
+    the steps also as a multiple of dense's own. ``dense_of`` names the dense reference
+    among a P's runs (default: ``dense``; scripts/fair_frontier_report.py: dense's best
+    learning rate)."""
     out: dict[str, dict[str, Any]] = {}
     for pdir in sorted(runs_dir.glob("P*"), key=lambda p: int(p.name[1:])):
         runs: dict[str, list[dict[str, Any]]] = {}
@@ -156,7 +166,8 @@ def summarise(runs_dir: Path, m: Metric = ACCURACY) -> dict[str, dict[str, Any]]
                 runs.setdefault(run.name, []).append(got)
         if not runs:
             continue
-        dense = statistics.mean(r[m.key] for r in runs["dense"]) if "dense" in runs else None
+        ref = dense_of(runs, m)
+        dense = statistics.mean(r[m.key] for r in runs[ref]) if ref else None
         table = {}
         for name, seeds in sorted(runs.items()):
             values = [r[m.key] for r in seeds]
@@ -175,7 +186,7 @@ def summarise(runs_dir: Path, m: Metric = ACCURACY) -> dict[str, dict[str, Any]]
                  else "bytes_to_dense_plus_3_percent"): bytes_to,
                 "steps_to_target": steps_to,
             }
-        dense_steps = table.get("dense", {}).get("steps_to_target")
+        dense_steps = table.get(ref, {}).get("steps_to_target") if ref else None
         for row in table.values():
             row["steps_to_target_over_dense"] = (
                 row["steps_to_target"] / dense_steps

@@ -1,0 +1,176 @@
+"""Summarise scripts/fair_frontier.sh: each method's curve of accuracy against bytes.
+
+    .venv/bin/python scripts/fair_frontier_report.py [RUNS_DIR] [OUT_DIR]
+    .venv/bin/python scripts/fair_frontier_report.py runs/fair-frontier/fashion-mnist \
+        docs/results/fair-frontier-fashion-mnist
+
+Reads RUNS_DIR/P<P>/s<seed>/<method>-<level>/ (default runs/fair-frontier/mnist) with
+scripts/frontier_report.py's reader (one toolkit for the frontier studies) and writes
+OUT_DIR (default docs/results/fair-frontier-mnist): summary.json, summary.md (a table per
+P, levels grouped by method) and fair_P<P>.png (left: accuracy against the busiest rank's
+bytes per step after the warm-up, one curve per method through its levels, the seeds'
+min–max as a band; right: the bytes each level needed to reach dense − 0.5 point).
+
+Dense's reference at a P is its best learning rate there (``dense-lr*``, the highest mean
+accuracy). The targets (issue #35), judged per P on the bytes to reach dense − 0.5 point
+(cumulative busiest-rank bytes, on the mean curve over seeds, each method at its best
+level): gs reaches it with at most half the bytes of the best rival (PowerSGD, gTop-k,
+local Top-k, Sketched-SGD); and no rival's point lies above gs's curve (a rival level whose
+accuracy beats every gs level sending no more bytes per step).
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import sys
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from frontier_report import ACCURACY, Metric, metric_of, summarise  # noqa: E402
+
+#: The rivals gs is judged against (a run's method is its name up to the first "-").
+RIVALS = ("powersgd", "gtopk", "topk", "sketched")
+TO_TARGET = "bytes_to_dense_minus_half_point"
+
+
+def best_dense(runs: dict[str, list[dict[str, Any]]], m: Metric) -> str | None:
+    """Dense's best learning rate at this P: the ``dense-lr*`` run with the best mean."""
+    names = [n for n in runs if n.startswith("dense-lr")]
+    if not names:
+        return None
+    return max(names, key=lambda n: statistics.mean(r[m.key] for r in runs[n])
+               * (1 if m.higher_is_better else -1))
+
+
+def family(name: str) -> str:
+    """The method of a run name: ``gs-d0.003`` -> ``gs``, ``dense16-lr0.05`` -> ``dense16``."""
+    return name.split("-")[0]
+
+
+def curves(table: dict[str, Any]) -> dict[str, list[tuple[str, dict[str, Any]]]]:
+    """Each method's levels, by increasing steady bytes."""
+    out: dict[str, list[tuple[str, dict[str, Any]]]] = {}
+    for name, row in table.items():
+        out.setdefault(family(name), []).append((name, row))
+    return {f: sorted(rows, key=lambda nr: nr[1]["bytes_steady"]) for f, rows in out.items()}
+
+
+def best_to_target(rows: list[tuple[str, dict[str, Any]]]) -> tuple[str, float] | None:
+    """The level that reached dense − 0.5 point with the fewest bytes, and those bytes."""
+    reached = [(n, r[TO_TARGET]) for n, r in rows if r.get(TO_TARGET) is not None]
+    return min(reached, key=lambda nb: nb[1]) if reached else None
+
+
+def above_gs(gs_rows: list[tuple[str, dict[str, Any]]], rival: dict[str, Any],
+             m: Metric) -> bool:
+    """Whether a rival level lies above gs's curve: better than every gs level that sends
+    no more bytes per step (nothing of gs's that cheap counts as below)."""
+    cheaper = [r[m.key] for _, r in gs_rows if r["bytes_steady"] <= rival["bytes_steady"]]
+    return not cheaper or not m.at_least_as_good(m.best(cheaper), rival[m.key])
+
+
+def targets(summary: dict[str, dict[str, Any]], m: Metric = ACCURACY) -> dict[str, Any]:
+    """Per P: each method's best bytes to the target, gs's ratio to the best rival's, and
+    the rival levels above gs's curve."""
+    out: dict[str, Any] = {}
+    for p, table in summary.items():
+        by = curves(table)
+        best = {f: best_to_target(rows) for f, rows in by.items()}
+        row: dict[str, Any] = {"best_to_target": {f: b for f, b in best.items() if b}}
+        rivals = [b for f, b in best.items() if f in RIVALS and b]
+        gs = best.get("gs")
+        if gs and rivals:
+            top = min(rivals, key=lambda nb: nb[1])
+            row["best_rival"] = top[0]
+            row["gs_over_best_rival_bytes"] = gs[1] / top[1]
+            row["target_gs_at_most_half_the_best_rival"] = gs[1] <= 0.5 * top[1]
+        elif rivals and "gs" in by:
+            row["best_rival"] = min(rivals, key=lambda nb: nb[1])[0]
+            row["target_gs_at_most_half_the_best_rival"] = False  # gs never reached it
+        if "gs" in by:
+            row["rival_levels_above_gs"] = [
+                n for f, rows in by.items() if f in RIVALS for n, r in rows
+                if above_gs(by["gs"], r, m)]
+        out[p] = row
+    return out
+
+
+def markdown(summary: dict[str, dict[str, Any]], goals: dict[str, Any], m: Metric) -> str:
+    lines = []
+    for p, table in summary.items():
+        lines += [f"### P = {p}", "",
+                  f"| method | level | seeds | test {m.key} (min–max) | bytes / step, steady "
+                  "| bytes / step, whole run | to dense − 0.5 pt | steps there |",
+                  "|---|---|---|---|---|---|---|---|"]
+        for f, rows in sorted(curves(table).items()):
+            for name, r in rows:
+                to = r.get(TO_TARGET)
+                lines.append(
+                    f"| {f} | {name[len(f) + 1:] or '–'} | {r['seeds']} | {m.show(r[m.key])} "
+                    f"({m.number(r[f'{m.key}_min'])}–{m.number(r[f'{m.key}_max'])}) "
+                    f"| {r['bytes_steady']:,.0f} | {r['bytes_run']:,.0f} "
+                    f"| {'not reached' if to is None else f'{to / 1e6:,.2f} MB'} "
+                    f"| {r['steps_to_target'] or '–'} |")
+        lines += ["", "```", json.dumps(goals.get(p, {}), indent=1), "```", ""]
+    return "\n".join(lines)
+
+
+def plot(summary: dict[str, dict[str, Any]], out: Path, title: str, m: Metric) -> list[Path]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    paths = []
+    scale = 100 if m.higher_is_better else 1
+    for p, table in summary.items():
+        fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
+        for f, rows in sorted(curves(table).items()):
+            x = [r["bytes_steady"] for _, r in rows]
+            y = [scale * r[m.key] for _, r in rows]
+            line, = left.plot(x, y, "o-", label=f)
+            left.fill_between(x, [scale * r[f"{m.key}_min"] for _, r in rows],
+                              [scale * r[f"{m.key}_max"] for _, r in rows],
+                              color=line.get_color(), alpha=0.15)
+            reached = [(n, r[TO_TARGET]) for n, r in rows if r.get(TO_TARGET) is not None]
+            if reached:
+                right.scatter([b / 1e6 for _, b in reached], [f] * len(reached),
+                              color=line.get_color())
+                for n, b in reached:
+                    right.annotate(n[len(f) + 1:], (b / 1e6, f), fontsize=7,
+                                   xytext=(3, 3), textcoords="offset points")
+        left.set_xscale("log")
+        left.set_xlabel("busiest rank's bytes per step after the warm-up")
+        left.set_ylabel("final test accuracy (%)" if m.higher_is_better else "final test loss")
+        left.legend(fontsize=7)
+        right.set_xscale("log")
+        right.set_xlabel("busiest rank's bytes until dense − 0.5 point (MB)")
+        fig.suptitle(f"{title}, P = {p} (simulated; bands: seeds' min–max)")
+        fig.tight_layout()
+        path = out / f"fair_P{p}.png"
+        fig.savefig(path, dpi=110)
+        plt.close(fig)
+        paths.append(path)
+    return paths
+
+
+def main() -> None:
+    runs_dir = Path(sys.argv[1]) if len(sys.argv) > 1 else Path("runs/fair-frontier/mnist")
+    out = Path(sys.argv[2]) if len(sys.argv) > 2 else Path("docs/results/fair-frontier-mnist")
+    out.mkdir(parents=True, exist_ok=True)
+    m = metric_of(runs_dir)
+    summary = summarise(runs_dir, m, dense_of=best_dense)
+    goals = targets(summary, m)
+    (out / "summary.json").write_text(
+        json.dumps({"by_P": summary, "targets": goals}, indent=1) + "\n")
+    text = markdown(summary, goals, m)
+    (out / "summary.md").write_text(text)
+    print(text)
+    title = f"CNN on {runs_dir.name}, weak scaling"
+    print("wrote", out / "summary.json", *plot(summary, out, title, m))
+
+
+if __name__ == "__main__":
+    main()
