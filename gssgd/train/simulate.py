@@ -20,9 +20,10 @@ The outputs are those of a real run (``metrics.jsonl``, ``summary.json`` with
 ``"simulated": true``), so ``gssgd compare --simulate`` tabulates and plots them alike.
 What a simulated run does not give: step times (the ranks take turns on one thread: the
 cost model predicts times from the exact bytes), checkpoints to resume, and real workers'
-failure modes. With the backend's all-reduce (dense, the warm-up, gs with
-``allreduce="backend"``) the sums are in rank order where gloo picks its own, so those runs
-agree with real processes to rounding; everything else is bitwise the real computation.
+failure modes. The updates are bitwise those of real gloo processes, the backend's
+all-reduce included (dense, the warm-up, gs with ``allreduce="backend"``: the simulated
+world sums in gloo's ring order, :func:`~gssgd.simulated.gloo_ring_reduce`); only the
+logged loss is summed over ranks in another order (a float64 sum: the last bits).
 """
 
 from __future__ import annotations
