@@ -14,9 +14,10 @@ What is the same as real processes, and what is not:
   tensors a process group would move, so methods that fix the order of their sums
   themselves (gTop-k, Sketched-SGD, gs with recursive doubling, local Top-k) give bitwise
   the same updates as on gloo;
-* the backend all-reduce sums in rank order, where gloo or NCCL pick their own order: the
-  same bytes are counted, the sums agree to rounding (and so, all but always, the chosen
-  coordinates);
+* the backend all-reduce sums in gloo's order (:func:`gloo_ring_reduce`: gloo's ring
+  adds each chunk of the tensor starting from a different rank), so dense, the dense
+  warm-up and gs with ``allreduce="backend"`` (float32 or float16 tables) are bitwise the
+  same as on gloo too; NCCL picks yet another order, which is not simulated;
 * byte counts are exact; wall times are not step times (the ranks take turns on one
   thread): the cost model predicts step times.
 
@@ -36,7 +37,13 @@ from typing import Any, TypeVar
 import torch
 import torch.distributed as dist
 
-__all__ = ["SimulatedRank", "SimulatedWorld", "SimulationError"]
+__all__ = [
+    "SimulatedRank",
+    "SimulatedWorld",
+    "SimulationError",
+    "gloo_ring_chunk",
+    "gloo_ring_reduce",
+]
 
 T = TypeVar("T")
 
@@ -45,6 +52,89 @@ _REDUCE_OPS: dict[Any, Callable[[torch.Tensor, torch.Tensor], torch.Tensor]] = {
     dist.ReduceOp.MAX: lambda acc, t: torch.maximum(acc, t, out=acc),
     dist.ReduceOp.MIN: lambda acc, t: torch.minimum(acc, t, out=acc),
 }
+#: gloo's largest ring segment in bytes (``AllreduceOptionsImpl::kMaxSegmentSize``, 1 MiB).
+GLOO_MAX_SEGMENT_BYTES = 1 << 20
+
+
+def _ceil_div(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def gloo_ring_chunk(numel: int, element_size: int, world_size: int) -> int:
+    """Elements in each chunk of gloo's ring all-reduce of ``numel`` elements of
+    ``element_size`` bytes over ``world_size`` ranks (the last chunks short or empty).
+
+    gloo cuts the buffer into S segments, S the smallest multiple of P that is at least
+    ``max(ceil(bytes / 1 MiB), 2P)``, each of ``ceil(bytes / S)`` bytes rounded up to whole
+    elements; chunk ``c`` is segments ``c·S/P`` to ``(c+1)·S/P - 1``. So the chunks are
+    whole segments, not ``ceil(n / P)``: P = 16 and 100 elements give chunks of 8 (12 full
+    ones and one of 4), not 7; 6,000,001 float32 over P = 5 (24 MB: 25 segments) give
+    chunks of 1,200,005.
+    """
+    nbytes, p = numel * element_size, world_size
+    max_segment = element_size * max(1, GLOO_MAX_SEGMENT_BYTES // element_size)
+    segments = _ceil_div(max(_ceil_div(nbytes, max_segment), 2 * p), p) * p
+    segment_elements = _ceil_div(_ceil_div(nbytes, segments), element_size)
+    return segment_elements * (segments // p)
+
+
+def gloo_ring_reduce(
+    tensors: list[torch.Tensor], op: Any = dist.ReduceOp.SUM
+) -> torch.Tensor:
+    """Reduce rank ``r``'s ``tensors[r]`` exactly as gloo's ring all-reduce does: a new
+    tensor, bitwise what ``torch.distributed.all_reduce`` gives every rank on gloo (CPU).
+
+    The rule (gloo's ``ring`` in ``gloo/allreduce.cc``, which ProcessGroupGloo runs for every
+    CPU all-reduce):
+
+    1. the flattened tensor is cut into P chunks of :func:`gloo_ring_chunk` elements; rank
+       ``c`` ends up holding chunk ``c`` reduced;
+    2. reduce-scatter: chunk ``c`` leaves rank ``c - 1`` (mod P) holding that rank's
+       values, travels down the ring to ranks ``c - 2``, ``c - 3``, ... and ends on rank
+       ``c``, each rank adding its own values to what it received. So chunk ``c``'s sum is
+       ``((x[c-1] + x[c-2]) + x[c-3]) + ... + x[c]``: chunk 0 starts at rank P - 1, chunk
+       1 at rank 0, and so on;
+    3. each addition is one add in the tensor's dtype: float16 adds two halves in float32
+       and rounds to float16 each time (gloo's ``float16::operator+``, as torch's CPU add),
+       never a float32 accumulator over the ranks;
+    4. the all-gather only copies, so every rank gets the same bits.
+
+    How it was found (``scripts/gloo_order_probe.py``; the record is in docs/benchmarks.md,
+    "Simulated ring in gloo's order"): real gloo processes (torch 2.13,
+    ``init_method=file://``) all-reduced rank-specific random values (float32 and float16,
+    magnitudes spread so the order of the additions shows in the bits) for P = 2, 3, 5, 6,
+    7, 16 and 17 (and 4 in tests/test_simulated.py) and lengths from 1 to 6,000,001 (not
+    multiples of P; past 2P MiB, where a chunk holds more than two segments). Every
+    element was compared with all P rotations of the ring in both directions and (float16)
+    with a float32 accumulator: the rule above matched every element of every case
+    bitwise, rank order 0..P-1 did not, and it is what gloo's source does. The ring is
+    unchanged in gloo since 2021 and PyTorch's pinned gloo (3135b0b, December 2025, kept
+    until June 2026 by pytorch/pytorch#187077) has it, so torch 2.11 should sum alike (not
+    tested here). Only gloo commits of 2026-01-09 to 2026-02-09 differ: their intra-node
+    shared-memory all-reduce summed in rank order, and was reverted.
+
+    Args:
+        tensors: one tensor per rank, same shape and dtype, contiguous or not.
+        op: ``dist.ReduceOp.SUM``, ``MAX`` or ``MIN`` (the last two in the same order,
+            which does not change them, NaNs aside).
+
+    Returns:
+        The reduced tensor, shaped like ``tensors[0]``.
+    """
+    p, reduce = len(tensors), _REDUCE_OPS[op]
+    flat = [t.reshape(-1) for t in tensors]
+    out = torch.empty_like(flat[0])
+    n = out.numel()
+    size = gloo_ring_chunk(n, out.element_size(), p)
+    for chunk in range(p):
+        lo, hi = chunk * size, min(n, (chunk + 1) * size)
+        if lo >= hi:
+            break  # this chunk and the ones after it are empty
+        acc = out[lo:hi]
+        acc.copy_(flat[(chunk - 1) % p][lo:hi])
+        for step in range(1, p):
+            reduce(acc, flat[(chunk - 1 - step) % p][lo:hi])
+    return out.view(tensors[0].shape)
 
 
 class SimulationError(RuntimeError):
@@ -202,16 +292,13 @@ class SimulatedWorld:
         return self._result
 
     def _combine(self, op: Any) -> None:
-        """Combine the handed-in tensors in rank order, so every rank gets this result."""
+        """Combine the handed-in tensors (a reduction in gloo's order), so every rank gets
+        this result."""
         slots = [t for t in self._slots if t is not None]
         if op is None:
             self._result = torch.stack(slots)  # every rank copies its own from this
         else:
-            acc = slots[0].clone()
-            reduce = _REDUCE_OPS[op]
-            for t in slots[1:]:
-                acc = reduce(acc, t)
-            self._result = acc
+            self._result = gloo_ring_reduce(slots, op)
         self._slots = [None] * self.world_size
         self._arrived = 0
         self._generation += 1

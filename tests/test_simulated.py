@@ -2,30 +2,38 @@
 
 The same aggregator classes run on P = 3, 4 and 5 real processes (one spawn: P = 3 and 4
 are subgroups of the P = 5 world) and on simulated worlds of the same sizes, with the same
-per-rank gradients: where the package fixes the order of the sums (local Top-k's
-all-gather, gTop-k's and gs's recursive doubling, Sketched-SGD's star) the updates and
-residuals must be bitwise equal; where the backend's all-reduce picks the order (dense, gs
-with allreduce="backend") the same coordinates must be chosen and the values agree to
-rounding. The bytes every rank counts must be equal everywhere.
+per-rank gradients: the updates and residuals must be bitwise equal for every method,
+those whose sums the package orders itself (local Top-k's all-gather, gTop-k's and gs's
+recursive doubling, Sketched-SGD's star) and those summed by the backend's all-reduce
+(dense, gs with allreduce="backend" and float16 tables), which the simulated world sums in
+gloo's order. The same spawn all-reduces random tensors, so the simulated all-reduce is
+also checked bitwise against gloo's on its own, at lengths that are not multiples of P and
+past gloo's segment size. The bytes every rank counts must be equal everywhere.
 """
 
 from __future__ import annotations
 
+from functools import cache, partial
 from typing import Any
 
 import numpy as np
 import pytest
 import torch
+import torch.distributed as dist
 
 from gssgd import make_aggregator
 from gssgd.aggregators.gs import GlobalSketchSGD
+from gssgd.aggregators.options import MANY_WORKERS, sketch_default_shape
 from gssgd.aggregators.sketched import SketchedSGD
-from gssgd.simulated import SimulatedWorld, SimulationError
+from gssgd.simulated import SimulatedWorld, SimulationError, gloo_ring_chunk
 from tests.aggregators.reference import default_sketch, reference_run
 from tests.aggregators.scenarios import make_grad
 from tests.dist_utils import raise_worker_errors, run_on_prefixes, run_workers
 
 D, DENSITY, STEPS = 600, 0.02, 6
+#: gs's many-workers shape at this d and k (what P >= 16 gets by default): 16·k columns,
+#: m = 8 (capped), the pre-filter, float16 tables summed by the backend's ring.
+_MANY = sketch_default_shape(D, round(DENSITY * D), world_size=MANY_WORKERS)
 #: name -> (method, options). The density warm-up makes the first steps send more (and the
 #: sketching methods use their warm-up sketch shapes), so those paths are compared too.
 CASES: dict[str, tuple[str, dict[str, Any]]] = {
@@ -35,10 +43,37 @@ CASES: dict[str, tuple[str, dict[str, Any]]] = {
     "sketched": ("sketched", {"warmup_steps": 3}),
     "gs": ("gs", {"warmup_steps": 3}),
     "gs-backend": ("gs", {"allreduce": "backend"}),
+    "gs-many-workers": ("gs", {
+        "cols": _MANY.cols, "candidates": _MANY.candidates, "allreduce": _MANY.allreduce,
+        "table_dtype": _MANY.table_dtype, "prefilter": _MANY.prefilter, "warmup_steps": 2}),
 }
-#: Cases whose sums the package orders itself: bitwise equal to real processes.
-BITWISE = ("topk", "gtopk", "sketched", "gs")
 SIZES = (3, 4, 5)
+#: Lengths of the backend all-reduce check, by dtype: fewer than P, not a multiple of P,
+#: and past 2P MiB at every P here (gloo's chunks then hold more than two segments).
+SUM_LENGTHS = {torch.float32: (1, 4, 13, 1001, 2_700_001),
+               torch.float16: (1, 4, 13, 1001, 5_400_001)}
+
+
+def _summand(rank: int, n: int, dtype: torch.dtype) -> torch.Tensor:
+    """Rank ``rank``'s tensor for the all-reduce check: magnitudes spread over a few
+    powers of two, so that the order of the additions shows in the rounded sum."""
+    g = torch.Generator().manual_seed(7919 * n + rank)
+    spread = 2 if dtype == torch.float16 else 4
+    x = torch.randn(n, generator=g, dtype=torch.float64)
+    return (x * torch.exp2(torch.randint(-spread, spread + 1, (n,), generator=g))).to(dtype)
+
+
+def _backend_sums(rank: int, group: Any = None) -> dict[tuple[torch.dtype, int], torch.Tensor]:
+    """gloo's all-reduce of every ``_summand`` (rank 0 keeps the results: all ranks get the
+    same bits, gloo's all-gather only copies)."""
+    sums = {}
+    for dtype, lengths in SUM_LENGTHS.items():
+        for n in lengths:
+            t = _summand(rank, n, dtype)
+            dist.all_reduce(t, group=group)
+            if rank == 0:
+                sums[(dtype, n)] = t
+    return sums
 
 
 def _gradient(rank: int, step: int) -> torch.Tensor:
@@ -64,38 +99,83 @@ def _trajectories(rank: int, world_size: int, group: Any = None) -> dict[str, li
     return out
 
 
+def _on_real_ranks(rank: int, world_size: int, group: Any = None) -> dict[str, Any]:
+    return {"trajectories": _trajectories(rank, world_size, group),
+            "sums": _backend_sums(rank, group)}
+
+
+@cache
 def _simulated(world_size: int) -> list[dict[str, list[dict]]]:
     world = SimulatedWorld(world_size)
     return world.run(lambda rank: _trajectories(rank.rank, world_size, rank))
 
 
 @pytest.fixture(scope="module")
-def real() -> dict[int, list[dict[str, list[dict]]]]:
-    """By P: every rank's trajectories on real gloo processes."""
-    results = run_workers(max(SIZES), run_on_prefixes, _trajectories, SIZES[:-1])
+def real() -> dict[int, list[dict[str, Any]]]:
+    """By P: every rank's trajectories and all-reduces on real gloo processes."""
+    results = run_workers(max(SIZES), run_on_prefixes, _on_real_ranks, SIZES[:-1])
     raise_worker_errors(results)
     return {p: [results[r][p] for r in range(p)] for p in SIZES}
 
 
+@pytest.mark.parametrize("name", CASES)
 @pytest.mark.parametrize("world_size", SIZES)
-def test_simulated_ranks_equal_real_processes(real: dict, world_size: int) -> None:
+def test_simulated_ranks_equal_real_processes(real: dict, world_size: int, name: str) -> None:
     simulated = _simulated(world_size)
-    for name in CASES:
-        for rank in range(world_size):
-            for step, (sim, got) in enumerate(
-                zip(simulated[rank][name], real[world_size][rank][name], strict=True)
-            ):
-                where = f"{name}, P={world_size}, rank {rank}, step {step}"
-                assert (sim["sent"], sim["received"]) == (got["sent"], got["received"]), where
-                if name in BITWISE:
-                    assert torch.equal(sim["update"], got["update"]), where
-                    assert torch.equal(sim["residual"], got["residual"]), where
-                else:  # the backend's order of the sum: the same coordinates, to rounding
-                    assert torch.equal(sim["update"] != 0, got["update"] != 0), where
-                    torch.testing.assert_close(sim["update"], got["update"], rtol=1e-5, atol=1e-6)
-        # and every simulated rank got the same update, as real ranks do
-        for rank in range(1, world_size):
-            assert torch.equal(simulated[rank][name][-1]["update"], simulated[0][name][-1]["update"])
+    for rank in range(world_size):
+        for step, (sim, got) in enumerate(zip(
+            simulated[rank][name], real[world_size][rank]["trajectories"][name], strict=True
+        )):
+            where = f"{name}, P={world_size}, rank {rank}, step {step}"
+            assert (sim["sent"], sim["received"]) == (got["sent"], got["received"]), where
+            assert torch.equal(sim["update"], got["update"]), where
+            if got["residual"] is None:  # dense keeps none
+                assert sim["residual"] is None, where
+            else:
+                assert torch.equal(sim["residual"], got["residual"]), where
+    # and every simulated rank got the same update, as real ranks do
+    for rank in range(1, world_size):
+        assert torch.equal(simulated[rank][name][-1]["update"], simulated[0][name][-1]["update"])
+
+
+def _all_reduced(inputs: list[torch.Tensor], rank: Any) -> torch.Tensor:
+    t = inputs[rank.rank].clone()
+    rank.all_reduce(t)
+    return t
+
+
+@pytest.mark.parametrize("world_size", SIZES)
+def test_simulated_all_reduce_sums_in_gloos_order(real: dict, world_size: int) -> None:
+    """Bitwise gloo's sum, for float32 and float16, short and long tensors; the data is such
+    that rank order 0..P-1 (the simulated world's sum before it followed gloo) is not."""
+    world = SimulatedWorld(world_size)
+    for (dtype, n), got in real[world_size][0]["sums"].items():
+        inputs = [_summand(r, n, dtype) for r in range(world_size)]
+        sims = world.run(partial(_all_reduced, inputs))
+        for rank, sim in enumerate(sims):
+            assert torch.equal(sim, got), f"P={world_size}, {dtype}, n={n}, rank {rank}"
+        if n > 1000:
+            in_rank_order = inputs[0].clone()
+            for t in inputs[1:]:
+                in_rank_order += t
+            assert not torch.equal(in_rank_order, got), f"P={world_size}, {dtype}, n={n}"
+
+
+@pytest.mark.parametrize(("numel", "element_size", "world_size", "chunk"), [
+    (7, 4, 5, 2),  # 10 segments of one element, two per chunk: chunk 3 is short, 4 empty
+    (100, 4, 16, 8),  # segments of 4 elements (16 bytes), not 100 / 16 rounded up
+    (100, 2, 17, 6),
+    (1001, 4, 17, 60),
+    (2_621_441, 4, 5, 524_289),  # just past 2P MiB: 15 segments, not 10
+    (6_000_001, 4, 5, 1_200_005),
+    (6_000_001, 2, 5, 1_200_003),
+    (6_000_001, 4, 3, 2_000_008),
+])
+def test_gloo_chunks_as_measured(numel: int, element_size: int, world_size: int,
+                                 chunk: int) -> None:
+    """Chunk lengths read off real gloo runs (P = 16 and 17 included: docs/benchmarks.md,
+    "Simulated ring in gloo's order"), where each element's first summand was identified."""
+    assert gloo_ring_chunk(numel, element_size, world_size) == chunk
 
 
 def test_a_deadlock_is_named_at_once_and_the_world_stays_usable() -> None:

@@ -130,24 +130,43 @@ def default_sketch(d: int, k: int, world_size: int = 1) -> dict:
 
 def _summed_table(tables: list[np.ndarray], wire16: bool, server: bool = False) -> np.ndarray:
     """The sum of the ranks' tables: exact (float64), or as a float16 wire carries it: each
-    table scaled by 1/P and rounded to float16, summed in float16 in rank order (the
-    simulated world's all-reduce order), widened and scaled back by P; ``server``
-    (Sketched-SGD): the float16 tables widened to float32 and summed there, in rank order."""
+    table scaled by 1/P and rounded to float16, summed in float16 in the order of gloo's
+    ring all-reduce (:func:`_ring_sum`, the simulated world's order), widened and scaled
+    back by P; ``server`` (Sketched-SGD): the float16 tables widened to float32 and summed
+    there, in rank order."""
     if not wire16:
         return sum(tables)
     world = len(tables)
+    wire = [(t.astype(np.float32) / np.float32(world)).astype(np.float16) for t in tables]
     if server:
-        means = [(t.astype(np.float32) / np.float32(world)).astype(np.float16) for t in tables]
-        acc = means[0].astype(np.float32)
-        for m in means[1:]:
+        acc = wire[0].astype(np.float32)
+        for m in wire[1:]:
             acc = acc + m.astype(np.float32)
         return acc * np.float32(world)
-    acc = (tables[0].astype(np.float32) / np.float32(world)).astype(np.float16)
-    for t in tables[1:]:
-        acc = (acc + (t.astype(np.float32) / np.float32(world)).astype(np.float16)).astype(
-            np.float16
-        )
-    return acc.astype(np.float32) * np.float32(world)
+    return _ring_sum(wire).astype(np.float32) * np.float32(world)
+
+
+def _ring_sum(parts: list[np.ndarray]) -> np.ndarray:
+    """Sum the ranks' arrays element by element in gloo's ring order (restated from gloo's
+    ``allreduce.cc``): the flat array is cut into S segments, S the least multiple of P that
+    is >= max(ceil(bytes / 1 MiB), 2P), of ceil(bytes / S) bytes rounded up to whole
+    elements; chunk c (S / P segments) is summed starting at rank c - 1, then c - 2, ...
+    down to rank c (mod P), one add in the arrays' dtype at a time."""
+    def up(a: int, b: int) -> int:  # ceil(a / b)
+        return (a + b - 1) // b
+
+    world, flat = len(parts), [x.reshape(-1) for x in parts]
+    n, size = flat[0].size, flat[0].itemsize
+    segments = up(max(up(n * size, 1 << 20), 2 * world), world) * world
+    chunk = up(up(n * size, segments), size) * (segments // world)
+    out = np.empty_like(flat[0])
+    for c in range(world):
+        lo, hi = c * chunk, min(n, (c + 1) * chunk)
+        acc = flat[(c - 1) % world][lo:hi].copy()
+        for step in range(1, world):
+            acc = (acc + flat[(c - 1 - step) % world][lo:hi]).astype(acc.dtype)
+        out[lo:hi] = acc
+    return out.reshape(parts[0].shape)
 
 
 # ---------------------------------------------------------------------------- selection
