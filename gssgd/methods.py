@@ -2,13 +2,16 @@
 
 Each :class:`Method` is one name with one code path:
 
-* a gssgd **aggregator** (``dense``, ``topk``, ``gtopk``, ``sketched``, ``gs``): a class of
+* a gssgd **aggregator** (``dense``, ``topk``, ``gtopk``, ``sketched``, ``gs``,
+  ``powersgd``): a class of
   :mod:`gssgd.aggregators` with its options dataclass and its ``traffic`` formula; it runs
   through :func:`gssgd.make_aggregator`, the DDP hook (:mod:`gssgd.ddp`), ``gssgd train``,
   ``gssgd compare``, ``gssgd bench comm`` and the cost model;
 * a **DDP built-in** (``ddp-allreduce``: DDP's own all-reduce with no hook, ``ddp-fp16``:
-  its ``fp16_compress_hook``, ``powersgd``: PyTorch's PowerSGD hook): training only, as
-  references from PyTorch itself.
+  its ``fp16_compress_hook``, ``torch-powersgd``: PyTorch's PowerSGD hook): training only,
+  as references from PyTorch itself. ``torch-powersgd`` was called ``powersgd`` until gssgd
+  had a PowerSGD of its own; that name now runs gssgd's (the same algorithm, through the
+  same hook, byte accounting and simulated world as every other method).
 
 Everything a layer needs to know about a method is read from here: the training flags that
 apply to it are the fields of its options dataclass (plus the settings listed in
@@ -40,6 +43,7 @@ from gssgd.aggregators.dense import DenseAllReduce
 from gssgd.aggregators.gs import GlobalSketchSGD
 from gssgd.aggregators.gtopk import GlobalTopk
 from gssgd.aggregators.options import CommonOptions
+from gssgd.aggregators.powersgd import PowerSGD
 from gssgd.aggregators.sketched import SketchedSGD
 from gssgd.aggregators.topk import LocalTopk
 
@@ -316,6 +320,9 @@ def _renamed_hint(name: str) -> str:
     if name in ("dense16", "fp16"):
         return (" For DDP's fp16 hook use ddp-fp16; for gssgd's 16-bit dense use dense with "
                 "dtype float16 (--payload-dtype float16).")
+    if name in ("ddp-powersgd", "pytorch-powersgd", "torch_powersgd", "powersgd-hook"):
+        return (" PyTorch's own PowerSGD hook is torch-powersgd; gssgd's PowerSGD is "
+                "powersgd.")
     return ""
 
 
@@ -395,12 +402,20 @@ register_method(
         ),
     )
 )
+register_method(
+    Method(
+        "powersgd",
+        "PowerSGD, rank-r factors of each matrix all-reduced, error feedback",
+        PowerSGD,
+        cost_like="dense",  # until calibrated: a few passes over the vector, like dense's
+    )
+)
 register_method(Method("ddp-allreduce", "DDP's own all-reduce (no hook), float32"))
 register_method(Method("ddp-fp16", "DDP's fp16_compress_hook: float16 all-reduce"))
 register_method(
     Method(
-        "powersgd",
-        "PyTorch's PowerSGD hook (low-rank, error feedback)",
+        "torch-powersgd",
+        "PyTorch's PowerSGD hook (low-rank, error feedback; was named powersgd)",
         train_settings=("powersgd_rank", "start_iter"),
     )
 )
