@@ -22,8 +22,9 @@ from tests.dist_utils import raise_worker_errors, run_workers
 
 WORLD_SIZE = 3
 RUNS = [(case, run) for case in scen.CASES for run in scen.runs()]
-#: Methods whose update carries exact values, so no gradient mass is lost (docs/design.md).
-CONSERVING = ("dense", "topk", "gtopk", "sketched", "gs")
+#: Methods whose update carries exact values (PowerSGD: whose residuals keep exactly what
+#: its update does not carry), so no gradient mass is lost (docs/design.md).
+CONSERVING = ("dense", "topk", "gtopk", "sketched", "gs", "powersgd")
 
 
 @cache

@@ -5,8 +5,8 @@ are subgroups of the P = 5 world) and on simulated worlds of the same sizes, wit
 per-rank gradients: where the package fixes the order of the sums (local Top-k's
 all-gather, gTop-k's and gs's recursive doubling, Sketched-SGD's star) the updates and
 residuals must be bitwise equal; where the backend's all-reduce picks the order (dense, gs
-with allreduce="backend") the same coordinates must be chosen and the values agree to
-rounding. The bytes every rank counts must be equal everywhere.
+with allreduce="backend", PowerSGD) the same coordinates must be chosen and the values agree
+to rounding. The bytes every rank counts must be equal everywhere.
 """
 
 from __future__ import annotations
@@ -34,9 +34,15 @@ CASES: dict[str, tuple[str, dict[str, Any]]] = {
     "sketched": ("sketched", {"warmup_steps": 3}),
     "gs": ("gs", {"warmup_steps": 3}),
     "gs-backend": ("gs", {"allreduce": "backend"}),
+    # PowerSGD's three all-reduces are the backend's (a density is no knob of it)
+    "powersgd": ("powersgd", {"shapes": ((20, 25), (10, 3, 3), (10,))}),
 }
 #: Cases whose sums the package orders itself: bitwise equal to real processes.
 BITWISE = ("topk", "gtopk", "sketched", "gs")
+#: Cases whose backend sums feed a power iteration: each step's orthogonalisation and the
+#: warm start carry the rounding of gloo's order on, so they agree to a small share of the
+#: update's scale (measured up to 3e-6 of it in 6 steps), not element by element.
+LOW_RANK = ("powersgd",)
 SIZES = (3, 4, 5)
 
 
@@ -89,6 +95,10 @@ def test_simulated_ranks_equal_real_processes(real: dict, world_size: int) -> No
                 if name in BITWISE:
                     assert torch.equal(sim["update"], got["update"]), where
                     assert torch.equal(sim["residual"], got["residual"]), where
+                elif name in LOW_RANK:  # the backend's order, carried by the power iteration
+                    for key in ("update", "residual"):
+                        gap = float((sim[key] - got[key]).abs().max())
+                        assert gap <= 5e-5 * float(got[key].abs().max()), (where, key, gap)
                 else:  # the backend's order of the sum: the same coordinates, to rounding
                     assert torch.equal(sim["update"] != 0, got["update"] != 0), where
                     torch.testing.assert_close(sim["update"], got["update"], rtol=1e-5, atol=1e-6)
