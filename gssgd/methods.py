@@ -61,6 +61,7 @@ __all__ = [
     "get_variant",
     "parse_methods",
     "register_method",
+    "renamed_hint",
 ]
 
 #: Option overrides of a variant, fixed or computed from the method's resolved options.
@@ -295,7 +296,7 @@ def get_method(name: str) -> Method:
     """
     if name not in METHODS:
         raise ValueError(
-            f"unknown method {name!r}; valid methods: {_choices(METHODS)}.{_renamed_hint(name)}"
+            f"unknown method {name!r}; valid methods: {_choices(METHODS)}.{renamed_hint(name)}"
         )
     return METHODS[name]
 
@@ -316,7 +317,9 @@ def get_variant(name: str) -> tuple[Method, Variant]:
     return found
 
 
-def _renamed_hint(name: str) -> str:
+def renamed_hint(name: str) -> str:
+    """For an unknown method ``name`` that looks like another one's old or usual name: a
+    sentence naming the method to use (with a leading space), else ""."""
     if name in ("dense16", "fp16"):
         return (" For DDP's fp16 hook use ddp-fp16; for gssgd's 16-bit dense use dense with "
                 "dtype float16 (--payload-dtype float16).")
@@ -348,7 +351,7 @@ def parse_methods(text: str | Iterable[str], valid: Iterable[str] | None = None)
     if unknown:
         raise ValueError(
             f"unknown method(s) {', '.join(unknown)}; give a comma-separated list from "
-            f"{_choices(allowed)}.{_renamed_hint(unknown[0])}"
+            f"{_choices(allowed)}.{renamed_hint(unknown[0])}"
         )
     return tuple(dict.fromkeys(names))
 

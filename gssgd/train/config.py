@@ -20,7 +20,7 @@ from gssgd.aggregators.lowrank import DEFAULT_POWERSGD_RANK as _DEFAULT_RANK
 from gssgd.aggregators.options import OWN_MOMENTUM_FEEDBACKS, PAYLOAD_DTYPES
 from gssgd.amp import AMP_DTYPES
 from gssgd.ddp import STREAMING_METHODS, HookSettings
-from gssgd.methods import METHODS, applies_to, get_method
+from gssgd.methods import METHODS, applies_to, get_method, renamed_hint
 from gssgd.optim import UNSEEN_RULES, VARIANCES, dense_steps_for
 from gssgd.train.launch import DEVICES
 from gssgd.train.models import MODELS, TEXT_MODELS
@@ -245,7 +245,8 @@ class TrainConfig:
         import_plugins(self.plugins)
         if self.method not in METHODS:
             raise _bad("method", self.method, f"it must be one of {', '.join(METHODS)}",
-                       "A method of your own needs --plugin MODULE that registers it.")
+                       "A method of your own needs --plugin MODULE that registers it."
+                       + renamed_hint(str(self.method)))
         if not isinstance(self.dataset, str) or not self.dataset:
             raise _bad("dataset", self.dataset, "it must name a dataset", "For example digits.")
         if self.model is not None and self.model not in MODELS:

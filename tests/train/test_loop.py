@@ -231,6 +231,7 @@ def test_non_finite_loss_stops_every_worker_cleanly(first_runs) -> None:
         ({"method": "torch-powersgd", "start_iter": 1}, r"--start-iter=1 is invalid: .* >= 2"),
         ({"method": "powersgd", "powersgd_rank": 0}, r"--powersgd-rank=0 is invalid: .* >= 1"),
         ({"method": "powersgd", "density": 0.1}, "--density does not apply to --method powersgd"),
+        ({"method": "ddp-powersgd"}, "PyTorch's own PowerSGD hook is torch-powersgd"),
         ({"fail_at": (1,)}, "RANK:STEP"),
         ({"bucket_cap_mb": 0}, r"--bucket-cap-mb=0 is invalid: it must be a number in \(0, 1024\]"),
         ({"method": "gs", "table_dtype": "int8"}, "--table-dtype='int8' is invalid"),
