@@ -25,8 +25,10 @@ Steps (per rank p, each step; W ranks):
        residual also holds its deviation from the ranks' mean, which sums to zero over the
        ranks (so no gradient mass is lost: ``sum_p a_p = W * update + sum_p e_p``).
 
-Communication per rank: three ring all-reduces of ``dense``, ``sum r(n + m)`` and
-``sum r(n + m)``'s Q part (:meth:`PowerSGD.traffic`), constant in W like gs-SGD's message.
+Communication per rank: three ring all-reduces, of the dense tensors, of every P
+(``sum r n`` values) and of every Q (``sum r m``) (:meth:`PowerSGD.traffic`); the message
+is constant in W, like gs-SGD's. In the DDP hook's per-bucket mode every bucket has its own
+aggregator, all seeded alike (PyTorch's hook draws the buckets' first Q from one stream).
 
 Tuning: ``rank`` is the one knob (the message grows linearly with it); PowerSGD is biased,
 so error feedback is always on; the paper trains with momentum SGD on the update, which is
