@@ -221,3 +221,23 @@ def test_the_update_is_low_rank_where_it_compresses_and_exact_where_it_does_not(
     assert torch.linalg.matrix_rank(update[260:740].view(30, 16)) == 1
     torch.testing.assert_close(update[240:260], mean[240:260])  # the bias: the exact mean
     assert not torch.allclose(update[260:740], mean[260:740], atol=1e-2)
+
+
+def test_a_matrix_that_was_all_zero_on_every_rank_compresses_again_later() -> None:
+    """A layer no rank has used yet (its gradient and residual all zero): its P and new Q
+    come out zero, where PyTorch's hook gives NaN (epsilon 0) or a zero Q whose power
+    iteration never leaves zero (epsilon > 0). gssgd keeps the zero step finite and the
+    last Q for the warm start, so once the layer has gradients it is updated again."""
+    shapes, world = [(30, 16), (20,)], 2
+    d = 500
+    sim = SimulatedWorld(world)
+    aggs = [gssgd.make_aggregator("powersgd", d, group=sim.rank(r), shapes=shapes)
+            for r in range(world)]
+    grads = [torch.randn(d, generator=torch.Generator().manual_seed(r)) for r in range(world)]
+    unused = [g.clone() for g in grads]
+    for g in unused:
+        g[:480] = 0  # the matrix: no gradient on any rank at the first step
+    first = sim.run(lambda rank: aggs[rank.rank].step(unused[rank.rank]))[0]
+    assert torch.isfinite(first).all() and torch.count_nonzero(first[:480]) == 0
+    second = sim.run(lambda rank: aggs[rank.rank].step(grads[rank.rank]))[0]
+    assert torch.linalg.matrix_rank(second[:480].view(30, 16)) == 2
