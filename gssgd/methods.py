@@ -2,13 +2,16 @@
 
 Each :class:`Method` is one name with one code path:
 
-* a gssgd **aggregator** (``dense``, ``topk``, ``gtopk``, ``sketched``, ``gs``): a class of
+* a gssgd **aggregator** (``dense``, ``topk``, ``gtopk``, ``sketched``, ``gs``,
+  ``powersgd``): a class of
   :mod:`gssgd.aggregators` with its options dataclass and its ``traffic`` formula; it runs
   through :func:`gssgd.make_aggregator`, the DDP hook (:mod:`gssgd.ddp`), ``gssgd train``,
   ``gssgd compare``, ``gssgd bench comm`` and the cost model;
 * a **DDP built-in** (``ddp-allreduce``: DDP's own all-reduce with no hook, ``ddp-fp16``:
-  its ``fp16_compress_hook``, ``powersgd``: PyTorch's PowerSGD hook): training only, as
-  references from PyTorch itself.
+  its ``fp16_compress_hook``, ``torch-powersgd``: PyTorch's PowerSGD hook): training only,
+  as references from PyTorch itself. ``torch-powersgd`` was called ``powersgd`` until gssgd
+  had a PowerSGD of its own; that name now runs gssgd's (the same algorithm, through the
+  same hook, byte accounting and simulated world as every other method).
 
 Everything a layer needs to know about a method is read from here: the training flags that
 apply to it are the fields of its options dataclass (plus the settings listed in
@@ -40,6 +43,7 @@ from gssgd.aggregators.dense import DenseAllReduce
 from gssgd.aggregators.gs import GlobalSketchSGD
 from gssgd.aggregators.gtopk import GlobalTopk
 from gssgd.aggregators.options import CommonOptions
+from gssgd.aggregators.powersgd import PowerSGD
 from gssgd.aggregators.sketched import SketchedSGD
 from gssgd.aggregators.topk import LocalTopk
 
@@ -57,6 +61,7 @@ __all__ = [
     "get_variant",
     "parse_methods",
     "register_method",
+    "renamed_hint",
 ]
 
 #: Option overrides of a variant, fixed or computed from the method's resolved options.
@@ -291,7 +296,7 @@ def get_method(name: str) -> Method:
     """
     if name not in METHODS:
         raise ValueError(
-            f"unknown method {name!r}; valid methods: {_choices(METHODS)}.{_renamed_hint(name)}"
+            f"unknown method {name!r}; valid methods: {_choices(METHODS)}.{renamed_hint(name)}"
         )
     return METHODS[name]
 
@@ -312,10 +317,15 @@ def get_variant(name: str) -> tuple[Method, Variant]:
     return found
 
 
-def _renamed_hint(name: str) -> str:
+def renamed_hint(name: str) -> str:
+    """For an unknown method ``name`` that looks like another one's old or usual name: a
+    sentence naming the method to use (with a leading space), else ""."""
     if name in ("dense16", "fp16"):
         return (" For DDP's fp16 hook use ddp-fp16; for gssgd's 16-bit dense use dense with "
                 "dtype float16 (--payload-dtype float16).")
+    if name in ("ddp-powersgd", "pytorch-powersgd", "torch_powersgd", "powersgd-hook"):
+        return (" PyTorch's own PowerSGD hook is torch-powersgd; gssgd's PowerSGD is "
+                "powersgd.")
     return ""
 
 
@@ -341,7 +351,7 @@ def parse_methods(text: str | Iterable[str], valid: Iterable[str] | None = None)
     if unknown:
         raise ValueError(
             f"unknown method(s) {', '.join(unknown)}; give a comma-separated list from "
-            f"{_choices(allowed)}.{_renamed_hint(unknown[0])}"
+            f"{_choices(allowed)}.{renamed_hint(unknown[0])}"
         )
     return tuple(dict.fromkeys(names))
 
@@ -395,12 +405,20 @@ register_method(
         ),
     )
 )
+register_method(
+    Method(
+        "powersgd",
+        "PowerSGD, rank-r factors of each matrix all-reduced, error feedback",
+        PowerSGD,
+        cost_like="dense",  # until calibrated: a few passes over the vector, like dense's
+    )
+)
 register_method(Method("ddp-allreduce", "DDP's own all-reduce (no hook), float32"))
 register_method(Method("ddp-fp16", "DDP's fp16_compress_hook: float16 all-reduce"))
 register_method(
     Method(
-        "powersgd",
-        "PyTorch's PowerSGD hook (low-rank, error feedback)",
+        "torch-powersgd",
+        "PyTorch's PowerSGD hook (low-rank, error feedback; was named powersgd)",
         train_settings=("powersgd_rank", "start_iter"),
     )
 )

@@ -107,9 +107,13 @@ class Reference:
         self.method, self.whole, self.opts = method, whole, dict(opts)
         self.aggs: dict[int, gssgd.Aggregator] = {}
 
-    def agg(self, index: int, d: int) -> gssgd.Aggregator:
+    def agg(self, index: int, d: int, shapes: list | None = None) -> gssgd.Aggregator:
+        """The vector ``index``'s aggregator; a method that compresses by tensor shape
+        (PowerSGD) is given the ``shapes`` of the vector's gradients, as the hook does."""
         if index not in self.aggs:
             opts = dict(self.opts)
+            if gssgd.AGGREGATORS[self.method].takes_shapes and shapes is not None:
+                opts["shapes"] = [tuple(s) for s in shapes]
             self.aggs[index] = gssgd.make_aggregator(
                 self.method, d, density=opts.pop("density", None), **opts)
         return self.aggs[index]
@@ -119,12 +123,13 @@ class Reference:
         flat = [g.reshape(-1) for g in grads]
         if self.whole:
             whole = torch.cat(flat)
-            return self.agg(0, whole.numel()).step(whole)
+            return self.agg(0, whole.numel(), [g.shape for g in grads]).step(whole)
         out = [torch.empty(0)] * len(flat)
         for index in sorted(layouts):
             positions = layouts[index]
             piece = torch.cat([flat[i] for i in positions])
-            update = self.agg(index, piece.numel()).step(piece)
+            update = self.agg(index, piece.numel(), [grads[i].shape for i in positions]
+                              ).step(piece)
             for i, part in zip(positions, update.split([flat[i].numel() for i in positions]),
                                strict=True):
                 out[i] = part

@@ -54,14 +54,14 @@ def randomk():
 
 
 def test_every_name_has_one_code_path() -> None:
-    assert list(gssgd.AGGREGATORS) == ["dense", "topk", "gtopk", "sketched", "gs"]
+    assert list(gssgd.AGGREGATORS) == ["dense", "topk", "gtopk", "sketched", "gs", "powersgd"]
     builtins = [m.name for m in METHODS.values() if m.is_builtin]
-    assert builtins == ["ddp-allreduce", "ddp-fp16", "powersgd"]
+    assert builtins == ["ddp-allreduce", "ddp-fp16", "torch-powersgd"]
     for name, cls in gssgd.AGGREGATORS.items():
         assert METHODS[name].aggregator is cls and cls.name == name
     bench = [n for n, (m, _) in BENCH_VARIANTS.items() if not m.is_builtin]
     assert bench == ["dense", "dense16", "topk", "gtopk", "sketched", "gs", "gs-backend",
-                     "gs-estimate", "gs-small", "gs-half"]
+                     "gs-estimate", "gs-small", "gs-half", "powersgd"]
 
 
 def test_settings_apply_by_the_options_the_method_takes() -> None:
@@ -69,9 +69,13 @@ def test_settings_apply_by_the_options_the_method_takes() -> None:
     assert applies_to("table_dtype") == applies_to("prefilter") == ("sketched", "gs")
     assert applies_to("dtype") == ("dense",)
     assert set(applies_to("density")) == {"topk", "gtopk", "sketched", "gs"}
-    assert setting_applies_to("local_momentum") == ("topk", "gtopk", "sketched", "gs")
+    assert setting_applies_to("local_momentum") == ("topk", "gtopk", "sketched", "gs", "powersgd")
     assert setting_applies_to("payload_dtype") == ("dense",)
+    assert "torch-powersgd" in setting_applies_to("start_iter")
     assert "powersgd" in setting_applies_to("start_iter")
+    # gssgd's PowerSGD takes the rank as its option, PyTorch's hook as a training setting
+    assert setting_applies_to("powersgd_rank") == ("powersgd", "torch-powersgd")
+    assert "powersgd" not in applies_to("density")
     assert "ddp-allreduce" not in setting_applies_to("start_iter")
 
 
@@ -83,8 +87,10 @@ def test_method_lists_are_parsed_in_one_place() -> None:
         parse_methods(" , ")
     with pytest.raises(ValueError, match="ddp-fp16"):
         parse_methods("dense16", valid=METHODS)
-    with pytest.raises(ValueError, match="unknown benchmark method 'powersgd'"):
-        get_variant("powersgd")
+    with pytest.raises(ValueError, match="unknown benchmark method 'torch-powersgd'"):
+        get_variant("torch-powersgd")
+    with pytest.raises(ValueError, match="PyTorch's own PowerSGD hook is torch-powersgd"):
+        parse_methods("pytorch-powersgd", valid=METHODS)
     assert get_variant("gs-half")[0].name == "gs"
 
 

@@ -5,7 +5,7 @@ are subgroups of the P = 5 world) and on simulated worlds of the same sizes, wit
 per-rank gradients: the updates and residuals must be bitwise equal for every method,
 those whose sums the package orders itself (local Top-k's all-gather, gTop-k's and gs's
 recursive doubling, Sketched-SGD's star) and those summed by the backend's all-reduce
-(dense, gs with allreduce="backend" and float16 tables), which the simulated world sums in
+(dense, gs with allreduce="backend" and float16 tables, PowerSGD), which the simulated world sums in
 gloo's order. The same spawn all-reduces random tensors, so the simulated all-reduce is
 also checked bitwise against gloo's on its own, at lengths that are not multiples of P and
 past gloo's segment size. The bytes every rank counts must be equal everywhere.
@@ -46,6 +46,8 @@ CASES: dict[str, tuple[str, dict[str, Any]]] = {
     "gs-many-workers": ("gs", {
         "cols": _MANY.cols, "candidates": _MANY.candidates, "allreduce": _MANY.allreduce,
         "table_dtype": _MANY.table_dtype, "prefilter": _MANY.prefilter, "warmup_steps": 2}),
+    # PowerSGD's three all-reduces are the backend's (a density is no knob of it)
+    "powersgd": ("powersgd", {"shapes": ((20, 25), (10, 3, 3), (10,))}),
 }
 SIZES = (3, 4, 5)
 #: Lengths of the backend all-reduce check, by dtype: fewer than P, not a multiple of P,

@@ -108,8 +108,14 @@ class Aggregator:
     name: ClassVar[str] = ""
     Options: ClassVar[type[CommonOptions]] = CommonOptions
     has_residual: ClassVar[bool] = True
-    #: True for a method that sends every coordinate (dense): it takes no ``k``/density.
+    #: True for a method whose message is not k coordinates, so it takes no ``k``/density
+    #: (its k is d: the update is dense): dense, which sends every coordinate, and
+    #: PowerSGD, whose rank sets its message.
     sends_all: ClassVar[bool] = False
+    #: True for a method that compresses each tensor of the vector by its shape (PowerSGD):
+    #: its options have a ``shapes`` field, which the DDP hook and ``gssgd train`` fill with
+    #: the parameters' shapes in the vector's order.
+    takes_shapes: ClassVar[bool] = False
 
     def __init__(
         self,

@@ -89,8 +89,11 @@ __all__ = [
 ]
 
 #: Benchmark variants ``gssgd advise`` never recommends: gs without its exact round diverged
-#: in training (docs/benchmarks.md, "Levers").
-ADVISE_EXCLUDES: tuple[str, ...] = ("gs-estimate",)
+#: in training (docs/benchmarks.md, "Levers"); PowerSGD's bytes depend on the model's layer
+#: shapes, which the cost model does not see (it reads the vector as one near-square
+#: matrix, :func:`gssgd.aggregators.lowrank.default_shapes`), so its prediction would
+#: flatter it on most models.
+ADVISE_EXCLUDES: tuple[str, ...] = ("gs-estimate", "powersgd")
 #: A point counts towards its pattern's efficiency when its wire time is at least this share
 #: of its communication (smaller messages are latency- or tbf-burst-bound).
 _WIRE_SHARE = 0.2

@@ -20,7 +20,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from gssgd.aggregators import Aggregator, StepStats, make_aggregator
+from gssgd.aggregators import AGGREGATORS, Aggregator, StepStats, make_aggregator
 from gssgd.aggregators.base import all_finite
 from gssgd.amp import LossScaleFollower
 from gssgd.comm import Communicator, new_future
@@ -297,8 +297,12 @@ class HookCore:
     def _layout(self, params: list[torch.Tensor]) -> Layout:
         return [[self._positions.get(id(p), -1), p.numel()] for p in params]
 
-    def _aggregator(self, index: int, layout: Layout, d: int, where: str) -> Aggregator:
+    def _aggregator(self, index: int, layout: Layout, d: int, where: str,
+                    params: list[torch.Tensor] | None = None) -> Aggregator:
         """The aggregator of bucket ``index`` (created on first use, with any loaded state).
+
+        ``params`` are the vector's parameters in its order: a method that compresses each
+        tensor by its shape (``takes_shapes``, PowerSGD) is given their shapes.
 
         Raises:
             ValueError: the layout differs from the one its residual was built for, or an
@@ -329,8 +333,11 @@ class HookCore:
             )
         if agg is None:
             self.settings.check_k(d, where)
+            options = dict(self.settings.options)
+            if AGGREGATORS[self.method].takes_shapes and params is not None:
+                options["shapes"] = tuple(tuple(p.shape) for p in params)
             agg = make_aggregator(
-                self.method, d, density=self.density, group=self.group, **self.settings.options
+                self.method, d, density=self.density, group=self.group, **options
             )
             if index in self._saved:
                 agg.load_state_dict(self._saved.pop(index))

@@ -22,7 +22,8 @@ def comm_hook(state: HookState, bucket: dist.GradBucket) -> torch.futures.Future
     r"""DDP communication hook that averages gradients with a gssgd aggregator.
 
     Runs the aggregator ``state.method`` (dense all-reduce, local Top-k, global Top-k,
-    Sketched-SGD or gs-SGD; see :mod:`gssgd.aggregators`) inside DDP's backward pass:
+    Sketched-SGD, gs-SGD or PowerSGD; see :mod:`gssgd.aggregators`) inside DDP's backward
+    pass:
 
     1. For ``state.iter < state.start_iter``: average the bucket with a plain all-reduce.
     2. Per-bucket mode: ``update = agg.step(bucket.buffer())`` with the bucket's own

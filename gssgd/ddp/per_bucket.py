@@ -24,7 +24,8 @@ def step(state: HookCore, bucket: dist.GradBucket) -> torch.futures.Future[torch
     index = bucket.index()
     buffer = bucket.buffer()
     layout = state._layout(bucket.parameters())
-    agg = state._aggregator(index, layout, buffer.numel(), f"bucket {index}")
+    agg = state._aggregator(index, layout, buffer.numel(), f"bucket {index}",
+                            bucket.parameters())
     update = agg.step(buffer)
     state._hand_over_unused(bucket.parameters(), bucket.gradients(), update)
     state._add_step(agg.last_stats, bucket.parameters())
@@ -44,7 +45,8 @@ def iteration(state: HookCore, bucket: dist.GradBucket) -> torch.futures.Future[
     try:
         aggs = [
             state._aggregator(
-                e.index, state._layout(e.params), e.buffer.numel(), f"bucket {e.index}"
+                e.index, state._layout(e.params), e.buffer.numel(), f"bucket {e.index}",
+                e.params,
             )
             for e in entries
         ]

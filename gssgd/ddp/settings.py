@@ -117,6 +117,12 @@ class HookSettings:
                 f"k={k!r} is invalid: it must be an integer >= 1 (and at most the length of "
                 "every compressed vector). Or give density= instead."
             )
+        if AGGREGATORS[self.method].takes_shapes and "shapes" in self.options:
+            raise ValueError(
+                f"shapes={self.options['shapes']!r} cannot be given to the hook: it passes "
+                f"each vector's parameter shapes to {self.method!r} itself (per bucket, or the "
+                "whole model's). Drop shapes=."
+            )
         # Validate density and every option against a dummy length that admits k; k is
         # resolved again for each vector's real length when it is first compressed.
         build_options(self.method, k if k is not None else 1, self.density, **self.options)

@@ -44,7 +44,9 @@ class HookState(HookCore):
        parameter order and checkpoints survive a changed bucket layout.
 
     Args:
-        method: one of :data:`gssgd.AGGREGATORS`: "dense", "topk", "gtopk", "sketched", "gs".
+        method: one of :data:`gssgd.AGGREGATORS`: "dense", "topk", "gtopk", "sketched", "gs",
+            "powersgd" (PowerSGD: ``rank=`` instead of a density; the hook gives it each
+            vector's parameter shapes).
         density: fraction of each vector sent, in (0, 1]; default 0.01 (ignored by dense).
         start_iter: the first compressed iteration, >= 1 (default 2).
         whole_model: one vector for the whole model (True) or one per bucket (False).

@@ -45,7 +45,8 @@ def step(state: HookCore, bucket: dist.GradBucket) -> torch.futures.Future[torch
             pairs.sort(key=lambda pg: state._positions[id(pg[0])])
         layout = state._layout([p for p, _ in pairs])
         flat = torch.cat([g.reshape(-1) for _, g in pairs])
-        agg = state._aggregator(WHOLE_MODEL, layout, flat.numel(), "the whole model")
+        agg = state._aggregator(WHOLE_MODEL, layout, flat.numel(), "the whole model",
+                                [p for p, _ in pairs])
         update = agg.step(flat)
         state._add_step(agg.last_stats)
         pieces = update.split([g.numel() for _, g in pairs])

@@ -48,6 +48,7 @@ __all__ = [
     "fingerprint",
     "list_checkpoints",
     "load_checkpoint",
+    "renamed_fingerprint",
     "resolve_checkpoint",
     "save_checkpoint",
 ]
@@ -120,6 +121,34 @@ def check_fingerprint(saved: dict[str, Any], current: dict[str, Any], path: Path
             + ". Resume with the same --method, --model, --dataset and --workers, or start "
             "a fresh run with another --out."
         )
+
+
+def renamed_fingerprint(saved: dict[str, Any], method: str) -> dict[str, Any]:
+    """The fingerprint of checkpoint ``saved``, in today's method names, for a run of
+    ``method``.
+
+    PyTorch's PowerSGD hook was ``--method powersgd`` until gssgd had a PowerSGD of its
+    own; it is ``torch-powersgd`` now. A checkpoint it wrote (its ranks hold the hook's
+    ``"powersgd"`` memories) resumes under the new name.
+
+    Raises:
+        ValueError: such a checkpoint resumed with ``--method powersgd`` (gssgd's PowerSGD
+            keeps other state); the message names ``torch-powersgd``.
+    """
+    fp = dict(saved["fingerprint"])
+    torch_hook = fp.get("method") == "powersgd" and any(
+        "powersgd" in rank.get("sync", {}) for rank in saved.get("ranks", [])
+    )
+    if not torch_hook:
+        return fp
+    if method == "powersgd":
+        raise ValueError(
+            "this checkpoint was written by PyTorch's PowerSGD hook, which --method powersgd "
+            "ran before gssgd had its own PowerSGD; that hook is now --method torch-powersgd. "
+            "Resume with --method torch-powersgd, or start a fresh run with --method powersgd."
+        )
+    fp["method"] = "torch-powersgd"
+    return fp
 
 
 # --------------------------------------------------------------------------- writing

@@ -16,10 +16,11 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from gssgd.aggregators.lowrank import DEFAULT_POWERSGD_RANK as _DEFAULT_RANK
 from gssgd.aggregators.options import OWN_MOMENTUM_FEEDBACKS, PAYLOAD_DTYPES
 from gssgd.amp import AMP_DTYPES
 from gssgd.ddp import STREAMING_METHODS, HookSettings
-from gssgd.methods import METHODS, applies_to, get_method
+from gssgd.methods import METHODS, applies_to, get_method, renamed_hint
 from gssgd.optim import UNSEEN_RULES, VARIANCES, dense_steps_for
 from gssgd.train.launch import DEVICES
 from gssgd.train.models import MODELS, TEXT_MODELS
@@ -44,8 +45,9 @@ __all__ = [
 DEFAULT_WORKERS = 4
 #: Start iteration of the compressing hooks when ``--start-iter`` is not given.
 DEFAULT_START_ITER = 2
-#: PowerSGD's matrix approximation rank when ``--powersgd-rank`` is not given.
-DEFAULT_POWERSGD_RANK = 2
+#: PowerSGD's rank when ``--powersgd-rank`` is not given (gssgd's ``powersgd`` and PyTorch's
+#: ``torch-powersgd`` alike).
+DEFAULT_POWERSGD_RANK = _DEFAULT_RANK
 
 #: What ``--optimizer`` accepts.
 OPTIMIZERS: tuple[str, ...] = ("sgd", "adamw")
@@ -62,7 +64,7 @@ ADAMW_LM_LR = 1e-2
 ADAMW_FREEZE_STEPS = 150
 
 #: TrainConfig fields that are aggregator options under another name.
-_OPTION_NAMES = {"local_momentum": "momentum", "payload_dtype": "dtype"}
+_OPTION_NAMES = {"local_momentum": "momentum", "payload_dtype": "dtype", "powersgd_rank": "rank"}
 #: TrainConfig fields that apply to some methods only (None or False = not given).
 METHOD_SETTINGS: tuple[str, ...] = (
     "density",
@@ -113,7 +115,9 @@ def setting_applies_to(name: str) -> tuple[str, ...]:
         return tuple(METHODS)
     if name in _ONLY_FOR:
         return tuple(m for m in _ONLY_FOR[name] if m in METHODS)
-    return applies_to(_APPLIES_LIKE.get(name) or _OPTION_NAMES.get(name, name))
+    takers = set(applies_to(_APPLIES_LIKE.get(name) or _OPTION_NAMES.get(name, name)))
+    takers |= set(applies_to(name))  # a DDP built-in's train setting (torch-powersgd's rank)
+    return tuple(m for m in METHODS if m in takers)
 
 
 def check_settings_apply(settings: dict[str, Any], methods: Iterable[str]) -> None:
@@ -219,7 +223,7 @@ class TrainConfig:
     guard: str | None = None  # gs: on a collapsed sketch grow it (default), raise, or off
     prefilter: int | None = None  # sketched, gs: each worker sketches only its own prefilter*k largest
     reuse: int | None = None  # gs: sketch every reuse-th step, between them reuse its candidates
-    powersgd_rank: int | None = None  # powersgd: matrix approximation rank (default 2)
+    powersgd_rank: int | None = None  # powersgd, torch-powersgd: the rank r (default 2)
     start_iter: int | None = None  # steps of plain all-reduce before compression (default 2)
     per_bucket: bool = False  # aggregate each DDP bucket apart, not the whole model at once
     overlap: str | None = None  # gs: "stream" all-reduces the sketch bucket by bucket in backward
@@ -241,7 +245,8 @@ class TrainConfig:
         import_plugins(self.plugins)
         if self.method not in METHODS:
             raise _bad("method", self.method, f"it must be one of {', '.join(METHODS)}",
-                       "A method of your own needs --plugin MODULE that registers it.")
+                       "A method of your own needs --plugin MODULE that registers it."
+                       + renamed_hint(str(self.method)))
         if not isinstance(self.dataset, str) or not self.dataset:
             raise _bad("dataset", self.dataset, "it must name a dataset", "For example digits.")
         if self.model is not None and self.model not in MODELS:
@@ -429,7 +434,7 @@ class TrainConfig:
 
     def _check_method_settings(self) -> None:
         """The method's own checks: its options dataclass (through HookSettings) or, for
-        PowerSGD, its rank; both before any worker starts."""
+        PyTorch's PowerSGD hook, its rank; both before any worker starts."""
         for name in ("table_dtype", "payload_dtype"):
             value = getattr(self, name)
             if value is not None and value not in PAYLOAD_DTYPES:

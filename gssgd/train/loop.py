@@ -192,7 +192,8 @@ def _setup(worker: Worker, cfg: TrainConfig) -> _Run:
     start_step, totals, resumed = 0, RunTotals(), None
     if cfg.resume:
         resumed = checkpoint.load_checkpoint(cfg.resume)
-        checkpoint.check_fingerprint(resumed["fingerprint"], fingerprint, cfg.resume)
+        checkpoint.check_fingerprint(
+            checkpoint.renamed_fingerprint(resumed, cfg.method), fingerprint, cfg.resume)
         model.load_state_dict(resumed["model"])
         optimizer.load_state_dict(resumed["optimizer"])
         set_rng_state(resumed["ranks"][worker.rank]["rng"], device)

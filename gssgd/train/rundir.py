@@ -80,7 +80,7 @@ def prepare(cfg: TrainConfig) -> TrainConfig:
         resume = checkpoint.resolve_checkpoint(cfg.resume)
         saved = checkpoint.load_checkpoint(resume)
         checkpoint.check_fingerprint(
-            saved["fingerprint"],
+            checkpoint.renamed_fingerprint(saved, cfg.method),
             checkpoint.fingerprint(cfg.method, model_name, cfg.dataset, workers, d),
             resume,
         )

@@ -36,7 +36,7 @@ def builtin_hook_bytes(
 
     Args:
         method: ``"ddp-allreduce"`` (float32 all-reduce), ``"ddp-fp16"``
-            (``fp16_compress_hook``) or ``"powersgd"``.
+            (``fp16_compress_hook``) or ``"torch-powersgd"`` (PyTorch's PowerSGD hook).
         shapes: the shapes of the model's gradients (float32).
         world_size: the number of ranks P.
         compressed: for PowerSGD, whether this step is past ``start_powerSGD_iter`` (before
@@ -55,13 +55,14 @@ def builtin_hook_bytes(
     """
     shapes = [torch.Size(s) for s in shapes]
     numel = sum(s.numel() for s in shapes)
-    if method == "ddp-allreduce" or (method == "powersgd" and not compressed):
+    if method == "ddp-allreduce" or (method == "torch-powersgd" and not compressed):
         return ring_allreduce_bytes(4 * numel, world_size)
     if method == "ddp-fp16":
         return ring_allreduce_bytes(2 * numel, world_size)
-    if method != "powersgd":
+    if method != "torch-powersgd":
         raise ValueError(
-            f"method {method!r} has no built-in DDP hook; use ddp-allreduce, ddp-fp16 or powersgd"
+            f"method {method!r} has no built-in DDP hook; use ddp-allreduce, ddp-fp16 or "
+            "torch-powersgd (gssgd's own powersgd counts its bytes in its hook's last_stats)"
         )
     uncompressed = ps = qs = 0
     for shape in shapes:
@@ -95,10 +96,11 @@ class GradientSync:
 
     * ``ddp-allreduce``: DDP's own all-reduce (no hook); ``ddp-fp16``: DDP's
       ``fp16_compress_hook``;
-    * ``powersgd``: PyTorch's PowerSGD hook (rank ``--powersgd-rank``, error feedback,
-      warm start, ``start_powerSGD_iter = --start-iter``);
+    * ``torch-powersgd``: PyTorch's PowerSGD hook (rank ``--powersgd-rank``, error
+      feedback, warm start, ``start_powerSGD_iter = --start-iter``);
     * every aggregator method of the registry (``dense``, ``topk``, ``gtopk``,
-      ``sketched``, ``gs``, and any registered one): :class:`gssgd.ddp.HookState` with
+      ``sketched``, ``gs``, ``powersgd``, and any registered one), with the parameters'
+      shapes for a method that needs them: :class:`gssgd.ddp.HookState` with
       :func:`gssgd.ddp.comm_hook`, over the whole model unless ``--per-bucket``.
 
     Args:
@@ -125,7 +127,7 @@ class GradientSync:
         self.powersgd: powersgd.PowerSGDState | None = None
         if cfg.method == "ddp-fp16":
             ddp.register_comm_hook(None, default_hooks.fp16_compress_hook)
-        elif cfg.method == "powersgd":
+        elif cfg.method == "torch-powersgd":
             self.powersgd = powersgd.PowerSGDState(
                 process_group=None,
                 matrix_approximation_rank=self.powersgd_rank,
@@ -143,7 +145,7 @@ class GradientSync:
         """What the last step's gradient averaging cost this rank (None: not measurable)."""
         if self.hook_state is not None and self.hook_state.last_stats is not None:
             return hook_step_stats(self.hook_state.last_stats)
-        compressed = self.method == "powersgd" and step >= self.start_iter
+        compressed = self.method == "torch-powersgd" and step >= self.start_iter
         sent = builtin_hook_bytes(
             self.method, self.shapes, self.world_size, compressed, self.powersgd_rank
         )

@@ -95,4 +95,4 @@ def test_sketch_defaults_are_resolved() -> None:
     assert k == 100
     assert opts.cols == default_sketch_cols(100_000, 100)
     assert opts.rows % 2 == 1
-    assert set(gssgd.AGGREGATORS) == {"dense", "topk", "gtopk", "sketched", "gs"}
+    assert set(gssgd.AGGREGATORS) == {"dense", "topk", "gtopk", "sketched", "gs", "powersgd"}

@@ -160,3 +160,22 @@ def test_fingerprint_mismatch_names_every_difference() -> None:
     assert "dataset is 'digits' there but 'mnist' here" in message
     assert "world_size is 2 there but 4 here (--workers)" in message
     assert "model is" not in message  # only what differs is named
+
+
+def _saved(method: str, sync: dict) -> dict:
+    fp = checkpoint.fingerprint(method, "cnn", "digits", 2, 100)
+    return {"fingerprint": fp, "ranks": [{"sync": sync}, {"sync": sync}]}
+
+
+def test_a_checkpoint_of_pytorchs_hook_under_its_old_name_resumes_as_torch_powersgd() -> None:
+    """`--method powersgd` ran PyTorch's hook before gssgd had its own PowerSGD: its
+    checkpoints (the hook's "powersgd" memories) resume as torch-powersgd, and resuming
+    one as gssgd's powersgd says which name to use."""
+    old = _saved("powersgd", {"powersgd": {"iter": 3}})
+    assert checkpoint.renamed_fingerprint(old, "torch-powersgd")["method"] == "torch-powersgd"
+    with pytest.raises(ValueError, match=r"written by PyTorch's PowerSGD hook.*Resume with "
+                       r"--method torch-powersgd"):
+        checkpoint.renamed_fingerprint(old, "powersgd")
+    ours = _saved("powersgd", {"hook": {"iter": 3}})  # gssgd's own PowerSGD: unchanged
+    assert checkpoint.renamed_fingerprint(ours, "powersgd") == ours["fingerprint"]
+    assert checkpoint.renamed_fingerprint(ours, "torch-powersgd")["method"] == "powersgd"

@@ -121,14 +121,16 @@ def test_killed_and_resumed_run_ends_bitwise_equal_to_the_uninterrupted_one(
     assert [r["step"] for r in read_metrics(out / "metrics.jsonl")] == list(range(STEPS))
 
 
-def test_powersgd_resume_is_bitwise_too(tmp_path: Path) -> None:
-    """PowerSGD keeps per-bucket memories: the resumed run must see the same buckets.
+@pytest.mark.parametrize("method", ["torch-powersgd", "powersgd"])
+def test_powersgd_resume_is_bitwise_too(tmp_path: Path, method: str) -> None:
+    """PowerSGD keeps memories (PyTorch's hook per bucket; gssgd's the warm-start Q and the
+    residual): the resumed run must continue from them.
 
     One worker is enough to pin the bucket layout and PowerSGD's state (and is quick).
     """
     steps = 8
     full, part = tmp_path / "full", tmp_path / "part"
-    base = dict(method="powersgd", steps=steps, **{**DIGITS, "workers": 1, "eval_every": 0})
+    base = dict(method=method, steps=steps, **{**DIGITS, "workers": 1, "eval_every": 0})
     # The whole run and the first half share one launch; the resume gets a fresh one.
     first = [prepare(TrainConfig(out=str(full), **base)),
              prepare(TrainConfig(out=str(part), **{**base, "steps": steps // 2}))]  # fmt: skip
@@ -138,7 +140,11 @@ def test_powersgd_resume_is_bitwise_too(tmp_path: Path) -> None:
     want, got = _model(full), _model(part)
     assert all(torch.equal(want[k], got[k]) for k in want)
     saved = torch.load(resolve_checkpoint(part), weights_only=True)["ranks"][0]["sync"]
-    assert saved["powersgd"]["iter"] == steps and saved["powersgd"]["error"]  # memories kept
+    if method == "torch-powersgd":
+        assert saved["powersgd"]["iter"] == steps and saved["powersgd"]["error"]  # memories
+    else:
+        whole = saved["hook"]["buckets"][0]
+        assert whole["q"].numel() > 0 and whole["steps"] == steps - 2  # after start_iter 2
 
 
 # ---------------------------------------------------------------------------- refusals
@@ -222,7 +228,10 @@ def test_non_finite_loss_stops_every_worker_cleanly(first_runs) -> None:
         ({"method": "gs", "local_momentum": 1.5}, r"--local-momentum=1.5 is invalid: .*\[0, 1\)"),
         ({"method": "topk", "warmup_density": 0.0}, r"--warmup-density=0.0 is invalid"),
         ({"plugins": ("no_such_module_xyz",)}, "--plugin 'no_such_module_xyz' cannot be imported"),
-        ({"method": "powersgd", "start_iter": 1}, r"--start-iter=1 is invalid: .* >= 2"),
+        ({"method": "torch-powersgd", "start_iter": 1}, r"--start-iter=1 is invalid: .* >= 2"),
+        ({"method": "powersgd", "powersgd_rank": 0}, r"--powersgd-rank=0 is invalid: .* >= 1"),
+        ({"method": "powersgd", "density": 0.1}, "--density does not apply to --method powersgd"),
+        ({"method": "ddp-powersgd"}, "PyTorch's own PowerSGD hook is torch-powersgd"),
         ({"fail_at": (1,)}, "RANK:STEP"),
         ({"bucket_cap_mb": 0}, r"--bucket-cap-mb=0 is invalid: it must be a number in \(0, 1024\]"),
         ({"method": "gs", "table_dtype": "int8"}, "--table-dtype='int8' is invalid"),
@@ -390,6 +399,7 @@ def test_settings_for_drops_what_a_method_does_not_take() -> None:
     assert settings_for("topk", settings) == {"density": 0.1, "lr": 0.1}
     assert settings_for("gs", settings) == {"rows": 7, "density": 0.1, "exact": False, "lr": 0.1}
     assert settings_for("powersgd", settings) == {"lr": 0.1, "powersgd_rank": 4}
+    assert settings_for("torch-powersgd", settings) == {"lr": 0.1, "powersgd_rank": 4}
 
 
 # ---------------------------------------------------------------------------- byte accounting
@@ -401,9 +411,9 @@ def test_builtin_hooks_are_counted_with_the_ring_figure() -> None:
     assert builtin_hook_bytes("ddp-allreduce", shapes, 4, compressed=False) == (2 * 3 * 4 * d) // 4
     assert builtin_hook_bytes("ddp-fp16", shapes, 4, compressed=False) == (2 * 3 * 2 * d) // 4
     # PowerSGD before its start iteration: the dense all-reduce.
-    assert builtin_hook_bytes("powersgd", shapes, 4, compressed=False) == (2 * 3 * 4 * d) // 4
+    assert builtin_hook_bytes("torch-powersgd", shapes, 4, compressed=False) == (2 * 3 * 4 * d) // 4
     # After: the bias uncompressed, the weight as P (50 x 2) and Q (100 x 2), three all-reduces.
     want = sum(ring_allreduce_bytes(4 * n, 4) for n in (50, 50 * 2, 100 * 2))
-    assert builtin_hook_bytes("powersgd", shapes, 4, compressed=True, powersgd_rank=2) == want
+    assert builtin_hook_bytes("torch-powersgd", shapes, 4, compressed=True, powersgd_rank=2) == want
     with pytest.raises(ValueError, match="no built-in DDP hook"):
         builtin_hook_bytes("gs", shapes, 4, compressed=True)

@@ -24,7 +24,7 @@ from gssgd.train.metrics import read_metrics
 
 #: The gssgd methods this file resumes, as the training loop names them when the module is
 #: imported ("dense" is here while it names a method the loop accepts).
-RESUMED = [m for m in ("dense", "topk", "gtopk", "sketched", "gs") if m in METHODS]
+RESUMED = [m for m in ("dense", "topk", "gtopk", "sketched", "gs", "powersgd") if m in METHODS]
 #: Small and fast: 2 workers on digits; no evaluation before the last step.
 BASE: dict[str, Any] = dict(dataset="digits", workers=2, batch_size=16, eval_every=0,
                             progress=False, timeout=120.0)  # fmt: skip

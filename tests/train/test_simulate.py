@@ -11,15 +11,18 @@ import pytest
 
 from gssgd.aggregators import build_options
 from gssgd.cli.main import main
+from gssgd.train.data import load_dataset
 from gssgd.train.loop import TrainConfig, prepare, run_training
 from gssgd.train.metrics import read_metrics
+from gssgd.train.models import build_model
 
 DIGITS: dict[str, Any] = dict(dataset="digits", batch_size=16, eval_every=4, progress=False,
                               timeout=60.0, density=0.01)
 
 
-@pytest.mark.parametrize("method", ["gtopk", "gs"])
-def test_a_simulated_run_is_the_real_run(tmp_path: Path, method: str) -> None:
+@pytest.mark.parametrize(("method", "settings"), [
+    ("gtopk", {}), ("gs", {}), ("powersgd", {"density": None, "powersgd_rank": 1})])
+def test_a_simulated_run_is_the_real_run(tmp_path: Path, method: str, settings: dict) -> None:
     """The same settings on 3 real gloo workers and 3 simulated ones: the same bytes on
     every step, and the same losses up to the last bits: the dense warm-up sums DDP's
     bucket, which DDP lays out anew after the first iteration, in model order (the
@@ -28,7 +31,7 @@ def test_a_simulated_run_is_the_real_run(tmp_path: Path, method: str) -> None:
     for simulate in (False, True):
         out = tmp_path / f"{method}-{simulate}"
         cfg = TrainConfig(method=method, workers=3, steps=8, simulate=simulate, out=str(out),
-                          **DIGITS)
+                          **{**DIGITS, **settings})
         summary = run_training(cfg)
         assert summary is not None and summary["status"] == "completed"
         assert summary.get("simulated", False) is simulate
@@ -59,6 +62,26 @@ def test_256_simulated_workers_train_the_mnist_cnn_with_exact_bytes(tmp_path: Pa
     assert last["bytes_sent"] == pytest.approx(sum(expected.sent) / 256)
 
 
+def test_simulated_powersgd_sends_its_formula_for_the_models_own_layers(tmp_path: Path) -> None:
+    """``gssgd train --method powersgd --simulate`` on 16 workers: every rank's bytes of a
+    compressed step are PowerSGD's traffic formula for the model's parameter shapes (the
+    hook passes them), not for the bare vector's default layout."""
+    cfg = TrainConfig(method="powersgd", workers=16, steps=3, start_iter=1, simulate=True,
+                      powersgd_rank=2, out=str(tmp_path / "p16"),
+                      **{**DIGITS, "density": None, "eval_every": 0})
+    summary = run_training(cfg)
+    assert summary is not None and summary["status"] == "completed"
+    model = build_model(summary["config"]["model"], load_dataset("digits"))
+    shapes = [tuple(p.shape) for p in model.parameters()]
+    cls, k, opts = build_options("powersgd", summary["d"], rank=2, shapes=shapes)
+    expected = cls.traffic(summary["d"], k, opts, 16)
+    bare = cls.traffic(summary["d"], k, build_options("powersgd", summary["d"], rank=2)[2], 16)
+    assert max(expected.sent) != max(bare.sent)  # the layers matter
+    last = read_metrics(tmp_path / "p16" / "metrics.jsonl")[-1]
+    assert last["bytes_sent_max"] == max(expected.sent)
+    assert last["bytes_received_max"] == max(expected.received)
+
+
 def test_the_global_batch_is_split_over_the_workers(tmp_path: Path) -> None:
     cfg = prepare(TrainConfig(method="topk", workers=8, global_batch=64, simulate=True,
                               out=str(tmp_path / "a"), **DIGITS))
@@ -74,7 +97,7 @@ def test_the_global_batch_is_split_over_the_workers(tmp_path: Path) -> None:
     [
         ({"per_bucket": True}, r"--per-bucket cannot be combined with --simulate"),
         ({"amp": "bf16"}, r"--amp cannot be combined with --simulate"),
-        ({"method": "powersgd", "density": None}, r"aggregator methods only"),
+        ({"method": "torch-powersgd", "density": None}, r"aggregator methods only"),
     ],
 )
 def test_simulate_refuses_what_it_cannot_simulate(settings: dict, message: str) -> None:
