@@ -14,6 +14,9 @@
 #                   (default "0.001 0.003 0.01"), with its default recipe (plain SGD
 #                   with error feedback, lr 0.2, the 100-step density warm-up) and, for
 #                   gs and Sketched-SGD, the default sketch shape for its P
+#   topk|gtopk-nowu-dD  local Top-k and gTop-k without the density warm-up (--warmup-steps
+#                   0) at each density of NOWU_DENSITIES (default "0.003"): their best
+#                   version may skip it, whose all-gathers cost bytes at many workers
 #   powersgd-rR     PowerSGD at each rank R of RANKS (default "1 2 4"), when the method
 #                   is registered (gssgd's own, error feedback, momentum 0.9 at dense's
 #                   first lr: its authors' recipe keeps the optimizer's momentum)
@@ -31,6 +34,7 @@ STEPS=${STEPS:-400}
 DENSE_LRS=${DENSE_LRS:-"0.05 0.1"}
 DENSITIES=${DENSITIES:-"0.001 0.003 0.01"}
 RANKS=${RANKS:-"1 2 4"}
+NOWU_DENSITIES=${NOWU_DENSITIES:-"0.003"}
 METHODS=${METHODS:-"dense dense16 topk gtopk gs sketched powersgd"}
 has_powersgd=$(.venv/bin/python -c "import gssgd; print(int('powersgd' in gssgd.AGGREGATORS))")
 first_lr=${DENSE_LRS%% *}
@@ -55,7 +59,13 @@ for P in $PS; do
           done ;;
         *) for density in $DENSITIES; do
              run "$method-d$density" --method "$method" --density "$density"
-           done ;;
+           done
+           if [ "$method" = topk ] || [ "$method" = gtopk ]; then
+             for density in $NOWU_DENSITIES; do
+               run "$method-nowu-d$density" --method "$method" --density "$density" \
+                 --warmup-steps 0
+             done
+           fi ;;
       esac
     done
   done

@@ -30,7 +30,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from frontier_report import ACCURACY, Metric, metric_of, summarise  # noqa: E402
 
-#: The rivals gs is judged against (a run's method is its name up to the first "-").
+#: The rivals gs is judged against (:func:`method_of` a run's curve).
 RIVALS = ("powersgd", "gtopk", "topk", "sketched")
 TO_TARGET = "bytes_to_dense_minus_half_point"
 
@@ -45,8 +45,14 @@ def best_dense(runs: dict[str, list[dict[str, Any]]], m: Metric) -> str | None:
 
 
 def family(name: str) -> str:
-    """The method of a run name: ``gs-d0.003`` -> ``gs``, ``dense16-lr0.05`` -> ``dense16``."""
-    return name.split("-")[0]
+    """The curve a run belongs to: its name without the level, ``gs-d0.003`` -> ``gs``,
+    ``topk-nowu-d0.003`` -> ``topk-nowu``, ``dense16-lr0.05`` -> ``dense16``."""
+    return name.rsplit("-", 1)[0]
+
+
+def method_of(curve: str) -> str:
+    """The method of a curve: ``topk-nowu`` -> ``topk``."""
+    return curve.split("-")[0]
 
 
 def curves(table: dict[str, Any]) -> dict[str, list[tuple[str, dict[str, Any]]]]:
@@ -79,7 +85,7 @@ def targets(summary: dict[str, dict[str, Any]], m: Metric = ACCURACY) -> dict[st
         by = curves(table)
         best = {f: best_to_target(rows) for f, rows in by.items()}
         row: dict[str, Any] = {"best_to_target": {f: b for f, b in best.items() if b}}
-        rivals = [b for f, b in best.items() if f in RIVALS and b]
+        rivals = [b for f, b in best.items() if method_of(f) in RIVALS and b]
         gs = best.get("gs")
         if gs and rivals:
             top = min(rivals, key=lambda nb: nb[1])
@@ -91,7 +97,7 @@ def targets(summary: dict[str, dict[str, Any]], m: Metric = ACCURACY) -> dict[st
             row["target_gs_at_most_half_the_best_rival"] = False  # gs never reached it
         if "gs" in by:
             row["rival_levels_above_gs"] = [
-                n for f, rows in by.items() if f in RIVALS for n, r in rows
+                n for f, rows in by.items() if method_of(f) in RIVALS for n, r in rows
                 if above_gs(by["gs"], r, m)]
         out[p] = row
     return out
