@@ -45,7 +45,7 @@ from gssgd.aggregators.guard import SketchCollapseError
 from gssgd.ddp import HookState, comm_hook
 from gssgd.ddp.recipe import pair_adamw
 from gssgd.optim import FrozenVarianceAdamW
-from gssgd.simulated import SimulatedWorld
+from gssgd.simulated import SimulatedWorld, gloo_ring_reduce
 from gssgd.train.config import TrainConfig, import_plugins
 from gssgd.train.data import load_dataset
 from gssgd.train.metrics import (
@@ -179,8 +179,7 @@ def simulate_training(cfg: TrainConfig) -> dict[str, Any]:
         totals.add(record, measured=step >= cfg.measured_from_step)
         done = step + 1
         if done == cfg.steps or (cfg.eval_every and done % cfg.eval_every == 0):
-            loss_total, right, seen = evaluation_sums(model, data, cfg, 0, 1, device).tolist()
-            last_eval = (loss_total / seen, right / seen)
+            last_eval = _evaluate(model, data, cfg, world_size, device)
             record["test_loss"], record["test_accuracy"] = last_eval
         log.write(record)
     log.close()
@@ -192,6 +191,18 @@ def simulate_training(cfg: TrainConfig) -> dict[str, Any]:
     write_json(out / SUMMARY_FILE, summary)
     print(message or summary_line(summary), flush=True)
     return summary
+
+
+def _evaluate(
+    model: nn.Module, data: Any, cfg: TrainConfig, world_size: int, device: torch.device
+) -> tuple[float, float]:
+    """Test loss and accuracy as real workers compute them (:func:`gssgd.train.loop.evaluate`):
+    each rank scores its share of the test split, and the shares are summed as gloo's
+    all-reduce sums them, so the numbers are bitwise a real run's (one pass over the whole
+    split would batch and add the losses otherwise)."""
+    shares = [evaluation_sums(model, data, cfg, r, world_size, device) for r in range(world_size)]
+    loss_total, right, seen = gloo_ring_reduce(shares).tolist()
+    return loss_total / seen, right / seen
 
 
 def _hook_step(states: list[HookState], buckets: list[_WholeModelBucket]) -> Any:
