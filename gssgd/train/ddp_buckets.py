@@ -179,7 +179,7 @@ class DDPBuckets:
 
     def start_iteration(self) -> None:
         """DDP's ``_pre_forward``: once a backward's ready order is recorded, rebuild the
-        buckets in it (steps 3 of the module's description), once."""
+        buckets in it (step 3 of the module's description), once."""
         if self.rebuilt or self._ready is None:
             return
         ready = self._ready

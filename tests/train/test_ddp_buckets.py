@@ -37,7 +37,9 @@ def _ddp_layouts(rank: int, world_size: int, model_name: str, cap: float | None)
     ddp = DistributedDataParallel(model, **({} if cap is None else {"bucket_cap_mb": cap}))
     seen: list[list[list[str]]] = []
 
-    def hook(state, bucket):  # type: ignore[no-untyped-def] # DDP rejects string annotations
+    # No annotations: under ``from __future__ import annotations`` they are strings, and
+    # DDP's register_comm_hook rejects a bucket annotation that is not dist.GradBucket.
+    def hook(state, bucket):
         if bucket.index() == 0:
             seen.append([])
         seen[-1].append([names[id(p)] for p in bucket.parameters()])
