@@ -6,28 +6,30 @@ so one model stands for all of them; what differs per rank is the batch, the gra
 the aggregator's state. Each step:
 
 1. for every rank ``r``: its batch (:func:`~gssgd.train.objective.train_batch` with rank
-   ``r`` of ``P``, as a real worker draws it), forward, and its gradient, flattened in model
-   order (what DDP hands the whole-model hook);
+   ``r`` of ``P``, as a real worker draws it), forward, and its gradient, cut into the
+   buckets real DDP would hand the hook at this step
+   (:class:`~gssgd.train.ddp_buckets.DDPBuckets`: one bucket in model order at step 0,
+   from step 1 on the layout DDP rebuilds in the order the gradients became ready, with
+   the same size caps);
 2. every rank's own :class:`~gssgd.ddp.HookState`, built from the run's settings on a
-   :class:`~gssgd.simulated.SimulatedRank`, runs :func:`~gssgd.ddp.comm_hook` on that
-   gradient: the same dense warm-up (``start_iter``), the same aggregator with its residual
+   :class:`~gssgd.simulated.SimulatedRank`, runs :func:`~gssgd.ddp.comm_hook` on those
+   buckets in DDP's order: the same dense warm-up (``start_iter``, one all-reduce per
+   bucket), the same aggregator with its residual (over the whole model, in model order)
    and the same :class:`~gssgd.comm.Communicator` byte accounting as in real processes;
-3. the update (the same on every rank; rank 0's is used) becomes the model's gradient and
-   the optimizer steps;
+3. the update (the same on every rank; rank 0's is used), put back in model order,
+   becomes the model's gradient and the optimizer steps;
 4. the step's bytes (mean and busiest rank) are logged as a real run logs them.
 
 The outputs are those of a real run (``metrics.jsonl``, ``summary.json`` with
 ``"simulated": true``), so ``gssgd compare --simulate`` tabulates and plots them alike.
 What a simulated run does not give: step times (the ranks take turns on one thread: the
 cost model predicts times from the exact bytes), checkpoints to resume, and real workers'
-failure modes. The aggregators' updates are bitwise those of real gloo processes, the
-backend's all-reduce included (the simulated world sums in gloo's ring order,
-:func:`~gssgd.simulated.gloo_ring_reduce`), with one gap: the dense warm-up all-reduces
-DDP's bucket buffer, whose layout DDP rebuilds after the first iteration (the order the
-gradients became ready), while the simulated bucket stays in model order. gloo's chunks
-then fall on other coordinates, so from the second warm-up step on the sums can differ in
-the last bit (at P = 16 on the MNIST CNN: 1,706 weights by at most 7.5e-9 after step 2,
-the same accuracy at step 20; docs/benchmarks.md, "Simulated ring in gloo's order").
+failure modes. The updates are bitwise those of real gloo processes: the aggregators are
+the real ones, the simulated world's all-reduce sums in gloo's ring order
+(:func:`~gssgd.simulated.gloo_ring_reduce`), and the dense warm-up all-reduces the bucket
+buffers DDP would build, so gloo's chunks fall on the same weights
+(tests/train/test_simulate.py compares losses and final models with real processes; at
+P = 16 on the MNIST CNN: docs/benchmarks.md, "Simulated ring in gloo's order").
 """
 
 from __future__ import annotations
@@ -45,9 +47,10 @@ from gssgd.aggregators.guard import SketchCollapseError
 from gssgd.ddp import HookState, comm_hook
 from gssgd.ddp.recipe import pair_adamw
 from gssgd.optim import FrozenVarianceAdamW
-from gssgd.simulated import SimulatedWorld
+from gssgd.simulated import SimulatedWorld, gloo_ring_reduce
 from gssgd.train.config import TrainConfig, import_plugins
 from gssgd.train.data import load_dataset
+from gssgd.train.ddp_buckets import DDPBuckets, SimulatedBucket
 from gssgd.train.metrics import (
     STATUS_COLLAPSED,
     STATUS_COMPLETED,
@@ -67,36 +70,12 @@ from gssgd.train.sync import hook_step_stats
 
 __all__ = ["simulate_training"]
 
-class _WholeModelBucket:
-    """One rank's flat gradient in model order, shaped like DDP's ``GradBucket`` for
-    :func:`~gssgd.ddp.comm_hook`: the one and last bucket of the iteration."""
-
-    def __init__(self, flat: torch.Tensor, params: list[nn.Parameter]) -> None:
-        self._flat, self._params = flat, params
-        pieces = flat.split([p.numel() for p in params])
-        self._views = [piece.view_as(p) for piece, p in zip(pieces, params, strict=True)]
-
-    def index(self) -> int:
-        return 0
-
-    def is_last(self) -> bool:
-        return True
-
-    def buffer(self) -> torch.Tensor:
-        return self._flat
-
-    def parameters(self) -> list[nn.Parameter]:
-        return self._params
-
-    def gradients(self) -> list[torch.Tensor]:
-        return self._views
-
-
 def _rank_gradients(
     model: nn.Module, params: list[nn.Parameter], data: Any, cfg: TrainConfig, step: int,
-    world_size: int, device: torch.device,
+    world_size: int, device: torch.device, buckets: DDPBuckets,
 ) -> tuple[list[torch.Tensor], float, float, float, int]:
-    """Every rank's flat gradient at ``step`` and the summed loss, correct and count.
+    """Every rank's flat gradient (model order) at ``step`` and the summed loss, correct
+    and count; rank 0's loss also goes to ``buckets`` (DDP reads its ready order there).
 
     Returns:
         ``(gradients, loss * count summed, correct, count, ranks with a non-finite loss)``.
@@ -108,6 +87,8 @@ def _rank_gradients(
         value = float(loss.detach())
         nonfinite += not math.isfinite(value)
         loss_sum, correct_sum, count_sum = loss_sum + value * count, correct_sum + correct, count_sum + count
+        if rank == 0:
+            buckets.watch_backward(loss)  # the first step's only: DDP's gradient-ready order
         parts = torch.autograd.grad(loss, params, allow_unused=True)
         grads.append(torch.cat([
             (g if g is not None else torch.zeros_like(p)).reshape(-1)
@@ -134,6 +115,7 @@ def simulate_training(cfg: TrainConfig) -> dict[str, Any]:
     d = sum(p.numel() for p in params)
     optimizer = make_optimizer(model, cfg)
     world = SimulatedWorld(world_size)
+    buckets = DDPBuckets(params, cfg.bucket_cap_mb)  # DDP's layout, rebuilt after step 0
     settings = cfg.hook_settings()
     states = [
         HookState.from_settings(settings, group=world.rank(r), model=model)
@@ -151,8 +133,9 @@ def simulate_training(cfg: TrainConfig) -> dict[str, Any]:
           f"{world_size} simulated workers, {cfg.steps} steps -> {out}", flush=True)
     for step in range(cfg.steps):
         t0 = time.perf_counter()
+        buckets.start_iteration()  # as DDP's forward does
         grads, loss_sum, correct, count, nonfinite = _rank_gradients(
-            model, params, data, cfg, step, world_size, device
+            model, params, data, cfg, step, world_size, device, buckets
         )
         if nonfinite:
             status = STATUS_NONFINITE
@@ -160,7 +143,7 @@ def simulate_training(cfg: TrainConfig) -> dict[str, Any]:
                        f"on {nonfinite} of {world_size} workers. Lower --lr (now {cfg.lr}).")
             break
         try:
-            updates = world.run(_hook_step(states, [_WholeModelBucket(g, params) for g in grads]))
+            updates = world.run(_hook_step(states, [buckets.split(g) for g in grads], buckets))
         except SketchCollapseError as err:
             status, message = STATUS_COLLAPSED, f"gssgd train: stopped at step {step}: {err}"
             break
@@ -179,8 +162,7 @@ def simulate_training(cfg: TrainConfig) -> dict[str, Any]:
         totals.add(record, measured=step >= cfg.measured_from_step)
         done = step + 1
         if done == cfg.steps or (cfg.eval_every and done % cfg.eval_every == 0):
-            loss_total, right, seen = evaluation_sums(model, data, cfg, 0, 1, device).tolist()
-            last_eval = (loss_total / seen, right / seen)
+            last_eval = _evaluate(model, data, cfg, world_size, device)
             record["test_loss"], record["test_accuracy"] = last_eval
         log.write(record)
     log.close()
@@ -194,10 +176,28 @@ def simulate_training(cfg: TrainConfig) -> dict[str, Any]:
     return summary
 
 
-def _hook_step(states: list[HookState], buckets: list[_WholeModelBucket]) -> Any:
-    """What every simulated rank runs in a step: its hook on its gradient; the update."""
+def _evaluate(
+    model: nn.Module, data: Any, cfg: TrainConfig, world_size: int, device: torch.device
+) -> tuple[float, float]:
+    """Test loss and accuracy as real workers compute them (:func:`gssgd.train.loop.evaluate`):
+    each rank scores its share of the test split, and the shares are summed as gloo's
+    all-reduce sums them, so the numbers are bitwise a real run's (one pass over the whole
+    split would batch and add the losses otherwise)."""
+    shares = [evaluation_sums(model, data, cfg, r, world_size, device) for r in range(world_size)]
+    loss_total, right, seen = gloo_ring_reduce(shares).tolist()
+    return loss_total / seen, right / seen
+
+
+def _hook_step(
+    states: list[HookState], rank_buckets: list[list[SimulatedBucket]], buckets: DDPBuckets
+) -> Any:
+    """What every simulated rank runs in a step: its hook on each of its buckets, in bucket
+    order as DDP calls it, then waits for every bucket's future (in whole-model mode the
+    earlier buckets' complete at the last); the update, in model order."""
 
     def rank_step(rank: Any) -> torch.Tensor:
-        return comm_hook(states[rank.rank], buckets[rank.rank]).wait()  # type: ignore[arg-type]
+        state = states[rank.rank]
+        futures = [comm_hook(state, b) for b in rank_buckets[rank.rank]]  # type: ignore[arg-type]
+        return buckets.join([f.wait() for f in futures])
 
     return rank_step
