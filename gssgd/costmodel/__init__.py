@@ -25,18 +25,19 @@ Every method's step costs this rank (Hockney's alpha-beta model plus a compute t
 
 The byte figures per rank (:func:`traffic`) are the ones :mod:`gssgd.comm` records in
 ``agg.last_stats`` on every step after the first (the first step adds the rank-agreement
-check), control messages included: every method's step starts with an all-gather of a
-4-byte non-finite flag. ``I`` is the index size (4 bytes when ``d < 2^31``, else 8), ``V`` the
-value size (4, or 2 for a 16-bit dense payload), ``S = rows * cols * T`` a sketch table
-(``T`` = 4, or 2 for 16-bit tables),
+check): what each rank's process puts on the wire, control messages and forwarded data
+included. Every method's step starts with gloo's ring all-gather of a 4-byte non-finite
+flag, ``(P-1) * 4`` bytes each way (not in the table). ``I`` is the index size (4 bytes when
+``d < 2^31``, else 8), ``V`` the value size (4, or 2 for a 16-bit dense payload),
+``S = rows * cols * T`` a sketch table (``T`` = 4, or 2 for 16-bit tables),
 ``C = min(m * k, d)`` the candidates, ``P2`` the largest power of two ``<= P`` and
 ``L = log2 P2``:
 
 =============  =====================================  =========================================
 method         per rank (sent / received)             critical bytes (busiest link)
 =============  =====================================  =========================================
-dense(16)      ring ``2(P-1)/P * d*V`` each way       ``2(P-1)/P * d*V``
-topk           ``k(I+V)`` / ``(P-1) k(I+V)``           ``(P-1) k(I+V)`` (all-gather)
+dense(16)      ring ``2(P-1)/P * d*V`` each way [#]_  ``2(P-1)/P * d*V``
+topk           ``(P-1) k(I+V)`` each way [#]_          ``(P-1) k(I+V)`` (all-gather)
 gtopk          ``L k(I+V)`` each way (+fold-in)        ``(L [+2]) k(I+V)`` (recursive doubling)
 sketched       worker ``S + C*V`` / ``C*I + k(I+V)``   ``(P-1)(S + C*I + C*V + k(I+V))``: the
                server ``(P-1)`` times the reverse     server's link, phase after phase
@@ -46,6 +47,10 @@ gs-estimate    as gs without ``C*V``                   ``(L [+2]) S``
 gs-small       as gs with a quarter of the columns     as gs
 gs-half        as gs, table entries in 16 bits        as gs
 =============  =====================================  =========================================
+
+.. [#] On average over the ranks: gloo cuts the buffer into segments, and each rank sends
+   all but two blocks of them (:func:`gssgd.comm.ring_allreduce`), a few bytes more or less.
+.. [#] gloo's ring all-gather: a rank sends its own ``k(I+V)`` and forwards ``P-2`` others'.
 
 ``beta0`` and ``gamma`` are CPU work: on a machine where workers share cores both stretch by
 the run's *compute share* (measured by ``bench comm``'s compute probe); the model holds

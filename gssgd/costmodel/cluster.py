@@ -170,8 +170,9 @@ def pattern_of(spec: MethodSpec) -> str:
     Steps: take the method's :class:`~gssgd.comm.Traffic` at P = 8 and P = 16 and remove its
     control all-gather (the aggregator's ``control_traffic``); then the rounds left tell the
     pattern by how they grow: unchanged (a star: one round a phase), by 4/3 (recursive
-    doubling: log2 P), by 30/14 (a ring all-reduce, 2(P-1), or an all-gather, P-1; an
-    all-gather's critical bytes are what a rank receives, ``(P-1)`` times what it sends).
+    doubling: log2 P), by 30/14 (a ring all-reduce, 2(P-1), or an all-gather, P-1). The last
+    two differ in their bytes: a ring all-reduce sends about ``2n`` whatever P, an all-gather
+    ``(P-1) * n``, which more than doubles from P = 8 to 16 (15/7).
 
     Returns:
         One of :data:`PATTERNS`.
@@ -181,8 +182,8 @@ def pattern_of(spec: MethodSpec) -> str:
     bulk = {}
     for p in (8, 16):
         t, c = traffic(spec, p), cls.control_traffic(p)
-        bulk[p] = (t.rounds - c.rounds, t.sent[1] - c.sent[1], t.critical_bytes - c.critical_bytes)
-    (r8, sent8, crit8), (r16, _, _) = bulk[8], bulk[16]
+        bulk[p] = (t.rounds - c.rounds, max(t.sent) - max(c.sent))
+    (r8, sent8), (r16, sent16) = bulk[8], bulk[16]
     if r8 <= 0:
         return "mixed"
     if r16 == r8:
@@ -190,7 +191,7 @@ def pattern_of(spec: MethodSpec) -> str:
     if 3 * r16 == 4 * r8:
         return "recursive_doubling"
     if 14 * r16 == 30 * r8:
-        return "allgather" if crit8 > sent8 else "ring"
+        return "allgather" if sent16 > 2 * sent8 else "ring"
     return "mixed"
 
 
