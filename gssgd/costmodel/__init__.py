@@ -3,6 +3,7 @@
 Every method's step costs this rank (Hockney's alpha-beta model plus a compute term)::
 
     T(method, P, d, link) = alpha * rounds                      # latency-bound messages
+                          + beta(link) * header_bytes           # gloo's preambles on it
                           + beta(link) * critical_bytes         # bytes on the busiest link
                           + gamma[method] * d                   # compression compute
 
@@ -14,6 +15,13 @@ Every method's step costs this rank (Hockney's alpha-beta model plus a compute t
 * ``critical_bytes``: the bytes that cross the busiest link, summed over the sequential
   phases of the step, each phase counted in its busier direction (links are full duplex:
   a recursive-doubling exchange sends and receives at once and costs its payload once).
+* ``header_bytes``: gloo's 48-byte preambles (:data:`gssgd.comm.HEADER_BYTES`, measured:
+  tests/test_wire_bytes.py) that cross the busiest link, summed over the phases like the
+  payload: a message carries two with it and sends one back (its receiver's ready note), so
+  a link carries ``2s + r`` of them for ``s`` messages out and ``r`` in
+  (``Traffic.critical_headers``). Per message they cost like latency; at many workers they
+  are most of a small collective (gs's step on the MNIST CNN at P = 16 writes 31.3 kB for
+  9.9 kB of payload). Reported in the latency part of a prediction.
 * ``beta(rate) = max(beta0, 8 / (eta * rate))`` seconds per byte: a stream moves at the
   pace of its slower stage. ``beta0`` is the software cost of moving a byte through the
   stack and the collective (measured on loopback, where there is no wire), the second term

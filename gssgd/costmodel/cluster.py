@@ -6,14 +6,18 @@ One step of ``spec`` on ``P`` workers joined by links of rate ``R`` and latency 
     compute       = forward + backward (measured, or params * device.fwdbwd_s_per_param)
                   + compression(spec)                 # the device's constants
     communication = a * rounds                        # latency-bound steps, critical path
+                  + header_bytes * max(s, 8 / (eff[pattern] * R))   # gloo's preambles
                   + critical_bytes * max(s, 8 / (eff[pattern] * R))
     hidden        = device.overlap_efficiency
                   * min(overlappable communication, backward)   # backward = 2/3 of fwd+bwd
     step          = compute + communication - hidden
 
-* ``rounds`` and ``critical_bytes`` are the method's own :class:`~gssgd.comm.Traffic`
-  (its aggregator's ``traffic`` classmethod through :func:`gssgd.costmodel.method_specs.traffic`):
-  nothing here restates a byte formula.
+* ``rounds``, ``header_bytes`` and ``critical_bytes`` are the method's own
+  :class:`~gssgd.comm.Traffic` (its aggregator's ``traffic`` classmethod through
+  :func:`gssgd.costmodel.method_specs.traffic`): nothing here restates a byte formula.
+  ``header_bytes`` are the 48-byte preambles gloo puts on the busiest link for each
+  message (:data:`gssgd.comm.HEADER_BYTES`, measured): a fixed cost per message, so it is
+  counted in the latency part.
 * ``pattern``: the collective the method's bulk traffic uses, *read from that same formula*
   by :func:`pattern_of` (how its rounds grow from P = 8 to 16, and whether a rank receives
   more than it sends): ``ring`` (dense; gs with ``allreduce="backend"``),
@@ -288,10 +292,11 @@ def _seconds_of(
     efficiency: Mapping[str, float],
     software_s_per_byte: float,
 ) -> tuple[float, float]:
-    """``(latency, bandwidth)`` seconds of the traffic ``t`` of ``spec``'s pattern."""
+    """``(latency, bandwidth)`` seconds of the traffic ``t`` of ``spec``'s pattern: the
+    latency holds the rounds and the messages' preambles, the bandwidth the payload."""
     eff = efficiency.get(pattern_of(spec), efficiency.get("mixed", 0.9))
     per_byte = max(software_s_per_byte, 8.0 / (eff * link.rate_bps))
-    return link.latency_s * t.rounds, per_byte * t.critical_bytes
+    return link.latency_s * t.rounds + per_byte * t.header_bytes, per_byte * t.critical_bytes
 
 
 @dataclass(frozen=True)
