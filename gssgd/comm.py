@@ -1,7 +1,8 @@
 """Collectives with exact byte, message, round and time accounting.
 
 Every byte an aggregator moves goes through a :class:`Communicator`, which counts, per
-rank, the payload bytes it sends and receives under the algorithm's own message pattern:
+rank, the payload bytes its process puts on the wire and takes off it under the algorithm's
+own message pattern, data it forwards for other ranks included:
 
 * **recursive doubling** (:meth:`Communicator.recursive_doubling`): ``log2 P`` rounds in
   which rank ``p`` exchanges its payload with ``p XOR 2^i`` and combines the two. For a world
@@ -12,18 +13,25 @@ rank, the payload bytes it sends and receives under the algorithm's own message 
 * **star** (:meth:`Communicator.gather_to_root`, :meth:`Communicator.broadcast_from_root`):
   every rank talks to rank 0 alone, as Sketched-SGD's parameter server does.
 * **backend** (:meth:`Communicator.allreduce_backend`, :meth:`Communicator.allgather_backend`):
-  the process group's own collective, counted with the bandwidth-optimal ring figures: an
-  all-reduce of ``n`` bytes sends and receives ``floor(2(P-1)/P * n)``, an all-gather
-  ``(P-1) * n``.
+  the process group's own collective, counted as gloo's rings carry it: an all-reduce of
+  ``n`` bytes sends and receives about ``2(P-1)/P * n`` (exactly: its segments, see
+  :func:`ring_allreduce`), an all-gather ``(P-1) * n`` each way (a rank forwards the
+  others' blocks).
 
 ``rounds`` counts the sequential communication steps on the algorithm's critical path (the
-same on every rank), ``messages`` the point-to-point messages this rank sent (one per
-tensor), and ``seconds`` the wall time spent inside collectives.
+same on every rank), ``messages`` and ``messages_received`` the point-to-point messages
+this rank sent and received (one per tensor, or per gloo segment or chunk), and ``seconds``
+the wall time spent inside collectives. On the wire gloo adds :data:`HEADER_BYTES` per
+message and direction taken (:func:`wire_overhead`); they are not payload, and not in the
+byte counts.
 
 The same patterns as formulas (:class:`Traffic`, :func:`ring_allreduce`,
-:func:`allgather`, :func:`recursive_doubling`, :func:`star`) predict what a step moves
-without running it; each aggregator's ``traffic`` classmethod composes them into its own
-message pattern, and the cost model and the training metrics read them from there. This
+:func:`allgather`, :func:`recursive_doubling`, :func:`star_gather`,
+:func:`star_broadcast`) predict what a step moves without running it; each aggregator's
+``traffic`` classmethod composes them into its own message pattern, and the cost model and
+the training metrics read them from there. The backend collectives count themselves with
+these same formulas (:meth:`Communicator._count`), and the point-to-point ones are checked
+against them on real processes (tests/test_methods.py), so the two cannot disagree. This
 module is the one place every byte formula lives.
 """
 
@@ -41,18 +49,23 @@ from gssgd.transport import DistTransport, Transport
 
 __all__ = [
     "CONTROL_BYTES",
+    "GLOO_MAX_SEGMENT_BYTES",
+    "HEADER_BYTES",
     "CommStats",
     "Communicator",
     "RecursiveDoublingPlan",
     "Traffic",
     "allgather",
     "completed_future",
+    "gloo_ring_segments",
     "new_future",
     "recursive_doubling",
     "recursive_doubling_plan",
     "ring_allreduce",
     "ring_allreduce_bytes",
-    "star",
+    "star_broadcast",
+    "star_gather",
+    "wire_overhead",
     "world_size_of",
 ]
 
@@ -67,6 +80,7 @@ class CommStats:
     bytes_received: int = 0
     messages: int = 0
     rounds: int = 0
+    messages_received: int = 0
     seconds: float = 0.0
 
     def add(self, other: CommStats) -> None:
@@ -111,10 +125,35 @@ def recursive_doubling_plan(rank: int, world_size: int) -> RecursiveDoublingPlan
 #: Bytes of the int32 non-finite flag every aggregator step all-gathers first.
 CONTROL_BYTES = 4
 
+#: The bytes gloo puts in front of every message on the wire: the 48-byte preamble of its TCP
+#: transport (``Op::preamble`` in gloo/transport/tcp/pair.h: six ``size_t`` fields). A message
+#: between unbound buffers (every collective and send/recv of torch.distributed's gloo) is a
+#: rendezvous of three of them: the sender's send-ready note and the preamble in front of the
+#: payload go with the message, the receiver's recv-ready note goes back (``Pair::send``,
+#: ``Pair::recv``). Measured with Linux's per-process write counter (``wchar`` in
+#: /proc/self/io, tests/test_wire_bytes.py) around one step of every method at P = 3 and 16:
+#: a process writes exactly its payload plus ``2 * 48`` bytes per message it sends and 48 per
+#: message it receives: one preamble per message, however many ``writev`` calls its payload
+#: takes. :func:`wire_overhead` is that sum; the cost model charges it (``critical_headers``).
+HEADER_BYTES = 48
+
+#: gloo's ring all-reduce cuts its buffer into segments of at most this many bytes
+#: (``AllreduceOptions::kMaxSegmentSize``), and into at least two per rank.
+GLOO_MAX_SEGMENT_BYTES = 1 << 20
+
+
+def wire_overhead(messages: int, messages_received: int) -> int:
+    """Bytes of gloo preambles a rank writes for ``messages`` sent and ``messages_received``
+    received (:data:`HEADER_BYTES`: two per message sent, one per message received)."""
+    return HEADER_BYTES * (2 * messages + messages_received)
+
 
 def ring_allreduce_bytes(nbytes: int, world_size: int) -> int:
-    """Bytes one rank sends (and receives) in a ring all-reduce of ``nbytes``:
-    ``floor(2(P-1)/P * n)`` (a reduce-scatter and an all-gather of ``P-1`` steps each)."""
+    """The ideal ring figure ``floor(2(P-1)/P * n)``: what one rank sends (and receives), on
+    average over the ranks, in a ring all-reduce of ``nbytes`` (a reduce-scatter and an
+    all-gather of ``P-1`` steps each). gloo's segments make each rank's share differ from it
+    by up to a segment (:func:`ring_allreduce` counts them exactly); this figure serves where
+    the tensors are not known one by one (DDP's own buckets)."""
     return (2 * (world_size - 1) * nbytes) // world_size
 
 
@@ -124,80 +163,180 @@ class Traffic:
 
     Attributes:
         sent, received: payload bytes per rank (index = rank), as :class:`Communicator`
-            counts them.
+            counts them: what each rank's process puts on the wire and takes off it, data it
+            forwards for others included (a ring all-gather's).
         rounds: sequential communication steps on the critical path.
         critical_bytes: bytes on the busiest link, summed over the sequential phases, each
             phase counted in its busier direction (links are full duplex).
+        messages, messages_received: point-to-point messages each rank sends and receives.
+        critical_headers: gloo preambles (:data:`HEADER_BYTES` each) on the busiest link,
+            summed over the phases like ``critical_bytes``: in a phase where a rank sends
+            ``s`` messages and receives ``r``, its link carries ``2s + r`` preambles out and
+            ``2r + s`` in.
     """
 
     sent: tuple[int, ...]
     received: tuple[int, ...]
     rounds: int
     critical_bytes: int
+    messages: tuple[int, ...]
+    messages_received: tuple[int, ...]
+    critical_headers: int
+
+    @classmethod
+    def none(cls, world_size: int) -> Traffic:
+        """Nothing moved: the start of a sum of phases."""
+        zero = (0,) * world_size
+        return cls(zero, zero, 0, 0, zero, zero, 0)
+
+    @property
+    def header_bytes(self) -> int:
+        """Bytes of gloo preambles on the busiest link: ``HEADER_BYTES * critical_headers``."""
+        return HEADER_BYTES * self.critical_headers
 
     def __add__(self, other: Traffic) -> Traffic:
         """The two patterns one after the other."""
+
+        def both(a: tuple[int, ...], b: tuple[int, ...]) -> tuple[int, ...]:
+            return tuple(x + y for x, y in zip(a, b, strict=True))
+
         return Traffic(
-            tuple(a + b for a, b in zip(self.sent, other.sent, strict=True)),
-            tuple(a + b for a, b in zip(self.received, other.received, strict=True)),
+            both(self.sent, other.sent),
+            both(self.received, other.received),
             self.rounds + other.rounds,
             self.critical_bytes + other.critical_bytes,
+            both(self.messages, other.messages),
+            both(self.messages_received, other.messages_received),
+            self.critical_headers + other.critical_headers,
         )
 
 
-def ring_allreduce(nbytes: int, world_size: int) -> Traffic:
-    """The backend's all-reduce of ``nbytes`` (:meth:`Communicator.allreduce_backend`),
-    counted as a ring: :func:`ring_allreduce_bytes` each way in ``2(P-1)`` steps."""
+def _phase(
+    sent: Sequence[int], received: Sequence[int], rounds: int,
+    messages: Sequence[int], messages_received: Sequence[int], critical_bytes: int | None = None,
+) -> Traffic:
+    """One phase of a pattern from its per-rank figures; its critical bytes (unless given)
+    and preambles are the busiest rank's link in its busier direction."""
+    if critical_bytes is None:
+        critical_bytes = max(max(s, r) for s, r in zip(sent, received, strict=True))
+    headers = max(
+        max(2 * s + r, s + 2 * r) for s, r in zip(messages, messages_received, strict=True)
+    )
+    return Traffic(tuple(sent), tuple(received), rounds, critical_bytes, tuple(messages),
+                   tuple(messages_received), headers)
+
+
+def gloo_ring_segments(nbytes: int, world_size: int, itemsize: int = 4) -> list[int]:
+    """The segment sizes of gloo's ring all-reduce of ``nbytes`` (gloo/allreduce.cc, ``ring``).
+
+    Steps: ``count = roundUp(max(ceil(n / max_segment), 2P), P)`` segments of
+    ``roundUp(ceil(n / count), itemsize)`` bytes each, the last ones shorter or empty; rank
+    ``r`` owns segments ``[r * count/P, (r+1) * count/P)``.
+    """
     p = world_size
-    moved = ring_allreduce_bytes(nbytes, p)
-    return Traffic((moved,) * p, (moved,) * p, 2 * (p - 1), moved)
+    max_segment = itemsize * max(1, GLOO_MAX_SEGMENT_BYTES // itemsize)
+    count = _round_up(max(-(-nbytes // max_segment), 2 * p), p)
+    size = _round_up(-(-nbytes // count), itemsize)
+    return [max(0, min(size, nbytes - i * size)) for i in range(count)]
+
+
+def _round_up(n: int, multiple: int) -> int:
+    return -(-n // multiple) * multiple
+
+
+def ring_allreduce(nbytes: int, world_size: int, itemsize: int = 4) -> Traffic:
+    """The backend's all-reduce of ``nbytes`` in elements of ``itemsize`` bytes
+    (:meth:`Communicator.allreduce_backend`): gloo's ring, counted segment by segment.
+
+    In the reduce-scatter rank ``r`` sends rank ``r-1`` every segment but those of its own
+    block, and in the all-gather every segment but those of block ``r-1``
+    (:func:`gloo_ring_segments`); it receives what rank ``r+1`` sends. So a rank sends
+    ``2n`` less two blocks: ``floor(2(P-1)/P * n)`` (:func:`ring_allreduce_bytes`) on
+    average, a few bytes more or less where the last segments are short. One message per
+    non-empty segment (at least two per ring step); ``2(P-1)`` rounds.
+    """
+    p = world_size
+    if p == 1 or nbytes == 0:
+        return Traffic.none(p)
+    segments = gloo_ring_segments(nbytes, p, itemsize)
+    per = len(segments) // p
+    block = [sum(segments[b * per:(b + 1) * per]) for b in range(p)]
+    count = [sum(1 for s in segments[b * per:(b + 1) * per] if s) for b in range(p)]
+    total = sum(count)
+    sent = [2 * nbytes - block[r] - block[r - 1] for r in range(p)]
+    received = [2 * nbytes - block[(r + 1) % p] - block[r] for r in range(p)]
+    messages = [2 * total - count[r] - count[r - 1] for r in range(p)]
+    messages_received = [2 * total - count[(r + 1) % p] - count[r] for r in range(p)]
+    return _phase(sent, received, 2 * (p - 1), messages, messages_received)
 
 
 def allgather(nbytes: int, world_size: int) -> Traffic:
-    """An all-gather of ``nbytes`` per rank (:meth:`Communicator.allgather_backend`): each
-    rank's bytes go out once (logically) and ``(P-1) * n`` come in, over ``P-1`` steps."""
+    """An all-gather of ``nbytes`` per rank (:meth:`Communicator.allgather_backend`): gloo's
+    ring all-gather (gloo/allgather.cc). In each of ``P-1`` steps a rank forwards one rank's
+    block to its successor, in two halves: it sends and receives ``(P-1) * n`` bytes in
+    ``2(P-1)`` messages each way (its own block and ``P-2`` others' it passes on)."""
     p = world_size
     if p == 1:
-        return Traffic((0,), (0,), 0, 0)
-    return Traffic((nbytes,) * p, ((p - 1) * nbytes,) * p, p - 1, (p - 1) * nbytes)
+        return Traffic.none(1)
+    moved, messages = ((p - 1) * nbytes,) * p, (2 * (p - 1),) * p
+    return _phase(moved, moved, p - 1, messages, messages)
 
 
-def recursive_doubling(nbytes: int, world_size: int, result_extra: int = 0) -> Traffic:
+def recursive_doubling(
+    nbytes: int, world_size: int, result_extra: int = 0, *, tensors: int = 1,
+    result_tensors: int | None = None,
+) -> Traffic:
     """Recursive doubling of an ``nbytes`` payload (:meth:`Communicator.recursive_doubling`).
 
     ``log2 P2`` exchanges of ``n`` bytes with partner ``rank XOR 2^i``; with ``P != P2`` the
     ranks ``>= P2`` first send their payload to ``rank - P2`` and get the result (plus
-    ``result_extra`` bytes, e.g. gTop-k's survival flags) back last: two more rounds.
+    ``result_extra`` bytes, e.g. gTop-k's survival flags) back last: two more rounds. The
+    payload is ``tensors`` messages, the result ``result_tensors`` (default: as many).
     """
-    p = world_size
-    sent, received = [], []
-    for rank in range(p):
-        plan = recursive_doubling_plan(rank, p)
-        if plan.fold_into is not None:  # folds in, then receives the result
-            sent.append(nbytes)
-            received.append(nbytes + result_extra)
-            continue
-        s = r = len(plan.partners) * nbytes
-        if plan.folded_from is not None:  # receives a folded payload, sends back the result
-            r += nbytes
-            s += nbytes + result_extra
-        sent.append(s)
-        received.append(r)
+    p, t = world_size, tensors
+    back = t if result_tensors is None else result_tensors
     plan = recursive_doubling_plan(0, p)
-    folded = p != plan.power
-    critical = len(plan.partners) * nbytes + ((2 * nbytes + result_extra) if folded else 0)
-    return Traffic(tuple(sent), tuple(received), plan.rounds, critical)
+    rounds, folded = len(plan.partners), p != plan.power
+    out = _phase([nbytes * rounds if r < plan.power else 0 for r in range(p)],
+                 [nbytes * rounds if r < plan.power else 0 for r in range(p)], plan.rounds,
+                 [t * rounds if r < plan.power else 0 for r in range(p)],
+                 [t * rounds if r < plan.power else 0 for r in range(p)])
+    if not folded:
+        return out
+    extra = range(plan.power, p)
+    fold_in = _one_way(p, extra, nbytes, t, to_partner=True)
+    result = _one_way(p, extra, nbytes + result_extra, back, to_partner=False)
+    return out + fold_in + result
 
 
-def star(to_root: int, from_root: int, world_size: int) -> Traffic:
-    """One star phase through rank 0 (:meth:`Communicator.gather_to_root` or
-    :meth:`Communicator.broadcast_from_root`): every other rank sends ``to_root`` bytes to
-    rank 0 and receives ``from_root`` bytes from it; rank 0's link carries ``P-1`` copies.
-    One round (a gather and a broadcast are one each: pass 0 for the direction unused)."""
+def _one_way(p: int, extra: range, nbytes: int, tensors: int, to_partner: bool) -> Traffic:
+    """A fold-in (``to_partner``: each extra rank sends to ``rank - P2``) or the result
+    (the partner sends it back): one phase, no rounds of its own (the plan counts them)."""
+    power = extra.start
+    senders = set(extra) if to_partner else {r - power for r in extra}
+    receivers = {r - power for r in extra} if to_partner else set(extra)
+    sent = [nbytes if r in senders else 0 for r in range(p)]
+    received = [nbytes if r in receivers else 0 for r in range(p)]
+    return _phase(sent, received, 0, [tensors if r in senders else 0 for r in range(p)],
+                  [tensors if r in receivers else 0 for r in range(p)])
+
+
+def star_gather(nbytes: int, world_size: int, tensors: int = 1) -> Traffic:
+    """Every other rank sends ``nbytes`` (``tensors`` messages) to rank 0
+    (:meth:`Communicator.gather_to_root`): rank 0's link carries ``P-1`` copies. One round."""
     p = world_size
-    sent = ((p - 1) * from_root,) + (to_root,) * (p - 1)
-    received = ((p - 1) * to_root,) + (from_root,) * (p - 1)
-    return Traffic(sent, received, 1, (p - 1) * max(to_root, from_root))
+    sent = (0,) + (nbytes,) * (p - 1)
+    received = ((p - 1) * nbytes,) + (0,) * (p - 1)
+    messages = (0,) + (tensors,) * (p - 1)
+    return _phase(sent, received, 1, messages, ((p - 1) * tensors,) + (0,) * (p - 1))
+
+
+def star_broadcast(nbytes: int, world_size: int, tensors: int = 1) -> Traffic:
+    """Rank 0 sends ``nbytes`` (``tensors`` messages) to every other rank, one by one
+    (:meth:`Communicator.broadcast_from_root`): a star, not a tree. One round."""
+    gather = star_gather(nbytes, world_size, tensors)
+    return Traffic(gather.received, gather.sent, 1, gather.critical_bytes,
+                   gather.messages_received, gather.messages, gather.critical_headers)
 
 
 def _nbytes(tensors: Sequence[torch.Tensor]) -> int:
@@ -257,6 +396,7 @@ class Communicator:
         for t in out:
             self.transport.recv(t, src)
         self.stats.bytes_received += _nbytes(out)
+        self.stats.messages_received += len(out)
         self.stats.seconds += time.perf_counter() - start
         return out
 
@@ -272,6 +412,7 @@ class Communicator:
         self.stats.bytes_sent += _nbytes(tensors)
         self.stats.bytes_received += _nbytes(out)
         self.stats.messages += len(tensors)
+        self.stats.messages_received += len(out)
         self.stats.seconds += time.perf_counter() - start
         return out
 
@@ -341,7 +482,8 @@ class Communicator:
     def allreduce_backend(
         self, tensor: torch.Tensor, op: dist.ReduceOp.RedOpType = dist.ReduceOp.SUM
     ) -> torch.Tensor:
-        """The backend's all-reduce, in place; counted as a ring: 2(P-1)/P * n bytes."""
+        """The backend's all-reduce, in place; counted as gloo's ring (:func:`ring_allreduce`:
+        about 2(P-1)/P * n bytes each way)."""
         start = time.perf_counter()
         self.transport.all_reduce(tensor, op)
         self._count_ring(tensor)
@@ -349,13 +491,18 @@ class Communicator:
         return tensor
 
     def _count_ring(self, tensor: torch.Tensor) -> None:
-        """Count a backend all-reduce of ``tensor`` with the ring figures."""
-        p = self.world_size
-        moved = ring_allreduce_bytes(_nbytes([tensor]), p)
-        self.stats.bytes_sent += moved
-        self.stats.bytes_received += moved
-        self.stats.messages += 2 * (p - 1)
-        self.stats.rounds += 2 * (p - 1)
+        """Count a backend all-reduce of ``tensor``: this rank's share of :func:`ring_allreduce`."""
+        self._count(ring_allreduce(_nbytes([tensor]), self.world_size, tensor.element_size()))
+
+    def _count(self, traffic: Traffic) -> None:
+        """Count this rank's share of a backend collective from its formula, so the formula
+        the cost model reads and what ``last_stats`` reports are one and the same."""
+        r = self.rank
+        self.stats.bytes_sent += traffic.sent[r]
+        self.stats.bytes_received += traffic.received[r]
+        self.stats.messages += traffic.messages[r]
+        self.stats.messages_received += traffic.messages_received[r]
+        self.stats.rounds += traffic.rounds
 
     def allreduce_backend_async(self, tensor: torch.Tensor) -> torch.futures.Future[torch.Tensor]:
         """The backend's all-reduce (sum) of ``tensor`` in place, started without waiting.
@@ -372,16 +519,12 @@ class Communicator:
     def allgather_backend(self, tensor: torch.Tensor) -> list[torch.Tensor]:
         """The backend's all-gather, by rank.
 
-        Counted by the all-gather's logical pattern (local Top-k's figure): this rank's
-        ``n`` bytes are sent once and every other rank's ``(P-1) * n`` are received.
+        Counted as gloo's ring all-gather (:func:`allgather`): a rank sends ``(P-1) * n``
+        bytes, its own block and the ``P-2`` others it forwards, and receives as many.
         """
         start = time.perf_counter()
         out = self.transport.all_gather(tensor)
-        p, n = self.world_size, _nbytes([tensor])
-        self.stats.bytes_sent += n if p > 1 else 0
-        self.stats.bytes_received += (p - 1) * n
-        self.stats.messages += p - 1
-        self.stats.rounds += p - 1
+        self._count(allgather(_nbytes([tensor]), self.world_size))
         self.stats.seconds += time.perf_counter() - start
         return out
 

@@ -8,7 +8,15 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from gssgd.comm import Communicator, recursive_doubling_plan
+from gssgd.comm import (
+    Communicator,
+    allgather,
+    gloo_ring_segments,
+    recursive_doubling,
+    recursive_doubling_plan,
+    ring_allreduce,
+    ring_allreduce_bytes,
+)
 from tests.dist_utils import raise_worker_errors, run_on_prefixes, run_workers
 
 
@@ -33,6 +41,8 @@ def _collectives(rank: int, world_size: int, group: dist.ProcessGroup | None = N
     out["rd_stats"] = comm.take_stats()
     out["backend"] = comm.allreduce_backend(x.clone())
     out["backend_stats"] = comm.take_stats()
+    out["allgather"] = comm.allgather_backend(x[:2])
+    out["allgather_stats"] = comm.take_stats()
     gathered = comm.gather_to_root([x[:2]])
     out["gathered"] = None if gathered is None else [g[0] for g in gathered]
     out["star"] = comm.broadcast_from_root([x[:3] * (rank == 0)])[0]
@@ -71,9 +81,46 @@ def test_collectives_sum_and_count(world_size: int) -> None:
             assert s.bytes_sent == 24 * (rounds + extra)
             assert s.bytes_received == 24 * (rounds + extra)
         assert s.rounds == rounds + (2 if world_size != power else 0)
-        assert res["backend_stats"].bytes_sent == (2 * (world_size - 1) * 24) // world_size
+        rd = recursive_doubling(24, world_size)
+        assert (s.messages, s.messages_received) == (rd.messages[r], rd.messages_received[r])
+        ring, b = ring_allreduce(24, world_size), res["backend_stats"]
+        assert (b.bytes_sent, b.bytes_received) == (ring.sent[r], ring.received[r])
+        assert (b.messages, b.messages_received) == (ring.messages[r], ring.messages_received[r])
+        g = res["allgather_stats"]  # a ring all-gather: each rank forwards the others' blocks
+        assert g.bytes_sent == g.bytes_received == (world_size - 1) * 8
+        assert g.messages == g.messages_received == 2 * (world_size - 1)
+        assert [float(t[0]) for t in res["allgather"]] == [q + 1.0 for q in range(world_size)]
     if world_size > 1:
         root = ranks[0]
         assert [float(g[0]) for g in root["gathered"]] == [float(r + 1) for r in range(world_size)]
         assert root["star_stats"].bytes_received == (world_size - 1) * 8
         assert root["star_stats"].bytes_sent == (world_size - 1) * 12
+
+
+@pytest.mark.parametrize("world_size", [2, 3, 4, 5, 8, 16])
+@pytest.mark.parametrize(("nbytes", "itemsize"), [(4, 4), (24, 4), (80, 4), (2592, 2),
+                                                  (322_408, 4), (5 << 20, 4), (3 << 21, 2)])
+def test_ring_allreduce_is_the_ring_figure_on_average(
+    world_size: int, nbytes: int, itemsize: int
+) -> None:
+    """Each rank sends 2n less two blocks of gloo's segments: 2(P-1)/P * n over the ranks,
+    each rank within two of its largest blocks, and what it sends its predecessor receives."""
+    p, ring = world_size, ring_allreduce(nbytes, world_size, itemsize)
+    segments = gloo_ring_segments(nbytes, p, itemsize)
+    assert sum(segments) == nbytes and len(segments) % p == 0 and len(segments) >= 2 * p
+    assert sum(ring.sent) == sum(ring.received) == 2 * (p - 1) * nbytes
+    block = max(segments) * len(segments) // p
+    assert all(abs(s - ring_allreduce_bytes(nbytes, p)) <= 2 * block for s in ring.sent)
+    assert ring.received == ring.sent[1:] + ring.sent[:1]
+    assert ring.rounds == 2 * (p - 1) and ring.critical_bytes == max(ring.sent)
+    assert max(ring.messages) <= 2 * (len(segments) - len(segments) // p)
+
+
+def test_allgather_forwards_the_other_ranks_blocks() -> None:
+    """gloo's ring all-gather: P - 1 steps of two half-blocks, each rank sending its own
+    block and forwarding P - 2 others'; one rank alone moves nothing."""
+    t = allgather(4, 16)
+    assert t.sent == t.received == (60,) * 16
+    assert t.messages == t.messages_received == (30,) * 16
+    assert (t.rounds, t.critical_bytes, t.critical_headers) == (15, 60, 90)
+    assert allgather(4, 1) == allgather(0, 1)

@@ -19,6 +19,7 @@ import torch.distributed as dist
 
 import gssgd
 from gssgd.cli.main import main
+from gssgd.comm import ring_allreduce
 from gssgd.costmodel import CostModel, method_spec, traffic
 from gssgd.methods import (
     BENCH_VARIANTS,
@@ -123,7 +124,8 @@ def test_a_registered_method_reaches_every_layer(randomk) -> None:
     assert set(applies_to("density")) >= {"randomk"}
     assert "randomk" not in setting_applies_to("local_momentum")  # it takes no momentum
     spec = method_spec("randomk", 10_000, density=0.01)
-    assert spec.k == 100 and traffic(spec, 4).sent[0] == 4 + (2 * 3 * 400) // 4
+    flag, ring = (4 - 1) * 4, ring_allreduce(4 * 100, 4)  # the flag's all-gather, k floats
+    assert spec.k == 100 and traffic(spec, 4).sent[0] == flag + ring.sent[0]
     # no calibration of its own yet: the cost model uses topk's compute constant
     model = CostModel.default()
     assert model.gamma_of(spec) == model.gamma["topk"]
@@ -177,7 +179,7 @@ def _measured_traffic(
         for _ in range(2):  # the first step adds the rank-agreement check
             agg.step(torch.randn(d, generator=gen))
         s = agg.last_stats
-        out[name] = (s.bytes_sent, s.bytes_received, s.rounds)
+        out[name] = (s.bytes_sent, s.bytes_received, s.rounds, s.messages, s.messages_received)
     return out
 
 
@@ -196,7 +198,8 @@ def _traffic_results(names: tuple[str, ...]) -> list[dict[int, dict[str, tuple]]
 
 @pytest.mark.parametrize("world_size", TRAFFIC_SIZES)
 def test_every_traffic_formula_is_what_the_step_sends(world_size: int, randomk) -> None:
-    """P = 5 on the whole world, P = 3 and 4 on subgroups of it (group-local ranks)."""
+    """P = 5 on the whole world, P = 3 and 4 on subgroups of it (group-local ranks): bytes,
+    rounds and messages each way."""
     names = [n for n, (m, _) in BENCH_VARIANTS.items() if not m.is_builtin]
     assert "randomk" in names
     ranks = _traffic_results(tuple(names))[:world_size]
@@ -205,4 +208,5 @@ def test_every_traffic_formula_is_what_the_step_sends(world_size: int, randomk) 
     for name in names:
         want = traffic(method_spec(name, 3_000, density=0.01, rows=3), world_size)
         for rank, got in enumerate(results):
-            assert got[name] == (want.sent[rank], want.received[rank], want.rounds), (name, rank)
+            assert got[name] == (want.sent[rank], want.received[rank], want.rounds,
+                                 want.messages[rank], want.messages_received[rank]), (name, rank)

@@ -33,8 +33,10 @@ class StepStats:
     """What one ``step`` cost this rank.
 
     Attributes:
-        bytes_sent, bytes_received: payload bytes, control messages included.
-        messages: point-to-point messages this rank sent.
+        bytes_sent, bytes_received: payload bytes this rank's process put on the wire and
+            took off it, control messages and data forwarded for other ranks included
+            (gloo's preambles are not payload: :func:`gssgd.comm.wire_overhead`).
+        messages, messages_received: point-to-point messages this rank sent and received.
         rounds: sequential communication steps on the critical path.
         seconds_compress: time spent selecting/sketching before communication.
         seconds_communicate: time inside collectives.
@@ -52,6 +54,7 @@ class StepStats:
     bytes_received: int = 0
     messages: int = 0
     rounds: int = 0
+    messages_received: int = 0
     seconds_compress: float = 0.0
     seconds_communicate: float = 0.0
     seconds_decompress: float = 0.0
@@ -162,7 +165,8 @@ class Aggregator:
 
         The message pattern of ``step`` as :mod:`gssgd.comm` formulas, control messages
         included (every step starts with the all-gather of a 4-byte non-finite flag:
-        :meth:`control_traffic`); values are counted as float32. It must equal what
+        :meth:`control_traffic`); values are counted as float32. Payload bytes are what
+        each rank's process puts on the wire, data a ring forwards for others included. It must equal what
         ``last_stats`` reports (tests check this for every method), and the cost model reads
         it. A subclass that does not override it cannot be predicted by the cost model.
 
@@ -191,7 +195,8 @@ class Aggregator:
 
     @staticmethod
     def control_traffic(world_size: int) -> Traffic:
-        """The all-gather of the non-finite flag that starts every step."""
+        """The all-gather of the 4-byte non-finite flag that starts every step: gloo's ring
+        all-gather, so each rank sends and receives ``(P - 1) * 4`` bytes."""
         return allgather(CONTROL_BYTES, world_size)
 
     def agreement_fields(self) -> dict[str, Any]:
@@ -444,6 +449,7 @@ class Aggregator:
             bytes_sent=c.bytes_sent,
             bytes_received=c.bytes_received,
             messages=c.messages,
+            messages_received=c.messages_received,
             rounds=c.rounds,
             seconds_compress=self._timings["compress"],
             seconds_communicate=c.seconds,

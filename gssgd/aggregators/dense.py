@@ -37,8 +37,8 @@ class DenseAllReduce(Aggregator):
         cls, d: int, k: int, options: DenseOptions, world_size: int, *, step: int | None = None
     ) -> Traffic:
         """A ring all-reduce of the ``d`` payload values, the same at every step."""
-        payload = d * options.dtype.itemsize
-        return cls.control_traffic(world_size) + ring_allreduce(payload, world_size)
+        size = options.dtype.itemsize
+        return cls.control_traffic(world_size) + ring_allreduce(d * size, world_size, size)
 
     def step(self, grad: torch.Tensor) -> torch.Tensor:
         skipped = self._begin(grad)

@@ -96,11 +96,16 @@ class GlobalSketchSGD(Aggregator):
         """The table all-reduce of ``cols`` columns (unless ``table`` is False: a step that
         reuses its candidates) and, with ``exact``, the one of the ``candidates`` values:
         what a step sends besides its control messages."""
-        reduce = ring_allreduce if options.allreduce == "backend" else recursive_doubling
-        out = reduce(options.rows * cols * options.table_dtype.itemsize if table else 0,
-                     world_size)
+        def reduce(n: int, itemsize: int) -> Traffic:
+            if options.allreduce == "backend":
+                return ring_allreduce(n * itemsize, world_size, itemsize)
+            return recursive_doubling(n * itemsize, world_size)
+
+        out = Traffic.none(world_size)
+        if table:
+            out = out + reduce(options.rows * cols, options.table_dtype.itemsize)
         if options.exact:
-            out = out + reduce(candidates * 4, world_size)
+            out = out + reduce(candidates, 4)
         return out
 
     def __init__(self, *args, **kwargs) -> None:

@@ -54,11 +54,13 @@ class GlobalTopk(Aggregator):
     def traffic(
         cls, d: int, k: int, options: TopkOptions, world_size: int, *, step: int | None = None
     ) -> Traffic:
-        """Recursive doubling of (index, value) lists; a folded rank also gets k survival
-        flags (uint8) back with the final list (the step's k)."""
+        """Recursive doubling of (index, value) lists, two messages each; a folded rank also
+        gets k survival flags (uint8, a third message) back with the final list (the
+        step's k)."""
         k = cls.k_at_step(d, k, options, step)
         pair = k * (index_dtype(d).itemsize + 4)
-        return cls.control_traffic(world_size) + recursive_doubling(pair, world_size, k)
+        return cls.control_traffic(world_size) + recursive_doubling(
+            pair, world_size, k, tensors=2, result_tensors=3)
 
     def step(self, grad: torch.Tensor) -> torch.Tensor:
         skipped = self._begin(grad)

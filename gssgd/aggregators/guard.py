@@ -50,8 +50,8 @@ def audit_interval(audit_bytes: int, step_bytes: int) -> int:
     :data:`MIN_AUDIT_EVERY`.
 
     Example: the MNIST CNN (d = 80,602) at density 0.001 on 64 workers: an audit moves
-    635 kB per rank (a ring all-reduce of 322 kB), gs's many-workers step 10.5 kB, so later
-    audits come every 1,214 steps.
+    635 kB per rank (a ring all-reduce of 322 kB), gs's many-workers step 10.4 kB, so later
+    audits come every 1,225 steps.
     """
     if step_bytes <= 0:
         return MIN_AUDIT_EVERY

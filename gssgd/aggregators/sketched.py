@@ -35,7 +35,7 @@ from gssgd._select import topk_indices
 from gssgd.aggregators.base import Aggregator, index_dtype
 from gssgd.aggregators.options import SketchedOptions
 from gssgd.aggregators.sketch_feedback import SketchFeedback
-from gssgd.comm import Payload, Traffic, star
+from gssgd.comm import Payload, Traffic, star_broadcast, star_gather
 from gssgd.sketch import CountSketch
 
 __all__ = ["SketchedSGD"]
@@ -53,19 +53,21 @@ class SketchedSGD(Aggregator):
         cls, d: int, k: int, options: SketchedOptions, world_size: int, *, step: int | None = None
     ) -> Traffic:
         """Four star phases through rank 0: sketches in, candidate indices out, candidate
-        values in, the final (index, value) list out (the step's k and sketch shape)."""
+        values in, the final (index, value) list out as two messages (the step's k and
+        sketch shape)."""
         p, i, v = world_size, index_dtype(d).itemsize, 4
         k_t = cls.k_at_step(d, k, options, step)
         cols, c = options.shape_at(d, k, k_t)
         k, table = k_t, options.rows * cols * options.table_dtype.itemsize
+        final = star_broadcast(k * (i + v), p, tensors=2)
         if options.feedback == "fetchsgd":  # tables in, (index, value) out
-            return cls.control_traffic(p) + star(table, 0, p) + star(0, k * (i + v), p)
+            return cls.control_traffic(p) + star_gather(table, p) + final
         return (
             cls.control_traffic(p)
-            + star(table, 0, p)
-            + star(0, c * i, p)
-            + star(c * v, 0, p)
-            + star(0, k * (i + v), p)
+            + star_gather(table, p)
+            + star_broadcast(c * i, p)
+            + star_gather(c * v, p)
+            + final
         )
 
     def __init__(self, *args, **kwargs) -> None:

@@ -3,6 +3,7 @@
 Every method's step costs this rank (Hockney's alpha-beta model plus a compute term)::
 
     T(method, P, d, link) = alpha * rounds                      # latency-bound messages
+                          + beta(link) * header_bytes           # gloo's preambles on it
                           + beta(link) * critical_bytes         # bytes on the busiest link
                           + gamma[method] * d                   # compression compute
 
@@ -14,6 +15,13 @@ Every method's step costs this rank (Hockney's alpha-beta model plus a compute t
 * ``critical_bytes``: the bytes that cross the busiest link, summed over the sequential
   phases of the step, each phase counted in its busier direction (links are full duplex:
   a recursive-doubling exchange sends and receives at once and costs its payload once).
+* ``header_bytes``: gloo's 48-byte preambles (:data:`gssgd.comm.HEADER_BYTES`, measured:
+  tests/test_wire_bytes.py) that cross the busiest link, summed over the phases like the
+  payload: a message carries two with it and sends one back (its receiver's ready note), so
+  a link carries ``2s + r`` of them for ``s`` messages out and ``r`` in
+  (``Traffic.critical_headers``). Per message they cost like latency; at many workers they
+  are most of a small collective (gs's step on the MNIST CNN at P = 16 writes 31.3 kB for
+  9.9 kB of payload). Reported in the latency part of a prediction.
 * ``beta(rate) = max(beta0, 8 / (eta * rate))`` seconds per byte: a stream moves at the
   pace of its slower stage. ``beta0`` is the software cost of moving a byte through the
   stack and the collective (measured on loopback, where there is no wire), the second term
@@ -25,18 +33,19 @@ Every method's step costs this rank (Hockney's alpha-beta model plus a compute t
 
 The byte figures per rank (:func:`traffic`) are the ones :mod:`gssgd.comm` records in
 ``agg.last_stats`` on every step after the first (the first step adds the rank-agreement
-check), control messages included: every method's step starts with an all-gather of a
-4-byte non-finite flag. ``I`` is the index size (4 bytes when ``d < 2^31``, else 8), ``V`` the
-value size (4, or 2 for a 16-bit dense payload), ``S = rows * cols * T`` a sketch table
-(``T`` = 4, or 2 for 16-bit tables),
+check): what each rank's process puts on the wire, control messages and forwarded data
+included. Every method's step starts with gloo's ring all-gather of a 4-byte non-finite
+flag, ``(P-1) * 4`` bytes each way (not in the table). ``I`` is the index size (4 bytes when
+``d < 2^31``, else 8), ``V`` the value size (4, or 2 for a 16-bit dense payload),
+``S = rows * cols * T`` a sketch table (``T`` = 4, or 2 for 16-bit tables),
 ``C = min(m * k, d)`` the candidates, ``P2`` the largest power of two ``<= P`` and
 ``L = log2 P2``:
 
 =============  =====================================  =========================================
 method         per rank (sent / received)             critical bytes (busiest link)
 =============  =====================================  =========================================
-dense(16)      ring ``2(P-1)/P * d*V`` each way       ``2(P-1)/P * d*V``
-topk           ``k(I+V)`` / ``(P-1) k(I+V)``           ``(P-1) k(I+V)`` (all-gather)
+dense(16)      ring ``2(P-1)/P * d*V`` each way [#]_  ``2(P-1)/P * d*V``
+topk           ``(P-1) k(I+V)`` each way [#]_          ``(P-1) k(I+V)`` (all-gather)
 gtopk          ``L k(I+V)`` each way (+fold-in)        ``(L [+2]) k(I+V)`` (recursive doubling)
 sketched       worker ``S + C*V`` / ``C*I + k(I+V)``   ``(P-1)(S + C*I + C*V + k(I+V))``: the
                server ``(P-1)`` times the reverse     server's link, phase after phase
@@ -46,6 +55,10 @@ gs-estimate    as gs without ``C*V``                   ``(L [+2]) S``
 gs-small       as gs with a quarter of the columns     as gs
 gs-half        as gs, table entries in 16 bits        as gs
 =============  =====================================  =========================================
+
+.. [#] On average over the ranks: gloo cuts the buffer into segments, and each rank sends
+   all but two blocks of them (:func:`gssgd.comm.ring_allreduce`), a few bytes more or less.
+.. [#] gloo's ring all-gather: a rank sends its own ``k(I+V)`` and forwards ``P-2`` others'.
 
 ``beta0`` and ``gamma`` are CPU work: on a machine where workers share cores both stretch by
 the run's *compute share* (measured by ``bench comm``'s compute probe); the model holds

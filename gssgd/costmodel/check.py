@@ -210,16 +210,19 @@ class CellModel:
         return law.seconds(m.spec.d, m.compute_share)
 
     def wire_bytes(self, m: Measurement, t: Traffic) -> float:
-        """The critical bytes that pay wire time: less the burst credit of each round."""
+        """The bytes on the busiest link that pay wire time (the payload's critical bytes and
+        gloo's preambles): less the burst credit of each round."""
+        volume = t.critical_bytes + t.header_bytes
         if m.rate_bps is None:
-            return float(t.critical_bytes)
+            return float(volume)
         credit = self.burst_credit * LinkShape(m.rate_bps).burst_bytes * t.rounds
-        return max(0.0, t.critical_bytes - credit)
+        return max(0.0, volume - credit)
 
     def bandwidth(self, m: Measurement) -> float:
-        """Seconds of the step's bytes: the slower of the software stack and the wire."""
+        """Seconds of the step's bytes, gloo's preambles included: the slower of the software
+        stack and the wire."""
         t = _traffic(m.spec, m.world_size)
-        software = m.compute_share * self.base.beta0 * t.critical_bytes
+        software = m.compute_share * self.base.beta0 * (t.critical_bytes + t.header_bytes)
         if m.rate_bps is None:
             return software
         wire = self.wire_bytes(m, t) * 8.0 / (self.eta(pattern_of(m.spec)) * m.rate_bps)

@@ -6,14 +6,18 @@ One step of ``spec`` on ``P`` workers joined by links of rate ``R`` and latency 
     compute       = forward + backward (measured, or params * device.fwdbwd_s_per_param)
                   + compression(spec)                 # the device's constants
     communication = a * rounds                        # latency-bound steps, critical path
+                  + header_bytes * max(s, 8 / (eff[pattern] * R))   # gloo's preambles
                   + critical_bytes * max(s, 8 / (eff[pattern] * R))
     hidden        = device.overlap_efficiency
                   * min(overlappable communication, backward)   # backward = 2/3 of fwd+bwd
     step          = compute + communication - hidden
 
-* ``rounds`` and ``critical_bytes`` are the method's own :class:`~gssgd.comm.Traffic`
-  (its aggregator's ``traffic`` classmethod through :func:`gssgd.costmodel.method_specs.traffic`):
-  nothing here restates a byte formula.
+* ``rounds``, ``header_bytes`` and ``critical_bytes`` are the method's own
+  :class:`~gssgd.comm.Traffic` (its aggregator's ``traffic`` classmethod through
+  :func:`gssgd.costmodel.method_specs.traffic`): nothing here restates a byte formula.
+  ``header_bytes`` are the 48-byte preambles gloo puts on the busiest link for each
+  message (:data:`gssgd.comm.HEADER_BYTES`, measured): a fixed cost per message, so it is
+  counted in the latency part.
 * ``pattern``: the collective the method's bulk traffic uses, *read from that same formula*
   by :func:`pattern_of` (how its rounds grow from P = 8 to 16, and whether a rank receives
   more than it sends): ``ring`` (dense; gs with ``allreduce="backend"``),
@@ -170,8 +174,9 @@ def pattern_of(spec: MethodSpec) -> str:
     Steps: take the method's :class:`~gssgd.comm.Traffic` at P = 8 and P = 16 and remove its
     control all-gather (the aggregator's ``control_traffic``); then the rounds left tell the
     pattern by how they grow: unchanged (a star: one round a phase), by 4/3 (recursive
-    doubling: log2 P), by 30/14 (a ring all-reduce, 2(P-1), or an all-gather, P-1; an
-    all-gather's critical bytes are what a rank receives, ``(P-1)`` times what it sends).
+    doubling: log2 P), by 30/14 (a ring all-reduce, 2(P-1), or an all-gather, P-1). The last
+    two differ in their bytes: a ring all-reduce sends about ``2n`` whatever P, an all-gather
+    ``(P-1) * n``, which more than doubles from P = 8 to 16 (15/7).
 
     Returns:
         One of :data:`PATTERNS`.
@@ -181,8 +186,8 @@ def pattern_of(spec: MethodSpec) -> str:
     bulk = {}
     for p in (8, 16):
         t, c = traffic(spec, p), cls.control_traffic(p)
-        bulk[p] = (t.rounds - c.rounds, t.sent[1] - c.sent[1], t.critical_bytes - c.critical_bytes)
-    (r8, sent8, crit8), (r16, _, _) = bulk[8], bulk[16]
+        bulk[p] = (t.rounds - c.rounds, max(t.sent) - max(c.sent))
+    (r8, sent8), (r16, sent16) = bulk[8], bulk[16]
     if r8 <= 0:
         return "mixed"
     if r16 == r8:
@@ -190,7 +195,7 @@ def pattern_of(spec: MethodSpec) -> str:
     if 3 * r16 == 4 * r8:
         return "recursive_doubling"
     if 14 * r16 == 30 * r8:
-        return "allgather" if crit8 > sent8 else "ring"
+        return "allgather" if sent16 > 2 * sent8 else "ring"
     return "mixed"
 
 
@@ -287,10 +292,11 @@ def _seconds_of(
     efficiency: Mapping[str, float],
     software_s_per_byte: float,
 ) -> tuple[float, float]:
-    """``(latency, bandwidth)`` seconds of the traffic ``t`` of ``spec``'s pattern."""
+    """``(latency, bandwidth)`` seconds of the traffic ``t`` of ``spec``'s pattern: the
+    latency holds the rounds and the messages' preambles, the bandwidth the payload."""
     eff = efficiency.get(pattern_of(spec), efficiency.get("mixed", 0.9))
     per_byte = max(software_s_per_byte, 8.0 / (eff * link.rate_bps))
-    return link.latency_s * t.rounds, per_byte * t.critical_bytes
+    return link.latency_s * t.rounds + per_byte * t.header_bytes, per_byte * t.critical_bytes
 
 
 @dataclass(frozen=True)

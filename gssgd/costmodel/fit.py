@@ -231,8 +231,10 @@ class _Unknowns:
 @dataclass(frozen=True)
 class _Points:
     """The measured points as the fit of alpha, beta0 and eta sees them (arrays, one entry
-    per point): rounds, critical bytes, compute share, wire seconds per byte at the nominal
-    rate (0 on loopback) and ``y``, the step time minus its compute."""
+    per point): rounds, bytes on the busiest link (the payload's critical bytes and gloo's
+    preambles, which cost the same per byte: :meth:`CostModel.predict`), compute share,
+    wire seconds per byte at the nominal rate (0 on loopback) and ``y``, the step time minus
+    its compute."""
 
     rounds: np.ndarray
     volume: np.ndarray
@@ -245,7 +247,7 @@ class _Points:
         t = [traffic(m.spec, m.world_size) for m in measurements]
         return cls(
             rounds=np.array([x.rounds for x in t], dtype=float),
-            volume=np.array([x.critical_bytes for x in t], dtype=float),
+            volume=np.array([x.critical_bytes + x.header_bytes for x in t], dtype=float),
             share=np.array([m.compute_share for m in measurements]),
             wire=np.array([0.0 if m.rate_bps is None else 8.0 / m.rate_bps for m in measurements]),
             y=np.array([max(m.seconds_per_step - m.seconds_compute, 1e-9) for m in measurements]),

@@ -267,8 +267,7 @@ def warmup_traffic(spec: MethodSpec, world_size: int) -> Traffic:
 
     Each distinct k of the schedule (about ``log2(k0 / k) + 1`` of them) is computed once.
     """
-    zero = (0,) * world_size
-    total = Traffic(zero, zero, 0, 0)
+    total = Traffic.none(world_size)
     cls, k, opts = build_options(spec.aggregator, spec.d, None, **spec.aggregator_options())
     by_k: dict[int, Traffic] = {}
     for t in range(spec.warmup_steps):

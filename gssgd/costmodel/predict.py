@@ -2,8 +2,8 @@
 and its prediction of a step (:class:`Prediction`).
 
 The model is described in :mod:`gssgd.costmodel`:
-``T = alpha * rounds + beta(rate) * critical_bytes + gamma[method] * d``; its fit to
-measured runs is :mod:`gssgd.costmodel.fit`.
+``T = alpha * rounds + beta(rate) * (header_bytes + critical_bytes) + gamma[method] * d``;
+its fit to measured runs is :mod:`gssgd.costmodel.fit`.
 """
 
 from __future__ import annotations
@@ -59,7 +59,11 @@ DEFAULT_GAMMA: dict[str, float] = {
 
 @dataclass
 class CostModel:
-    """``T = alpha * rounds + beta(rate) * critical_bytes + gamma[method] * d``.
+    """``T = alpha * rounds + beta(rate) * (header_bytes + critical_bytes) + gamma[method] * d``.
+
+    The latency term holds each message's fixed costs: ``alpha`` per round and the wire
+    time of gloo's preambles on the busiest link (:attr:`gssgd.comm.Traffic.header_bytes`,
+    48 bytes each: :data:`gssgd.comm.HEADER_BYTES`); the bandwidth term the payload.
 
     Attributes:
         alpha: seconds per latency-bound message (round).
@@ -118,9 +122,10 @@ class CostModel:
                 per byte take that many times longer.
         """
         t = traffic(spec, world_size)
+        beta = self.beta(rate_bps, compute_share)
         return Prediction(
-            latency=self.alpha * t.rounds,
-            bandwidth=self.beta(rate_bps, compute_share) * t.critical_bytes,
+            latency=self.alpha * t.rounds + beta * t.header_bytes,
+            bandwidth=beta * t.critical_bytes,
             compute=compute_share * self.gamma_of(spec) * spec.d,
         )
 

@@ -222,6 +222,7 @@ class HookCore:
                 bytes_sent=counted.bytes_sent,
                 bytes_received=counted.bytes_received,
                 messages=counted.messages,
+                messages_received=counted.messages_received,
                 rounds=counted.rounds,
                 seconds_communicate=counted.seconds,
             )
@@ -361,6 +362,7 @@ class HookCore:
                 bytes_sent=counted.bytes_sent,
                 bytes_received=counted.bytes_received,
                 messages=counted.messages,
+                messages_received=counted.messages_received,
                 rounds=counted.rounds,
                 k=buffer.numel(),
                 d=buffer.numel(),

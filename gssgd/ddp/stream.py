@@ -125,14 +125,17 @@ def stream_traffic(
     entries of ``table_dtype``, the last region ``P`` more: the ranks' non-finite flags,
     which whole-model gs all-gathers) and, with ``exact``, the candidates' round
     (``allreduce=``'s pattern), as :meth:`GlobalSketchSGD.traffic` counts whole-model gs."""
-    out = Traffic((0,) * world_size, (0,) * world_size, 0, 0)
+    out = Traffic.none(world_size)
+    size = options.table_dtype.itemsize
     for b, c in enumerate(region_cols):
         flags = world_size if b == len(region_cols) - 1 else 0
-        out = out + ring_allreduce((options.rows * c + flags) * options.table_dtype.itemsize,
-                                   world_size)
+        out = out + ring_allreduce((options.rows * c + flags) * size, world_size, size)
     if options.exact:
-        reduce = ring_allreduce if options.allreduce == "backend" else recursive_doubling
-        out = out + reduce(options.num_candidates(k, d) * 4, world_size)
+        n = options.num_candidates(k, d) * 4
+        if options.allreduce == "backend":
+            out = out + ring_allreduce(n, world_size, 4)
+        else:
+            out = out + recursive_doubling(n, world_size)
     return out
 
 
@@ -331,7 +334,8 @@ class StreamingGS(GlobalSketchSGD):
         bad_ranks = [r for r, flag in enumerate(flags.tolist()) if flag]
         skipped = self._begin(it.grad, bad_ranks)  # the non-finite policy, as one step
         if skipped is not None:
-            for name in ("bytes_sent", "bytes_received", "messages", "rounds"):
+            for name in ("bytes_sent", "bytes_received", "messages", "messages_received",
+                         "rounds"):
                 setattr(
                     self.last_stats, name, getattr(self.last_stats, name) + getattr(regions, name)
                 )

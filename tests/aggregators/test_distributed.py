@@ -223,7 +223,10 @@ def test_estimate_mode_loses_mass_by_design() -> None:
     assert (delivered + residuals - grads).abs().max() > 1e-2
 
 
-FLAG = 4  # the non-finite flag: one int32 all-gathered every step
+def flag(world_size: int) -> int:
+    """The non-finite flag: one int32 all-gathered every step by gloo's ring, which forwards
+    every other rank's too: (P - 1) * 4 bytes each way."""
+    return (world_size - 1) * 4
 
 
 @pytest.mark.parametrize("world_size", sizes(2, 4, 8))
@@ -234,7 +237,7 @@ def test_gs_bytes_grow_with_log2_p(world_size: int) -> None:
     rounds = int(math.log2(world_size))
     for res in results(world_size):
         stats = res["gs"]["stats"][-1]
-        assert stats["bytes_sent"] == rounds * (table + exact) + FLAG
+        assert stats["bytes_sent"] == rounds * (table + exact) + flag(world_size)
         assert stats["rounds"] == 2 * rounds + (world_size - 1)
 
 
@@ -245,7 +248,8 @@ def test_gs_reuse_sends_the_table_every_third_step_only(world_size: int) -> None
     cls, k, opts = build_options("gs", D, 0.01, **{n: v for n, v in CONFIGS["gs_reuse"][1].items()
                                                    if n != "density"})
     sent = [s["bytes_sent"] for s in results(world_size)[0]["gs_reuse"]["stats"]]
-    exact_only = recursive_doubling(SKETCH["candidates"] * k * 4, world_size).sent[0] + FLAG
+    exact_only = recursive_doubling(SKETCH["candidates"] * k * 4, world_size).sent[0] + flag(
+        world_size)
     for t in range(1, STEPS):
         assert sent[t] == cls.traffic(D, k, opts, world_size, step=t).sent[0], t
         assert (sent[t] == exact_only) == (t % 3 != 0), t
@@ -263,12 +267,12 @@ def test_gs_bytes_do_not_grow_with_d(world_size: int) -> None:
 
 
 @pytest.mark.parametrize("world_size", sizes(*WORLD_SIZES))
-def test_topk_receives_2k_from_each_other_rank(world_size: int) -> None:
+def test_topk_sends_and_receives_2k_for_each_other_rank(world_size: int) -> None:
     k = 30
     for res in results(world_size):
         stats = res["topk"]["stats"][-1]
-        assert stats["bytes_received"] == (world_size - 1) * (2 * k * 4 + FLAG)
-        assert stats["bytes_sent"] == (2 * k * 4 + FLAG if world_size > 1 else 0)
+        assert stats["bytes_received"] == (world_size - 1) * (2 * k * 4 + 4)
+        assert stats["bytes_sent"] == stats["bytes_received"]  # the ring forwards the others'
 
 
 @pytest.mark.parametrize("world_size", sizes(2, 3, 4, 8))
@@ -276,18 +280,19 @@ def test_sketched_server_receives_p_minus_1_sketches(world_size: int) -> None:
     k, table = 30, SKETCH["rows"] * SKETCH["cols"] * 4
     exact = SKETCH["candidates"] * k * 4
     server = results(world_size)[0]["sketched"]["stats"][-1]
-    assert server["bytes_received"] == (world_size - 1) * (table + exact + FLAG)
+    assert server["bytes_received"] == (world_size - 1) * (table + exact) + flag(world_size)
     worker = results(world_size)[1]["sketched"]["stats"][-1]
-    assert worker["bytes_sent"] == table + exact + FLAG
-    assert worker["bytes_received"] == exact + 2 * k * 4 + (world_size - 1) * FLAG
+    assert worker["bytes_sent"] == table + exact + flag(world_size)
+    assert worker["bytes_received"] == exact + 2 * k * 4 + flag(world_size)
 
 
 @pytest.mark.parametrize("world_size", [2, 4])
 def test_dense_counts_the_ring_figure(world_size: int) -> None:
     stats = results(world_size)[0]["dense"]["stats"][-1]
-    assert stats["bytes_sent"] == (2 * (world_size - 1) * D * 4) // world_size + FLAG
+    assert stats["bytes_sent"] == (2 * (world_size - 1) * D * 4) // world_size + flag(world_size)
     stats16 = results(world_size)[0]["dense16"]["stats"][-1]
-    assert stats16["bytes_sent"] == (2 * (world_size - 1) * D * 2) // world_size + FLAG
+    assert stats16["bytes_sent"] == (2 * (world_size - 1) * D * 2) // world_size + flag(
+        world_size)
 
 
 def test_gs_sends_under_a_tenth_of_dense_at_low_density() -> None:

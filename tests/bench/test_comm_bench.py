@@ -86,7 +86,7 @@ def test_loopback_run_writes_results_whose_bytes_match_the_formulas(loopback_run
     _check_results(results, workers=2, d=20000, density=0.001)
     assert results["_meta"]["link"] == "none" and results["_meta"]["mode"] == "loopback"
     # gs and topk by the design's figures: rows*cols + m*k numbers per round, no indices;
-    # topk receives (P-1) * 2k numbers. Plus the 4-byte non-finite flag.
+    # topk sends and receives (P-1) * 2k numbers. Plus the non-finite flag's (P-1) * 4 bytes.
     gs = results["gs"]["spec"]
     k, rows, cols, m = gs["k"], gs["rows"], gs["cols"], gs["candidates"]
     assert k == 20

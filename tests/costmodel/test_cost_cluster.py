@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from gssgd.comm import HEADER_BYTES
 from gssgd.costmodel.check import (
     CellModel,
     ComputeLaw,
@@ -99,13 +100,19 @@ def test_parse_latency_errors(text: str, message: str) -> None:
 
 
 def test_communication_is_the_methods_own_rounds_and_bytes() -> None:
+    """Latency: the link's per round and gloo's 48-byte preambles on the busiest link (three
+    per exchange of recursive doubling: two with the message, the partner's ready note);
+    bandwidth: the payload's critical bytes."""
     spec = method_spec("gtopk", 25_000_000, 0.001)
     link = Link(10**10, 20e-6)
     step = predict_step(spec, 64, link, DEVICES["h200"], fwdbwd_s=0.03)
     t = traffic(spec, 64)
-    assert step.latency == pytest.approx(20e-6 * t.rounds)
     eff = CLUSTER_EFFICIENCY["recursive_doubling"]
-    assert step.bandwidth == pytest.approx(t.critical_bytes * 8 / (eff * 10**10))
+    per_byte = 8 / (eff * 10**10)
+    flag, exchanges = 3 * 2 * 63, 3 * 2 * 6  # 126 chunks of the flag; 6 rounds of 2 tensors
+    assert t.header_bytes == HEADER_BYTES * (flag + exchanges)
+    assert step.latency == pytest.approx(20e-6 * t.rounds + t.header_bytes * per_byte)
+    assert step.bandwidth == pytest.approx(t.critical_bytes * per_byte)
     assert step.hidden == 0.0 and step.overlap == "none"
     assert step.total == pytest.approx(0.03 + step.compression + step.communication)
 

@@ -31,7 +31,7 @@ SIZES = (2, 3, 4)
 
 def _measure_every_method(rank: int, world_size: int) -> dict:
     """On 4 ranks: for P = 2, 3, 4 (a subgroup of the first P ranks) run every benchmark
-    method twice and return its second step's bytes and rounds, by (P, method)."""
+    method twice and return its second step's bytes, rounds and messages, by (P, method)."""
     groups = {p: dist.new_group(list(range(p))) for p in SIZES}  # every rank makes every group
     grad = torch.randn(D, generator=torch.Generator().manual_seed(rank))
     out = {}
@@ -46,7 +46,8 @@ def _measure_every_method(rank: int, world_size: int) -> dict:
             agg.step(grad)  # the first step also checks rank agreement
             agg.step(grad)
             s = agg.last_stats
-            out[(p, name)] = (s.bytes_sent, s.bytes_received, s.rounds)
+            out[(p, name)] = (s.bytes_sent, s.bytes_received, s.rounds, s.messages,
+                              s.messages_received)
     return out
 
 
@@ -58,7 +59,9 @@ def test_byte_formulas_equal_the_aggregators_last_stats_for_2_3_and_4_ranks():
             t = traffic(method_spec(name, D, DENSITY), p)
             for rank in range(p):
                 measured = results[rank][(p, name)]
-                assert measured == (t.sent[rank], t.received[rank], t.rounds), (p, name, rank)
+                want = (t.sent[rank], t.received[rank], t.rounds, t.messages[rank],
+                        t.messages_received[rank])
+                assert measured == want, (p, name, rank)
 
 
 def test_byte_formulas_match_the_documented_figures():
@@ -67,9 +70,10 @@ def test_byte_formulas_match_the_documented_figures():
     rows_cols = gs.rows * 5000
     flag = (p - 1) * 4  # the non-finite flag's all-gather
     assert traffic(gs, p).critical_bytes == 3 * (rows_cols + 4 * k) * 4 + flag
-    assert traffic(method_spec("topk", d, k=k), p).received[0] == (p - 1) * 2 * k * 4 + flag
+    topk = traffic(method_spec("topk", d, k=k), p)  # a ring all-gather forwards the others'
+    assert topk.sent[0] == topk.received[0] == (p - 1) * 2 * k * 4 + flag
     assert traffic(method_spec("gtopk", d, k=k), p).critical_bytes == 3 * 2 * k * 4 + flag
-    assert traffic(method_spec("dense", d), p).sent[0] == 2 * (p - 1) * 4 * d // p + 4
+    assert traffic(method_spec("dense", d), p).sent[0] == 2 * (p - 1) * 4 * d // p + flag
     sketched = traffic(method_spec("sketched", d, k=k, cols=5000, candidates=4), p)
     assert sketched.received[0] == (p - 1) * (rows_cols * 4 + 4 * k * 4) + flag
     assert sketched.received[1] == 4 * k * 4 + 2 * k * 4 + flag

@@ -142,7 +142,8 @@ def test_compare_simulates_many_workers_and_dense_alone_needs_no_density(
     assert code == 0
     results = json.loads((tmp_path / "p16" / "results.json").read_text())
     assert [r["status"] for r in results.values()] == ["completed"] * 3
-    assert results["topk"]["bytes_received_max_per_step"] > results["topk"]["bytes_sent_per_step"]
+    topk = results["topk"]  # a ring all-gather: each rank sends on what it receives
+    assert topk["bytes_received_max_per_step"] == topk["bytes_sent_per_step"] > 0
     assert main(["compare", "--methods", "dense", *quick, "--workers", "2",
                  "--out", str(tmp_path / "dense")]) == 0
 
