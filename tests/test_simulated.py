@@ -244,24 +244,11 @@ def test_gs_many_workers_default_matches_the_independent_reference(world_size: i
     """From 16 workers gs takes its many-workers shape (16·k columns, m = 8, a pre-filter
     of 8·k, float16 tables on the ring all-reduce). The same steps replayed by the
     independent reference of that documented shape choose the same coordinates."""
-    d, density, steps = 4000, 0.01, 6
-    k = round(density * d)
-    world = SimulatedWorld(world_size)
-    aggs = [make_aggregator("gs", d, density=density, group=world.rank(r))
-            for r in range(world_size)]
+    aggs, k = _replays_the_reference("gs", world_size)
     opts = aggs[0].options
     assert (opts.cols, opts.candidates, opts.prefilter, opts.allreduce, opts.table_dtype) == (
         16 * k, 8, 8, "backend", torch.float16)
-    grads = [[make_grad(p, t, d) for p in range(world_size)] for t in range(steps)]
-    got = []
-    for t in range(steps):
-        got.append(world.run(lambda rank, t=t: aggs[rank.rank].step(grads[t][rank.rank]))[0])
-    want, _ = reference_run("gs", grads, k, default_sketch(d, k, world_size))
-    for t in range(steps):
-        assert set(torch.nonzero(got[t]).flatten().tolist()) == set(
-            np.flatnonzero(want[t]).tolist()), f"step {t}"
-        np.testing.assert_allclose(got[t].double().numpy(), want[t], rtol=1e-5, atol=1e-5)
-    steady = GlobalSketchSGD.traffic(d, k, opts, world_size)
+    steady = GlobalSketchSGD.traffic(4000, k, opts, world_size)
     assert aggs[0].last_stats.bytes_sent == steady.sent[0]
     assert max(a.last_stats.bytes_received for a in aggs) == max(steady.received)
 
@@ -271,24 +258,33 @@ def test_sketched_many_workers_default_matches_the_independent_reference() -> No
     both): 16·k columns, m = 8, the pre-filter of 8·k and float16 tables, which its server
     widens and sums as float32. Replayed by the independent reference of that shape, the
     same coordinates; the steady bytes are its traffic formula's."""
-    world_size, d, density, steps = 16, 4000, 0.01, 6
-    k = round(density * d)
-    world = SimulatedWorld(world_size)
-    aggs = [make_aggregator("sketched", d, density=density, group=world.rank(r))
-            for r in range(world_size)]
+    aggs, k = _replays_the_reference("sketched", 16)
     opts = aggs[0].options
     assert (opts.cols, opts.candidates, opts.prefilter, opts.table_dtype) == (
         16 * k, 8, 8, torch.float16)
+    steady = SketchedSGD.traffic(4000, k, opts, 16)
+    assert [a.last_stats.bytes_sent for a in aggs] == list(steady.sent)
+
+
+def _replays_the_reference(method: str, world_size: int) -> tuple[list, int]:
+    """Six steps of ``method`` at its default shape for ``world_size`` ranks (d = 4000,
+    density 0.01) in a simulated world, checked against the independent reference of the
+    documented default shape: the same coordinates, the same values to 1e-5. Returns the
+    aggregators (after the last step) and k."""
+    d, density, steps = 4000, 0.01, 6
+    k = round(density * d)
+    world = SimulatedWorld(world_size)
+    aggs = [make_aggregator(method, d, density=density, group=world.rank(r))
+            for r in range(world_size)]
     grads = [[make_grad(p, t, d) for p in range(world_size)] for t in range(steps)]
     got = [world.run(lambda rank, t=t: aggs[rank.rank].step(grads[t][rank.rank]))[0]
            for t in range(steps)]
-    want, _ = reference_run("sketched", grads, k, default_sketch(d, k, world_size))
+    want, _ = reference_run(method, grads, k, default_sketch(d, k, world_size))
     for t in range(steps):
         assert set(torch.nonzero(got[t]).flatten().tolist()) == set(
-            np.flatnonzero(want[t]).tolist()), f"step {t}"
+            np.flatnonzero(want[t]).tolist()), f"{method}, step {t}"
         np.testing.assert_allclose(got[t].double().numpy(), want[t], rtol=1e-5, atol=1e-5)
-    steady = SketchedSGD.traffic(d, k, opts, world_size)
-    assert [a.last_stats.bytes_sent for a in aggs] == list(steady.sent)
+    return aggs, k
 
 
 def test_below_sixteen_workers_gs_keeps_the_small_p_default() -> None:
