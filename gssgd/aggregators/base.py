@@ -385,6 +385,11 @@ class Aggregator:
         with self._timed("compress"):
             return (table / self.world_size).to(wire)
 
+    def _widened(self, summed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        """Sketching methods: a summed 16-bit table of means (:meth:`_table_payload`) back
+        as the sum, in ``dtype``."""
+        return summed.to(dtype).mul_(self.world_size)
+
     def _keep_residual(self, accumulated: torch.Tensor, delivered: torch.Tensor) -> None:
         """``e = a`` with ``a[delivered] = 0`` (and momentum stopping ``u[delivered] = 0``)."""
         accumulated[delivered] = 0

@@ -182,7 +182,7 @@ class GlobalSketchSGD(Aggregator):
         if summed.dtype == table.dtype:
             return summed
         with self._timed("decompress"):
-            return summed.to(table.dtype).mul_(self.world_size)  # 16-bit means
+            return self._widened(summed, table.dtype)
 
     def step(self, grad: torch.Tensor) -> torch.Tensor:
         skipped = self._begin(grad)

@@ -267,8 +267,7 @@ class StreamingGS(GlobalSketchSGD):
         torch.add(self.residual[part], g, out=it.accumulated[part])
         it.sketch.accumulate(index, it.accumulated[part])
         region = it.sketch.region_table(index)
-        wire = self.options.table_dtype
-        payload = region if wire == region.dtype else (region / self.world_size).to(wire)
+        payload = self._table_payload(region)
         if index == len(self.sizes) - 1:  # every bucket is in: the flags ride along
             flags = torch.zeros(self.world_size, dtype=payload.dtype, device=payload.device)
             flags[self.rank] = 0 if all_finite(it.grad) else 1
@@ -348,7 +347,7 @@ class StreamingGS(GlobalSketchSGD):
             for b, payload in enumerate(it.payloads):
                 region = summed.region_table(b)
                 if payload.dtype != accumulated.dtype:
-                    region.copy_(payload.to(accumulated.dtype).mul_(self.world_size))
+                    region.copy_(self._widened(payload, accumulated.dtype))
                 elif payload.data_ptr() != region.data_ptr():  # the last, sent with flags
                     region.copy_(payload)
         if it.momentum is not None:
