@@ -5,7 +5,8 @@
 #   DATASET=fashion-mnist bash scripts/fair_frontier.sh "16 64" "0 1 2"
 #   METHODS="gs topk" bash scripts/fair_frontier.sh 16 0   # a subset
 # Every run: the CNN on DATASET (mnist or fashion-mnist), BATCH samples a worker (default
-# 16: global batch P * BATCH), STEPS steps (default 400), evaluated every 100. Methods and
+# 16, and 8 from 64 workers, so the global batch P * BATCH stays at most 512), STEPS steps
+# (default 400), evaluated every 100. Methods and
 # levels (a run is named METHOD-LEVEL):
 #   dense-lrX       momentum 0.9 at lr X for each X in DENSE_LRS (default "0.05 0.1"):
 #                   dense's small learning-rate sweep at this P; dense16-lrX the same
@@ -14,9 +15,14 @@
 #                   (default "0.001 0.003 0.01"), with its default recipe (plain SGD
 #                   with error feedback, lr 0.2, the 100-step density warm-up) and, for
 #                   gs and Sketched-SGD, the default sketch shape for its P
-#   topk|gtopk-nowu-dD  local Top-k and gTop-k without the density warm-up (--warmup-steps
-#                   0) at each density of NOWU_DENSITIES (default "0.003"): their best
-#                   version may skip it, whose all-gathers cost bytes at many workers
+#   METHOD-nowu-dD  each sparse method without the density warm-up (--warmup-steps 0) at
+#                   each density of NOWU_DENSITIES (default "0.003"): its best version may
+#                   skip it; the warm-up's large messages are most of a sparse method's
+#                   bytes over a 400-step run (gs at P = 16, density 0.001: 42 kB a step
+#                   over the run, 12 kB once the warm-up ends)
+#   METHOD-wuW-dD   each sparse method with a light warm-up, from density W (LIGHT_WARMUP,
+#                   default 0.02) instead of 0.25, at each density of LIGHT_DENSITIES
+#                   (default "0.001 0.003")
 #   powersgd-rR     PowerSGD at each rank R of RANKS (default "1 2 4"), when the method
 #                   is registered (gssgd's own, error feedback, momentum 0.9 at dense's
 #                   first lr: its authors' recipe keeps the optimizer's momentum)
@@ -29,19 +35,22 @@ DIR=${RUNS_DIR:-runs/fair-frontier/$DATASET}
 source scripts/lib/study_run.sh
 PS=${1:-16}
 SEEDS=${2:-0}
-BATCH=${BATCH:-16}
+BATCH=${BATCH:-}
 STEPS=${STEPS:-400}
 DENSE_LRS=${DENSE_LRS:-"0.05 0.1"}
-DENSITIES=${DENSITIES:-"0.001 0.003 0.01"}
+DENSITIES=${DENSITIES-"0.001 0.003 0.01"}
 RANKS=${RANKS:-"1 2 4"}
-NOWU_DENSITIES=${NOWU_DENSITIES:-"0.003"}
+NOWU_DENSITIES=${NOWU_DENSITIES-"0.003"}
+LIGHT_WARMUP=${LIGHT_WARMUP:-0.02}
+LIGHT_DENSITIES=${LIGHT_DENSITIES-"0.001 0.003"}
 METHODS=${METHODS:-"dense dense16 topk gtopk gs sketched powersgd"}
 has_powersgd=$(.venv/bin/python -c "import gssgd; print(int('powersgd' in gssgd.AGGREGATORS))")
 first_lr=${DENSE_LRS%% *}
 for P in $PS; do
+  batch=${BATCH:-$(( P >= 64 ? 8 : 16 ))}
   for seed in $SEEDS; do
     base=(--simulate --dataset "$DATASET" --model cnn --steps "$STEPS" --eval-every 100
-          --workers "$P" --global-batch $((P * BATCH)) --seed "$seed" --no-progress --overwrite)
+          --workers "$P" --global-batch $((P * batch)) --seed "$seed" --no-progress --overwrite)
     run() {  # run NAME ARGS...
       local name=$1; shift
       execute "P$P-s$seed-$name" "$DIR/P$P/s$seed/$name/summary.json" \
@@ -60,12 +69,14 @@ for P in $PS; do
         *) for density in $DENSITIES; do
              run "$method-d$density" --method "$method" --density "$density"
            done
-           if [ "$method" = topk ] || [ "$method" = gtopk ]; then
-             for density in $NOWU_DENSITIES; do
-               run "$method-nowu-d$density" --method "$method" --density "$density" \
-                 --warmup-steps 0
-             done
-           fi ;;
+           for density in $NOWU_DENSITIES; do
+             run "$method-nowu-d$density" --method "$method" --density "$density" \
+               --warmup-steps 0
+           done
+           for density in $LIGHT_DENSITIES; do
+             run "$method-wu$LIGHT_WARMUP-d$density" --method "$method" --density "$density" \
+               --warmup-density "$LIGHT_WARMUP"
+           done ;;
       esac
     done
   done

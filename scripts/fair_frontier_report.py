@@ -69,10 +69,19 @@ def best_to_target(rows: list[tuple[str, dict[str, Any]]]) -> tuple[str, float] 
     return min(reached, key=lambda nb: nb[1]) if reached else None
 
 
+def pareto(rows: list[tuple[str, dict[str, Any]]], m: Metric) -> list[tuple[str, dict[str, Any]]]:
+    """The levels no other level beats with fewer bytes per step: a method's curve over all
+    its variants (``gs``, ``gs-nowu``, ``gs-wu0.02``)."""
+    return [(n, r) for n, r in rows if not any(
+        m.at_least_as_good(o[m.key], r[m.key]) and o["bytes_steady"] < r["bytes_steady"]
+        for _, o in rows)]
+
+
 def above_gs(gs_rows: list[tuple[str, dict[str, Any]]], rival: dict[str, Any],
              m: Metric) -> bool:
-    """Whether a rival level lies above gs's curve: it is at least as good as some gs level
-    and sends fewer bytes per step (it dominates a point of gs's curve)."""
+    """Whether a rival level lies above gs's curve (``gs_rows``: :func:`pareto` of every gs
+    level): it is at least as good as some point of that curve and sends fewer bytes per
+    step."""
     return any(m.at_least_as_good(rival[m.key], r[m.key])
                and rival["bytes_steady"] < r["bytes_steady"] for _, r in gs_rows)
 
@@ -86,19 +95,23 @@ def targets(summary: dict[str, dict[str, Any]], m: Metric = ACCURACY) -> dict[st
         best = {f: best_to_target(rows) for f, rows in by.items()}
         row: dict[str, Any] = {"best_to_target": {f: b for f, b in best.items() if b}}
         rivals = [b for f, b in best.items() if method_of(f) in RIVALS and b]
-        gs = best.get("gs")
+        gs_best = [b for f, b in best.items() if method_of(f) == "gs" and b]
+        gs = min(gs_best, key=lambda nb: nb[1]) if gs_best else None
+        gs_curve = pareto([nr for f, rows in by.items() if method_of(f) == "gs"
+                           for nr in rows], m)
         if gs and rivals:
             top = min(rivals, key=lambda nb: nb[1])
-            row["best_rival"] = top[0]
+            row["best_rival"], row["gs_best"] = top[0], gs[0]
             row["gs_over_best_rival_bytes"] = gs[1] / top[1]
             row["target_gs_at_most_half_the_best_rival"] = gs[1] <= 0.5 * top[1]
-        elif rivals and "gs" in by:
+        elif rivals and gs_curve:
             row["best_rival"] = min(rivals, key=lambda nb: nb[1])[0]
             row["target_gs_at_most_half_the_best_rival"] = False  # gs never reached it
-        if "gs" in by:
+        if gs_curve:
+            row["gs_curve"] = [n for n, _ in gs_curve]
             row["rival_levels_above_gs"] = [
                 n for f, rows in by.items() if method_of(f) in RIVALS for n, r in rows
-                if above_gs(by["gs"], r, m)]
+                if above_gs(gs_curve, r, m)]
         out[p] = row
     return out
 

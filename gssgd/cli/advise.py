@@ -248,6 +248,13 @@ def render(advice: Advice, model: str | None = None) -> str:
         else:
             why = "slower to dense's accuracy: " + fastest.reach.describe()
         lines.append(f"  not {fastest.name}, the fastest step ({why})")
+    if advice.powersgd is not None:
+        rank = advice.powersgd.row.removeprefix("powersgd-r")
+        lines.append(
+            f"  also:      powersgd, not modelled (its message, rank x (n + m) numbers per n x m "
+            f"matrix, needs the layer shapes): rank {rank} {advice.powersgd.describe()}; "
+            f"try gssgd train --method powersgd --powersgd-rank {rank}"
+        )
     lines += [
         f"  options:   {_describe(rec.spec, rec.options())}",
         f"  train:     {advice.train_command()} ...",
@@ -286,8 +293,8 @@ def _warmup_line(advice: Advice) -> str:
         "MB/step: bytes the busiest worker sends per steady step; warm-up s: what a density "
         f"warm-up adds to a run (communication); run s: {n} steps, warm-up included; "
         f"target s: the run to dense's accuracy if dense needs {n} steps (--steps), each "
-        f"method's steps scaled as measured ({REACH_WHERE}; other densities: not measured, "
-        "ranked by the step)."
+        f"method's steps scaled as measured ({REACH_WHERE}; what neither measured is ranked "
+        "by the step)."
     )
     if w.steps:
         line += (

@@ -37,7 +37,7 @@ from gssgd.costmodel.cluster import (
 )
 from gssgd.costmodel.devices import Device
 from gssgd.costmodel.method_specs import VARIANTS, MethodSpec, method_spec
-from gssgd.costmodel.reach import REACH_WHERE, Reach, reach
+from gssgd.costmodel.reach import REACH_WHERE, Reach, powersgd_reach, reach
 from gssgd.methods import get_method, get_variant
 
 __all__ = [
@@ -214,6 +214,13 @@ class Advice:
     run_steps: int = DEFAULT_RUN_STEPS
 
     @property
+    def powersgd(self) -> Reach | None:
+        """PowerSGD's measured convergence at the nearest P (its lowest rank that reached
+        dense's accuracy): not a candidate, as its step needs the layer shapes, but named
+        beside the advice (:func:`gssgd.costmodel.reach.powersgd_reach`)."""
+        return powersgd_reach(self.workers)
+
+    @property
     def recommended(self) -> Candidate:
         """The first in order: the fastest to dense's accuracy where it was measured."""
         return self.candidates[0]
@@ -278,6 +285,13 @@ class Advice:
             },
             "model_error": dict(MEASURED_ERROR),
             "convergence": REACH_WHERE,
+            "powersgd_not_modelled": None if self.powersgd is None else {
+                "rank": int(self.powersgd.row.removeprefix("powersgd-r")),
+                "measured_at_workers": self.powersgd.workers,
+                "seeds": self.powersgd.seeds,
+                "accuracy_gap_points": self.powersgd.gap_points,
+                "steps_ratio": self.powersgd.steps_ratio,
+            },
         }
 
     def _method_record(self, c: Candidate) -> dict[str, Any]:

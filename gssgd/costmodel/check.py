@@ -78,6 +78,7 @@ __all__ = [
     "RecommendationRow",
     "Rounds",
     "check_runs",
+    "error_record",
     "find_runs",
     "fit_cells",
     "fit_compute_law",
@@ -272,13 +273,19 @@ def measured_error(runs: Sequence[Path]) -> dict[str, float | int]:
     median and largest ``|relative error|``, the runs, and in how many of them the method
     ranked first was measured fastest or within 10 % of it. What
     :data:`gssgd.costmodel.advice.MEASURED_ERROR` states (about 10 s for the 15 runs)."""
-    rows = held_out_errors([m for r in runs for m in load_measurements(r)])
+    return error_record(held_out_errors([m for r in runs for m in load_measurements(r)]),
+                        len(runs))
+
+
+def error_record(rows: Sequence[ErrorRow], runs: int) -> dict[str, float | int]:
+    """:func:`measured_error`'s record from held-out rows already computed over ``runs``
+    runs (:func:`held_out_errors`)."""
     summary = error_summary(rows)
     return {
         "points": summary["n"],
         "median_abs_rel_error": summary["median_abs_rel_error"],
         "max_abs_rel_error": summary["max_abs_rel_error"],
-        "runs": len(runs),
+        "runs": runs,
         "recommended_within_10pct": sum(r.within() for r in recommendation_check(rows)),
     }
 

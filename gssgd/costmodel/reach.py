@@ -1,26 +1,30 @@
 """How many steps each method needs to reach dense's accuracy: the convergence half of
-``gssgd advise``, measured by the many-workers frontier study.
+``gssgd advise``, measured by two studies of the MNIST CNN.
 
 A method's step time (:mod:`gssgd.costmodel.cluster`) says how fast it steps, not how far
-each step gets. The frontier study (``scripts/frontier_study.sh``, docs/study.md, "Many
-workers") trained the MNIST CNN at density 0.001 with every method at P = 4, 16, 64 and
-256 (a simulated world, global batch fixed) and recorded when the mean curve over seeds
-came within 0.5 point of dense's final accuracy (interpolated between evaluations).
-``advise`` multiplies a candidate's predicted step by its **steps to that target as a
-multiple of dense's own**, and ranks the candidates that reached it by that time; those
-the study measured short of it (gTop-k at every P) come after them, with their final gap.
+each step gets. ``advise`` multiplies a candidate's predicted step by its **steps to come
+within 0.5 point of dense's final accuracy, as a multiple of dense's own**, and ranks the
+candidates that reached it by that time; those measured short of it come after them, with
+their final gap. Two tables answer, the first that has the candidate:
 
-The table is a copy, rounded, of ``docs/results/frontier/summary.json`` (the results are
-not installed with the package): ``tests/costmodel/test_reach.py`` rebuilds it from that
-file with :func:`reach_table` and fails when they differ. To refresh it after a new study,
-run ``scripts/frontier_report.py`` and paste what :func:`reach_table` returns.
+1. :data:`WEAK_REACH`, the fair frontier (``scripts/fair_frontier.sh``, docs/study.md, "The
+   fair frontier"): weak scaling (16 samples a worker), every method at several levels
+   (densities 0.001-0.01), dense's learning rate chosen by a sweep at each P. Rows of
+   :data:`MIN_SEEDS` seeds only. It also holds PowerSGD's ranks, which ``advise`` cannot
+   model (its message depends on the layer shapes) and names beside its advice
+   (:func:`powersgd_reach`).
+2. :data:`FRONTIER_REACH`, the many-workers frontier (``scripts/frontier_study.sh``, "Many
+   workers"): strong scaling (global batch 128, 256 at P = 256), density 0.001 only, gs's
+   shapes by name, P = 4 to 256.
 
-What it is and is not: one model (the MNIST CNN) at one density (0.001), rows of
-:data:`MIN_SEEDS` seeds (P = 4, 16, 64 and 256), evaluated every 100
-of 400 steps, so two ratios 10-20 % apart are within what the study resolves; at other
-densities :func:`reach` returns None and ``advise`` ranks by the step alone. Any P takes the
-nearest measured P that ran the same method and shape (on a log scale), which the report
-names.
+Each table is a copy, rounded, of a committed ``summary.json`` (the results are not
+installed with the package); ``tests/costmodel/test_reach.py`` rebuilds both
+(:func:`weak_reach_table`, :func:`reach_table`) and fails when they differ. To refresh one
+after a new study, run its report script and paste what the function returns.
+
+What it is and is not: one model (the MNIST CNN), evaluated every 100 of 400 steps, so two
+ratios 10-20 % apart are within what the studies resolve. Any P takes the nearest measured
+P that ran the same row (on a log scale), which the report names.
 """
 
 from __future__ import annotations
@@ -32,12 +36,29 @@ from typing import Any
 
 from gssgd.costmodel.method_specs import MethodSpec, method_spec
 
-__all__ = ["FRONTIER_REACH", "REACH_DENSITY", "Reach", "frontier_row", "reach", "reach_table"]
+__all__ = [
+    "FRONTIER_REACH",
+    "REACH_DENSITY",
+    "WEAK_REACH",
+    "Reach",
+    "frontier_row",
+    "powersgd_reach",
+    "reach",
+    "reach_table",
+    "weak_reach_table",
+]
 
-#: The density the frontier study measured at; :func:`reach` answers only there.
+#: The density the strong-scaling frontier study measured at: :data:`FRONTIER_REACH`
+#: answers only there.
 REACH_DENSITY = 0.001
 #: What the ratio is measured on, for the reports.
-REACH_WHERE = "MNIST CNN, density 0.001, within 0.5 point of dense (frontier study)"
+REACH_WHERE = (
+    "MNIST CNN, within 0.5 point of dense: the fair frontier (16 samples a worker, densities "
+    "0.001-0.01) where it ran the method, else the many-workers frontier (global batch 128, "
+    "density 0.001)"
+)
+#: :attr:`Reach.study` of each table's rows.
+WEAK, STRONG = "weak scaling", "strong scaling"
 
 #: P -> frontier row -> (seeds, final accuracy minus dense's in points, steps to the target
 #: over dense's or None: not reached). Rebuilt by :func:`reach_table` from
@@ -79,6 +100,14 @@ FRONTIER_REACH: dict[int, dict[str, tuple[int, float, float | None]]] = {
 }
 
 
+#: P -> fair-frontier row -> (seeds, final accuracy minus dense's in points, steps to the
+#: target over dense's or None). Rows: ``dense`` (dense's best learning rate at that P),
+#: ``dense16``, ``<row>@<density>`` for each sparse method with its default recipe
+#: (:func:`frontier_row`: gs under its shape's name) and ``powersgd-r<rank>``. Rebuilt by
+#: :func:`weak_reach_table` from docs/results/fair-frontier-mnist/summary.json (a test
+#: checks the copy).
+WEAK_REACH: dict[int, dict[str, tuple[int, float, float | None]]] = {}
+
 @dataclass(frozen=True)
 class Reach:
     """One candidate's measured convergence.
@@ -90,6 +119,8 @@ class Reach:
         gap_points: its final accuracy minus dense's, in points (negative: below).
         steps_ratio: steps to dense's accuracy target over dense's own steps to it; None
             when the study's run ended short of the target.
+        study: which table answered: ``"weak scaling"`` (:data:`WEAK_REACH`) or
+            ``"strong scaling"`` (:data:`FRONTIER_REACH`).
     """
 
     row: str
@@ -97,14 +128,17 @@ class Reach:
     seeds: int
     gap_points: float
     steps_ratio: float | None
+    study: str = STRONG
 
     @property
     def reached(self) -> bool:
         return self.steps_ratio is not None
 
     def describe(self) -> str:
-        """A few words for the report: ``1.33x dense's steps, P=64, 3 seeds``."""
-        where = f"P={self.workers}, {self.seeds} seed{'s' if self.seeds > 1 else ''}"
+        """A few words for the report: ``1.33x dense's steps, P=64, 3 seeds, weak
+        scaling``."""
+        where = (f"P={self.workers}, {self.seeds} seed{'s' if self.seeds > 1 else ''}, "
+                 f"{self.study}")
         if self.steps_ratio is None:
             return f"not reached, {self.gap_points:+.2f} pt, {where}"
         return f"{self.steps_ratio:.2f}x dense's steps, {where}"
@@ -157,6 +191,51 @@ def reach_table(summary: dict[str, Any]) -> dict[int, dict[str, tuple[int, float
     return out
 
 
+def weak_reach_table(
+    summary: dict[str, Any],
+) -> dict[int, dict[str, tuple[int, float, float | None]]]:
+    """:data:`WEAK_REACH` from the fair frontier's summary (``scripts/fair_frontier_report.py``'s
+    ``summary.json``): every P whose best dense learning rate (the ``dense-lr*`` row the
+    others are measured against, ratio 1) has :data:`MIN_SEEDS` seeds; its rows of as many
+    seeds, named as :func:`reach` looks them up; the variants without the default warm-up
+    (``-nowu``, ``-wu<W>``) left out, as ``advise`` runs the default; rounded to two
+    decimals."""
+    out: dict[int, dict[str, tuple[int, float, float | None]]] = {}
+    for p, table in summary["by_P"].items():
+        dense = next((r for n, r in sorted(table.items()) if n.startswith("dense-lr")
+                      and r.get("steps_to_target_over_dense") == 1.0), None)
+        if dense is None or dense["seeds"] < MIN_SEEDS:
+            continue
+        rows: dict[str, tuple[int, float, float | None]] = {}
+        for name, row in table.items():
+            key = _weak_row(name, int(p), dense is row)
+            if key is None or row["seeds"] < MIN_SEEDS:
+                continue
+            ratio = row["steps_to_target_over_dense"]
+            rows[key] = (
+                row["seeds"],
+                round(100 * (row["accuracy"] - dense["accuracy"]), 2),
+                None if ratio is None else round(ratio, 2),
+            )
+        out[int(p)] = dict(sorted(rows.items()))
+    return out
+
+
+def _weak_row(name: str, workers: int, best_dense: bool) -> str | None:
+    """A fair-frontier run name's row in :data:`WEAK_REACH`, or None: not one advise runs
+    (a variant warm-up, dense at a learning rate other than its best)."""
+    family, _, level = name.rpartition("-")
+    if family == "dense":
+        return "dense" if best_dense else None
+    if family in ("dense16", "powersgd"):
+        return family if family == "dense16" else name
+    if "-" in family or not level.startswith("d"):
+        return None  # gs-nowu, topk-wu0.02, ...
+    density = float(level[1:])
+    spec = method_spec(family, STUDY_D, density, world_size=workers)
+    return f"{frontier_row(spec)}@{density:g}"
+
+
 def frontier_row(spec: MethodSpec, *, streamed: bool = False) -> str:
     """The frontier study's name for what ``spec`` runs: the method (``dense16`` for a
     16-bit payload), or gs's shape as ``scripts/frontier_study.sh`` names its sizes,
@@ -185,26 +264,60 @@ def reach(
     *,
     streamed: bool = False,
     table: dict[int, dict[str, tuple[int, float, float | None]]] | None = None,
+    weak: dict[int, dict[str, tuple[int, float, float | None]]] | None = None,
 ) -> Reach | None:
-    """The measured convergence of ``spec`` nearest to ``workers`` ranks, or None where the
-    study has none (another density, or a shape it did not run).
+    """The measured convergence of ``spec`` nearest to ``workers`` ranks, or None where no
+    study has it: the fair frontier's row for this method at this density first, else the
+    strong-scaling frontier's at density 0.001.
 
     The nearest measured P on a log scale that ran this row (ties: the larger P).
 
     Args:
         spec: the candidate.
         workers: the P asked about.
-        density: the candidate's density; only :data:`REACH_DENSITY` is measured.
+        density: the candidate's density.
         streamed: see :func:`frontier_row`.
-        table: the measurements (default :data:`FRONTIER_REACH`).
+        table: the strong-scaling measurements (default :data:`FRONTIER_REACH`).
+        weak: the weak-scaling measurements (default :data:`WEAK_REACH`).
     """
+    row = frontier_row(spec, streamed=streamed)
+    key = row if spec.aggregator == "dense" else f"{row}@{density:g}"
+    found = _nearest(WEAK_REACH if weak is None else weak, key, workers, WEAK)
+    if found is not None:
+        return found
     if not math.isclose(density, REACH_DENSITY, rel_tol=1e-6):
         return None
-    measured = FRONTIER_REACH if table is None else table
-    row = frontier_row(spec, streamed=streamed)
+    return _nearest(FRONTIER_REACH if table is None else table, row, workers, STRONG)
+
+
+def powersgd_reach(
+    workers: int, weak: dict[int, dict[str, tuple[int, float, float | None]]] | None = None,
+) -> Reach | None:
+    """PowerSGD's lowest rank (its smallest message) that reached dense's accuracy at the
+    nearest P of the fair frontier (None where no rank reached it or none ran): ``advise``
+    cannot model its
+    step (the message is ``rank·(n + m)`` per n x m matrix, which needs the layer shapes),
+    so it names it beside its advice."""
+    measured = WEAK_REACH if weak is None else weak
+    ps = [p for p, rows in measured.items() if any(n.startswith("powersgd-r") for n in rows)]
+    if not ps:
+        return None
+    p = min(ps, key=lambda q: (abs(math.log2(q / workers)), -q))
+    reached = [(int(n.removeprefix("powersgd-r")), n) for n, r in measured[p].items()
+               if n.startswith("powersgd-r") and r[2] is not None]
+    if not reached:
+        return None
+    name = min(reached)[1]
+    return Reach(name, p, *measured[p][name], study=WEAK)
+
+
+def _nearest(
+    measured: dict[int, dict[str, tuple[int, float, float | None]]], row: str, workers: int,
+    study: str,
+) -> Reach | None:
     ps = [p for p, rows in measured.items() if row in rows]
     if not ps:
         return None
     p = min(ps, key=lambda q: (abs(math.log2(q / workers)), -q))
     seeds, gap, ratio = measured[p][row]
-    return Reach(row, p, seeds, gap, ratio)
+    return Reach(row, p, seeds, gap, ratio, study)

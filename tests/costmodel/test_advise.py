@@ -21,7 +21,7 @@ from gssgd.costmodel.advice import (
     parse_params,
     parse_workers,
 )
-from gssgd.costmodel.check import check_runs, measured_error
+from gssgd.costmodel.check import error_record
 from gssgd.costmodel.cluster import Link
 from gssgd.costmodel.devices import get_device
 from gssgd.costmodel.method_specs import traffic
@@ -271,10 +271,11 @@ def test_hook_call_and_train_command_carry_a_variants_options() -> None:
     assert isinstance(state, HookState)
 
 
-def test_measured_error_is_what_the_committed_runs_give() -> None:
+def test_measured_error_is_what_the_committed_runs_give(held_out) -> None:
     """MEASURED_ERROR recomputed from the 15 committed bench comm runs (leave one run out;
     fails, not skips, when they are missing), and the committed check.json agrees."""
-    got = measured_error(check_runs(RESULTS))
+    runs, rows = held_out
+    got = error_record(rows, len(runs))
     assert MEASURED_ERROR["points"] == got["points"]
     assert MEASURED_ERROR["runs"] == got["runs"]
     assert MEASURED_ERROR["recommended_within_10pct"] == got["recommended_within_10pct"]

@@ -13,7 +13,6 @@ from gssgd.comm import HEADER_BYTES
 from gssgd.costmodel.check import (
     CellModel,
     ComputeLaw,
-    check_runs,
     fit_cells,
     fit_compute_law,
     fit_driven_alpha,
@@ -32,7 +31,7 @@ from gssgd.costmodel.cluster import (
     predict_step,
 )
 from gssgd.costmodel.devices import CPU_COMPUTE, DEVICES, get_device
-from gssgd.costmodel.fit import Measurement, load_measurements
+from gssgd.costmodel.fit import Measurement
 from gssgd.costmodel.method_specs import method_spec, traffic
 from gssgd.costmodel.predict import CostModel
 
@@ -238,15 +237,15 @@ def test_fit_recovers_the_efficiency_of_each_pattern_and_predicts_held_out_runs(
     assert len(recs) == len(runs) and all(r.within(0.0) for r in recs)
 
 
-def test_held_out_check_on_measured_cells_predicts_within_the_documented_error() -> None:
+def test_held_out_check_on_measured_cells_predicts_within_the_documented_error(
+    held_out,
+) -> None:
     """The 15 runs of docs/benchmarks.md's check (fewer runs leave the compute slopes and
     the driven round's cost undetermined: with the four P = 8 runs at d >= 10M alone the
     fit books 19 ms per driven round). Recomputed from the committed runs; missing runs fail
     (check_runs raises), they do not skip."""
-    runs = check_runs(GRID.parent)
+    runs, rows = held_out
     assert len(runs) == 15
-    ms = [m for r in runs for m in load_measurements(r)]
-    rows = held_out_errors(ms)
     errors = sorted(abs(r.rel_error) for r in rows)
     assert all(math.isfinite(e) for e in errors)
     assert errors[len(errors) // 2] < 0.10  # median (documented: 6.9 %)

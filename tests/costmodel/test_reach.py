@@ -17,18 +17,71 @@ from gssgd.costmodel.reach import (
     FRONTIER_REACH,
     STUDY_D,
     STUDY_K,
+    WEAK_REACH,
     frontier_row,
+    powersgd_reach,
     reach,
     reach_table,
+    weak_reach_table,
 )
 
-SUMMARY = Path(__file__).resolve().parents[2] / "docs" / "results" / "frontier" / "summary.json"
+RESULTS = Path(__file__).resolve().parents[2] / "docs" / "results"
+SUMMARY = RESULTS / "frontier" / "summary.json"
+FAIR_SUMMARY = RESULTS / "fair-frontier-mnist" / "summary.json"
 
 
 def test_the_table_is_the_committed_frontier_summary() -> None:
     """FRONTIER_REACH is a copy: rebuilt from docs/results/frontier/summary.json it must be
     equal (refresh it with reach_table after a new study)."""
     assert reach_table(json.loads(SUMMARY.read_text())) == FRONTIER_REACH
+
+
+def test_the_weak_table_is_the_committed_fair_frontier_summary() -> None:
+    """WEAK_REACH is a copy: rebuilt from the fair frontier's summary.json it must be equal
+    (refresh it with weak_reach_table after a new study)."""
+    assert weak_reach_table(json.loads(FAIR_SUMMARY.read_text())) == WEAK_REACH
+    for p, rows in WEAK_REACH.items():
+        assert rows["dense"] == (rows["dense"][0], 0.0, 1.0), p
+        assert all(n in ("dense", "dense16") or "@" in n or n.startswith("powersgd-r")
+                   for n in rows), p
+
+
+def test_weak_rows_leave_out_variant_warmups_and_dense_off_its_best_lr() -> None:
+    row = {"seeds": 3, "accuracy": 0.98, "steps_to_target_over_dense": 1.2}
+    best = {**row, "steps_to_target_over_dense": 1.0}
+    summary = {"by_P": {"16": {"dense-lr0.05": best, "dense-lr0.1": row, "gs-d0.001": row,
+                               "gs-nowu-d0.003": row, "topk-wu0.02-d0.001": row,
+                               "powersgd-r2": row, "gtopk-d0.01": {**row, "seeds": 2}}}}
+    shape = frontier_row(method_spec("gs", STUDY_D, 0.001, world_size=16))
+    assert weak_reach_table(summary) == {16: {
+        "dense": (3, 0.0, 1.0), f"{shape}@0.001": (3, 0.0, 1.2), "powersgd-r2": (3, 0.0, 1.2)}}
+    # too few seeds behind dense's best: no row at that P
+    summary["by_P"]["16"]["dense-lr0.05"] = {**best, "seeds": 1}
+    assert weak_reach_table(summary) == {}
+
+
+def test_reach_prefers_the_weak_table_at_its_density_then_the_strong_one() -> None:
+    strong = {16: {"topk": (3, 0.0, 1.3)}}
+    weak = {16: {"topk@0.003": (3, -0.2, 1.1)}, 64: {"topk@0.001": (3, 0.1, 0.9)}}
+    topk = method_spec("topk", 10**6, 0.001)
+    at3 = reach(topk, 16, 0.003, table=strong, weak=weak)
+    assert (at3.steps_ratio, at3.study, at3.workers) == (1.1, "weak scaling", 16)
+    at1 = reach(topk, 16, 0.001, table=strong, weak=weak)  # the weak table's only P for it
+    assert (at1.steps_ratio, at1.study, at1.workers) == (0.9, "weak scaling", 64)
+    fallback = reach(topk, 16, 0.001, table=strong, weak={})
+    assert (fallback.steps_ratio, fallback.study) == (1.3, "strong scaling")
+    assert "strong scaling" in fallback.describe()
+    assert reach(topk, 16, 0.01, table=strong, weak=weak) is None
+
+
+def test_powersgd_reach_names_its_lowest_rank_that_reached() -> None:
+    weak = {16: {"powersgd-r1": (3, -0.6, None), "powersgd-r2": (3, -0.4, 1.5),
+                 "powersgd-r4": (3, 0.0, 0.9)},
+            64: {"powersgd-r1": (3, -0.9, None)}}
+    got = powersgd_reach(16, weak)
+    assert (got.row, got.workers, got.steps_ratio) == ("powersgd-r2", 16, 1.5)
+    assert powersgd_reach(64, weak) is None  # ran there, reached at no rank
+    assert powersgd_reach(16, {16: {"dense": (3, 0.0, 1.0)}}) is None
 
 
 def test_every_measured_p_has_dense_at_one_and_gtopk_short() -> None:
@@ -60,14 +113,15 @@ def test_frontier_row_names_a_shape_as_the_study_does(name, workers, streamed, r
 def test_reach_takes_the_nearest_measured_p_and_only_the_studied_density() -> None:
     table = {4: {"topk": (3, -0.2, 1.5)}, 64: {"topk": (3, 0.1, 1.0), "gtopk": (3, -2.0, None)}}
     topk = method_spec("topk", 10**6, 0.001)
-    assert reach(topk, 8, 0.001, table=table).workers == 4  # log2 distance 1 against 3
-    assert reach(topk, 32, 0.001, table=table).workers == 64
-    far = reach(topk, 1024, 0.001, table=table)
+    assert reach(topk, 8, 0.001, table=table, weak={}).workers == 4  # log2 distance 1, not 3
+    assert reach(topk, 32, 0.001, table=table, weak={}).workers == 64
+    far = reach(topk, 1024, 0.001, table=table, weak={})
     assert (far.workers, far.steps_ratio, far.reached) == (64, 1.0, True)
-    short = reach(method_spec("gtopk", 10**6, 0.001), 16, 0.001, table=table)
+    short = reach(method_spec("gtopk", 10**6, 0.001), 16, 0.001, table=table, weak={})
     assert (short.workers, short.reached, short.gap_points) == (64, False, -2.0)
-    assert reach(topk, 64, 0.01, table=table) is None  # not the study's density
-    assert reach(method_spec("sketched", 10**6, 0.001), 64, 0.001, table=table) is None
+    assert reach(topk, 64, 0.01, table=table, weak={}) is None  # not the study's density
+    sketched = method_spec("sketched", 10**6, 0.001)
+    assert reach(sketched, 64, 0.001, table=table, weak={}) is None
 
 
 def _advice(density: float = 0.001, workers: int = 64):
@@ -89,7 +143,7 @@ def test_advise_ranks_by_the_time_to_dense_and_puts_the_short_ones_last() -> Non
 
 
 def test_advise_at_an_unmeasured_density_ranks_by_the_step() -> None:
-    a = _advice(density=0.01)
+    a = _advice(density=0.02)
     assert all(c.reach is None for c in a.candidates)
     steps = [c.step.total for c in a.candidates]
     assert steps == sorted(steps) and a.recommended is a.fastest_step
