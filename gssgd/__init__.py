@@ -1,11 +1,13 @@
 """gssgd: communication-efficient data-parallel training with global sketching (gs-SGD).
 
-Public surface: :class:`CountSketch`, :func:`make_aggregator`, :data:`AGGREGATORS` and the
-method registry (:data:`METHODS`, :class:`Method`, :func:`register_method`); the DDP hooks
+Public surface: :class:`CountSketch`, :func:`make_aggregator`, :data:`AGGREGATORS`, the
+method registry (:data:`METHODS`, :class:`Method`, :func:`register_method`) and
+:class:`LocalSteps` (DiLoCo-style local steps with a compressed outer step); the DDP hooks
 live in :mod:`gssgd.ddp`.
 """
 
 from gssgd.aggregators import AGGREGATORS, Aggregator, StepStats, make_aggregator
+from gssgd.local_steps import LocalSteps
 from gssgd.methods import METHODS, Method, Variant, register_method
 from gssgd.sketch import CountSketch
 
@@ -14,6 +16,7 @@ __all__ = [
     "METHODS",
     "Aggregator",
     "CountSketch",
+    "LocalSteps",
     "Method",
     "StepStats",
     "Variant",

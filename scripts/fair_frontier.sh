@@ -25,7 +25,8 @@
 #                   (default "0.001 0.003")
 #   powersgd-rR     PowerSGD at each rank R of RANKS (default "1 2 4"), when the method
 #                   is registered (gssgd's own, error feedback, momentum 0.9 at dense's
-#                   first lr: its authors' recipe keeps the optimizer's momentum)
+#                   learning rate POWERSGD_LR, default DENSE_LRS's first: its authors'
+#                   recipe keeps the dense run's optimizer; give dense's best at this P)
 # Raw runs go to runs/fair-frontier/DATASET (git-ignored); scripts/frontier_report.py
 # RUNS_DIR OUT_DIR summarises them (docs/results/fair-frontier-DATASET).
 set -u
@@ -46,6 +47,7 @@ LIGHT_DENSITIES=${LIGHT_DENSITIES-"0.001 0.003"}
 METHODS=${METHODS:-"dense dense16 topk gtopk gs sketched powersgd"}
 has_powersgd=$(.venv/bin/python -c "import gssgd; print(int('powersgd' in gssgd.AGGREGATORS))")
 first_lr=${DENSE_LRS%% *}
+POWERSGD_LR=${POWERSGD_LR:-$first_lr}
 for P in $PS; do
   batch=${BATCH:-$(( P >= 64 ? 8 : 16 ))}
   for seed in $SEEDS; do
@@ -64,7 +66,7 @@ for P in $PS; do
         powersgd)
           [ "$has_powersgd" = 1 ] || { echo "skip  powersgd: not registered"; continue; }
           for r in $RANKS; do
-            run "powersgd-r$r" --method powersgd --powersgd-rank "$r" --lr "$first_lr"
+            run "powersgd-r$r" --method powersgd --powersgd-rank "$r" --lr "$POWERSGD_LR"
           done ;;
         *) for density in $DENSITIES; do
              run "$method-d$density" --method "$method" --density "$density"
