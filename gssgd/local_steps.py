@@ -84,7 +84,10 @@ class LocalSteps:
         outer_lr: the outer optimizer's learning rate (> 0; DiLoCo's 0.7).
         outer_momentum: its momentum in [0, 1) (DiLoCo's 0.9); 0 is plain SGD.
         nesterov: Nesterov momentum (DiLoCo's), when ``outer_momentum`` > 0.
-        group: the process group (None: the default one).
+        group: the process group (None: the default one), or a simulated rank
+            (:class:`gssgd.simulated.SimulatedRank`).
+        broadcast: start every rank from rank 0's weights and buffers (as DDP does); False
+            where the replicas are already equal (the simulated world copies one model).
         **options: the method's options (:func:`gssgd.make_aggregator`).
 
     Raises:
@@ -103,7 +106,8 @@ class LocalSteps:
         outer_lr: float = DILOCO_OUTER_LR,
         outer_momentum: float = DILOCO_OUTER_MOMENTUM,
         nesterov: bool = True,
-        group: dist.ProcessGroup | None = None,
+        group: Any = None,
+        broadcast: bool = True,
         **options: Any,
     ) -> None:
         _check_settings(method, local_steps, outer_lr, outer_momentum)
@@ -124,7 +128,7 @@ class LocalSteps:
         self._buffers_agg = (make_aggregator("dense", sum(b.numel() for b in self.buffers),
                                              group=group) if self.buffers else None)
         with torch.no_grad():  # every rank starts from rank 0's weights, as DDP does
-            for t in [*self.params, *self.buffers]:
+            for t in [*self.params, *self.buffers] if broadcast else []:
                 dist.broadcast(t.data, src=dist.get_global_rank(group, 0) if group else 0,
                                group=group)
         self.anchor = self._flat_params()
@@ -158,11 +162,12 @@ class LocalSteps:
         self.outer_step()
         return True
 
-    @torch.no_grad()
     def outer_step(self) -> None:
         """Aggregate the pseudo-gradient, step the anchor, and set every rank's weights
-        to it (the module doc's steps 1-4); called by :meth:`step`."""
-        delta = self.anchor - self._flat_params()
+        to it (the module doc's steps 1-4); called by :meth:`step`. (No ``no_grad`` spans a
+        collective: a simulated world's ranks take turns inside one thread, whose grad
+        mode they share.)"""
+        delta = (self.anchor - self._flat_params()).detach()
         update = self.aggregator.step(delta)
         stats = self.aggregator.last_stats
         sent, received = stats.bytes_sent, stats.bytes_received
@@ -178,14 +183,10 @@ class LocalSteps:
             self.outer.step()
             self.anchor.grad = None
             self.outer_steps += 1
-        self._write_params(self.anchor)
+        _write(self.params, self.anchor)
         if self._buffers_agg is not None:
             flat = torch.cat([b.detach().reshape(-1).to(torch.float32) for b in self.buffers])
-            mean = self._buffers_agg.step(flat)
-            offset = 0
-            for b in self.buffers:
-                b.copy_(mean[offset : offset + b.numel()].view_as(b))
-                offset += b.numel()
+            _write(self.buffers, self._buffers_agg.step(flat))
             sent += self._buffers_agg.last_stats.bytes_sent
             received += self._buffers_agg.last_stats.bytes_received
         self.bytes_sent += sent
@@ -235,11 +236,15 @@ class LocalSteps:
     def _flat_params(self) -> torch.Tensor:
         return torch.cat([p.detach().reshape(-1).to(torch.float32) for p in self.params])
 
-    def _write_params(self, flat: torch.Tensor) -> None:
+
+
+def _write(tensors: list[torch.Tensor], flat: torch.Tensor) -> None:
+    """Copy consecutive pieces of ``flat`` into ``tensors`` (their shapes and dtypes)."""
+    with torch.no_grad():
         offset = 0
-        for p in self.params:
-            p.copy_(flat[offset : offset + p.numel()].view_as(p))
-            offset += p.numel()
+        for t in tensors:
+            t.copy_(flat[offset : offset + t.numel()].view_as(t))
+            offset += t.numel()
 
 
 def _check_settings(method: str, local_steps: object, outer_lr: object,

@@ -102,9 +102,25 @@ def add_training_flags(parser: argparse.ArgumentParser, compare: bool = False) -
     _optimisation_flags(parser)
     _worker_flags(parser)
     _aggregation_flags(parser)
+    _local_step_flags(parser)
     _output_flags(parser, compare)
     if not compare:
         _fault_flags(parser)
+
+
+def _local_step_flags(parser: argparse.ArgumentParser) -> None:
+    local = parser.add_argument_group(
+        "local steps", "DiLoCo-style: H inner steps with no communication, then an outer step "
+        "that aggregates the weights' change (the pseudo-gradient) with --method and its error "
+        "feedback (dense: DiLoCo; topk: a SparseLoCo-style gather; gs: a summed sketch) and "
+        "applies it with Nesterov SGD on every worker")
+    local.add_argument("--local-steps", type=int, default=None, metavar="H",
+                       help="inner steps per outer step (default: off, every step aggregates); "
+                       "the inner optimizer takes dense's recipe (--optimizer, --lr)")
+    local.add_argument("--outer-lr", type=float, default=None,
+                       help="the outer step's learning rate (default 0.7, DiLoCo's)")
+    local.add_argument("--outer-momentum", type=float, default=None,
+                       help="the outer step's Nesterov momentum (default 0.9, DiLoCo's)")
 
 
 def _applies(name: str) -> str:

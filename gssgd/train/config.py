@@ -228,6 +228,10 @@ class TrainConfig:
     per_bucket: bool = False  # aggregate each DDP bucket apart, not the whole model at once
     overlap: str | None = None  # gs: "stream" all-reduces the sketch bucket by bucket in backward
     bucket_cap_mb: float | None = None  # DDP's bucket size in MB (None: DDP's default, 25)
+    # -- local steps (DiLoCo family: gssgd.local_steps); None: every step aggregates
+    local_steps: int | None = None  # H inner steps with no communication per outer step
+    outer_lr: float | None = None  # the outer Nesterov step's lr (default DiLoCo's 0.7)
+    outer_momentum: float | None = None  # its momentum (default DiLoCo's 0.9)
     # -- output
     out: str | None = None  # run directory; None: runs/<method>-<dataset>-<time>
     eval_every: int = 100  # evaluate every N steps and after the last (0: after the last only)
@@ -252,9 +256,10 @@ class TrainConfig:
         if self.model is not None and self.model not in MODELS:
             raise _bad("model", self.model, f"it must be one of {', '.join(MODELS)}",
                        "Leave it out for the dataset's default.")
+        self._check_local_steps()
         self._apply_recipe()
         self._apply_frozen_variance()
-        if self.warmup_steps is None and self.feedback != "fetchsgd":  # fixed tables
+        if self.warmup_steps is None and self.feedback != "fetchsgd" and not self.local_steps:
             self.warmup_steps = get_method(self.method).recipe_warmup_steps() or None
         for name in ("steps", "batch_size", "seq_len", "threads"):
             _check_int(name, getattr(self, name), 1)
@@ -324,7 +329,8 @@ class TrainConfig:
                 self.lr = ADAMW_LM_LR if lstm else ADAMW_LR
             self.momentum = 0.0
             return
-        method = get_method(self.method)
+        # local steps: the inner optimizer trains alone between outer steps, as dense does
+        method = get_method("dense" if self.local_steps else self.method)
         recipe_lr, recipe_momentum = method.recipe(text=self.trains_text)
         local = method.recipe_local_momentum(text=self.trains_text)
         if (local is not None and self.local_momentum is None and not self.momentum
@@ -350,8 +356,9 @@ class TrainConfig:
             ValueError: without AdamW, or with a conflicting start_iter, feedback or
                 local momentum."""
         n = self.freeze_variance_after
-        if self.method not in setting_applies_to("freeze_variance_after"):
-            return  # check_settings_apply says it does not apply, if it was given
+        if self.method not in setting_applies_to("freeze_variance_after") or (
+                self.local_steps and not n):
+            return  # check_settings_apply (or _check_local_steps) refuses it if given
         for name, valid in (("adam_variance", VARIANCES), ("adam_unseen", UNSEEN_RULES)):
             if getattr(self, name) is not None and getattr(self, name) not in valid:
                 raise _bad(name, getattr(self, name), f"it must be one of {', '.join(valid)}",
@@ -400,6 +407,41 @@ class TrainConfig:
                 raise _bad(name, given, f"--freeze-variance-after {n} sets it to {value!r}",
                            f"Drop {flag(name)}: the frozen-variance recipe sets it.")
             setattr(self, name, value)
+
+    def _check_local_steps(self) -> None:
+        """``local_steps`` H: the outer step's settings, and what cannot go with it (DDP's
+        built-in hooks, the hook's own schedules and layouts, fp16's scaler).
+
+        Raises:
+            ValueError: a bad H or outer setting, or a flag local steps do not take."""
+        if self.local_steps is None:
+            for name in ("outer_lr", "outer_momentum"):
+                if getattr(self, name) is not None:
+                    raise _bad(name, getattr(self, name), "it sets the outer step of local "
+                               "steps", "Add --local-steps H, or drop it.")
+            return
+        _check_int("local_steps", self.local_steps, 1)
+        if self.outer_lr is None:
+            self.outer_lr = 0.7
+        if self.outer_momentum is None:
+            self.outer_momentum = 0.9
+        _check_real("outer_lr", self.outer_lr, "> 0", lambda v: v > 0, "DiLoCo's: 0.7.")
+        _check_real("outer_momentum", self.outer_momentum, "in [0, 1)", lambda v: 0 <= v < 1,
+                    "DiLoCo's: 0.9.")
+        if get_method(self.method).aggregator is None:
+            raise _bad("method", self.method, "local steps aggregate the pseudo-gradient "
+                       "with a gssgd method", "Use dense (DiLoCo's outer step) or a sparse one.")
+        refused = {"per_bucket": self.per_bucket, "overlap": self.overlap not in (None, "none"),
+                   "start_iter": self.start_iter is not None, "amp": self.amp == "fp16",
+                   "freeze_variance_after": bool(self.freeze_variance_after),
+                   "bucket_cap_mb": self.bucket_cap_mb is not None}
+        used = [flag(name) for name, on in refused.items() if on]
+        if used:
+            raise ValueError(
+                f"{', '.join(used)} cannot be combined with --local-steps: the outer step "
+                "aggregates the whole model's pseudo-gradient once every H steps, with no "
+                "DDP hook (no buckets, dense warm-up or 1-bit Adam schedule) and no fp16 "
+                "scaler (--amp bf16 works). Drop those flags.")
 
     def _check_betas(self) -> None:
         betas = tuple(self.betas) if isinstance(self.betas, (tuple, list)) else self.betas

@@ -22,6 +22,7 @@ Example::
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 import os
@@ -203,12 +204,14 @@ def _setup(worker: Worker, cfg: TrainConfig) -> _Run:
     ddp = DistributedDataParallel(
         model,
         device_ids=[device] if device.type == "cuda" else None,
+        # local steps: each replica trains alone (no_sync); the outer step averages buffers
+        broadcast_buffers=not cfg.local_steps,
         **({} if cfg.bucket_cap_mb is None else {"bucket_cap_mb": cfg.bucket_cap_mb}),
     )
     if resumed is not None:
         _rebuild_buckets(ddp, data, cfg, start_step, worker)
     scaler = make_scaler(cfg.amp, device)  # fp16: scaled losses; the hook follows the scale
-    sync = GradientSync(ddp, cfg, worker.world_size, scaler=scaler)
+    sync = GradientSync(ddp, cfg, worker.world_size, scaler=scaler, optimizer=optimizer)
     if resumed is not None:
         sync.load_state_dict(resumed["ranks"][worker.rank]["sync"])
         if sync.hook_state is not None:  # the buckets were rebuilt above, before the hook
@@ -252,7 +255,7 @@ def _train_step(run: _Run, step: int) -> bool:
     cfg, worker = run.cfg, run.worker
     t0 = time.perf_counter()
     x, y = _train_batch(run.data, cfg, step, worker)
-    with _autocast(cfg, worker):
+    with _alone(run), _autocast(cfg, worker):
         loss, correct, count = batch_loss(run.ddp(x), y)
     t_forward = time.perf_counter() - t0
     loss_sum, correct_sum, count_sum, nonfinite = _agree_on_loss(loss, correct, count, worker)
@@ -270,7 +273,10 @@ def _train_step(run: _Run, step: int) -> bool:
     try:
         # DDP averages the gradients here, through the method's hook (with --amp fp16 the
         # loss is scaled; an overflow comes back as NaN gradients on every rank)
-        (loss if run.scaler is None else run.scaler.scale(loss)).backward()
+        with _alone(run):
+            (loss if run.scaler is None else run.scaler.scale(loss)).backward()
+        _optimizer_step(run)
+        run.sync.after_step()  # local steps: every H-th step is the outer step
     except SketchCollapseError as err:  # raised on every rank at this same step
         saved = checkpoint.list_checkpoints(Path(cfg.out) / checkpoint.CHECKPOINT_DIR)
         run.status = STATUS_COLLAPSED
@@ -280,11 +286,6 @@ def _train_step(run: _Run, step: int) -> bool:
             else " The weights were not updated."
         )
         return False
-    if run.scaler is None:
-        run.optimizer.step()
-    else:  # skips the step on an overflow (every rank alike) and adapts the scale
-        run.scaler.step(run.optimizer)
-        run.scaler.update()
     seconds_step = t_forward + (time.perf_counter() - t1)  # the loss all-reduce left out
 
     run.last_loss = loss_sum / count_sum
@@ -305,6 +306,20 @@ def _train_step(run: _Run, step: int) -> bool:
         save_run_checkpoint(Path(cfg.out), done, cfg, run.fingerprint, run.model,
                             run.optimizer, run.sync, run.totals, worker)
     return True
+
+
+def _alone(run: _Run) -> contextlib.AbstractContextManager[Any]:
+    """Local steps: DDP's ``no_sync`` (no gradient all-reduce: the outer step averages the
+    weights' change); otherwise nothing."""
+    return run.ddp.no_sync() if run.cfg.local_steps else contextlib.nullcontext()
+
+
+def _optimizer_step(run: _Run) -> None:
+    if run.scaler is None:
+        run.optimizer.step()
+    else:  # skips the step on an overflow (every rank alike) and adapts the scale
+        run.scaler.step(run.optimizer)
+        run.scaler.update()
 
 
 def _autocast(cfg: TrainConfig, worker: Worker) -> torch.autocast:

@@ -34,6 +34,7 @@ P = 16 on the MNIST CNN: docs/benchmarks.md, "Simulated ring in gloo's order").
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import math
 import time
@@ -66,7 +67,7 @@ from gssgd.train.metrics import (
 )
 from gssgd.train.models import build_model
 from gssgd.train.objective import batch_loss, evaluation_sums, make_optimizer, train_batch
-from gssgd.train.sync import hook_step_stats
+from gssgd.train.sync import hook_step_stats, local_step_stats, local_steps_for
 
 __all__ = ["simulate_training"]
 
@@ -111,18 +112,11 @@ def simulate_training(cfg: TrainConfig) -> dict[str, Any]:
     data = load_dataset(cfg.dataset)
     torch.manual_seed(cfg.seed)
     model = build_model(cfg.model, data).to(device)
-    params = [p for p in model.parameters() if p.requires_grad]
-    d = sum(p.numel() for p in params)
-    optimizer = make_optimizer(model, cfg)
+    d = sum(p.numel() for p in model.parameters() if p.requires_grad)
     world = SimulatedWorld(world_size)
-    buckets = DDPBuckets(params, cfg.bucket_cap_mb)  # DDP's layout, rebuilt after step 0
-    settings = cfg.hook_settings()
-    states = [
-        HookState.from_settings(settings, group=world.rank(r), model=model)
-        for r in range(world_size)
-    ]
-    if isinstance(optimizer, FrozenVarianceAdamW):
-        pair_adamw(optimizer, states[0])  # 1-bit Adam's: the hook says when v freezes
+    ranks: _SharedReplica | _LocalReplicas = (
+        _LocalReplicas(cfg, model, world) if cfg.local_steps
+        else _SharedReplica(cfg, model, world))
     write_json(out / "config.json", {**dataclasses.asdict(cfg), "world_size": world_size, "d": d})
     log, totals = MetricsLog(out, 0), RunTotals()
     status, message = STATUS_COMPLETED, ""
@@ -133,36 +127,25 @@ def simulate_training(cfg: TrainConfig) -> dict[str, Any]:
           f"{world_size} simulated workers, {cfg.steps} steps -> {out}", flush=True)
     for step in range(cfg.steps):
         t0 = time.perf_counter()
-        buckets.start_iteration()  # as DDP's forward does
-        grads, loss_sum, correct, count, nonfinite = _rank_gradients(
-            model, params, data, cfg, step, world_size, device, buckets
-        )
+        try:
+            loss_sum, correct, count, nonfinite = ranks.step(data, step, device)
+        except SketchCollapseError as err:
+            status, message = STATUS_COLLAPSED, f"gssgd train: stopped at step {step}: {err}"
+            break
         if nonfinite:
             status = STATUS_NONFINITE
             message = (f"gssgd train: stopped at step {step}: the training loss is not finite "
                        f"on {nonfinite} of {world_size} workers. Lower --lr (now {cfg.lr}).")
             break
-        try:
-            updates = world.run(_hook_step(states, [buckets.split(g) for g in grads], buckets))
-        except SketchCollapseError as err:
-            status, message = STATUS_COLLAPSED, f"gssgd train: stopped at step {step}: {err}"
-            break
-        for p, piece in zip(params, updates[0].split([p.numel() for p in params]), strict=True):
-            p.grad = piece.view_as(p).clone()
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
         seconds_step = time.perf_counter() - t0
-
         last_loss = loss_sum / count
-        stats = hook_step_stats(states[0].last_stats)
-        moved = StepBytes.of([(s.last_stats.bytes_sent, s.last_stats.bytes_received)
-                              for s in states])
+        stats, moved = ranks.stats()
         record = step_record(step, last_loss, correct / count, stats, moved,
                              totals.bytes_sent, seconds_step)
         totals.add(record, measured=step >= cfg.measured_from_step)
         done = step + 1
         if done == cfg.steps or (cfg.eval_every and done % cfg.eval_every == 0):
-            last_eval = _evaluate(model, data, cfg, world_size, device)
+            last_eval = _evaluate(ranks.models, data, cfg, device)
             record["test_loss"], record["test_accuracy"] = last_eval
         log.write(record)
     log.close()
@@ -176,14 +159,95 @@ def simulate_training(cfg: TrainConfig) -> dict[str, Any]:
     return summary
 
 
+class _SharedReplica:
+    """Every step aggregates: the replicas stay bitwise equal, so one model stands for all
+    ranks, each rank with its own hook state (the module doc's steps 1-3)."""
+
+    def __init__(self, cfg: TrainConfig, model: nn.Module, world: SimulatedWorld) -> None:
+        self.cfg, self.world = cfg, world
+        self.models = [model] * world.world_size
+        self.params = [p for p in model.parameters() if p.requires_grad]
+        self.optimizer = make_optimizer(model, cfg)
+        self.buckets = DDPBuckets(self.params, cfg.bucket_cap_mb)  # rebuilt after step 0
+        settings = cfg.hook_settings()
+        self.states = [HookState.from_settings(settings, group=world.rank(r), model=model)
+                       for r in range(world.world_size)]
+        if isinstance(self.optimizer, FrozenVarianceAdamW):
+            pair_adamw(self.optimizer, self.states[0])  # 1-bit Adam's: the hook says when
+
+    def step(self, data: Any, step: int, device: torch.device) -> tuple[float, int, int, int]:
+        """Every rank's gradient, the hooks, the update: (loss sum, correct, count, ranks
+        with a non-finite loss; nothing is updated then)."""
+        self.buckets.start_iteration()  # as DDP's forward does
+        grads, loss_sum, correct, count, nonfinite = _rank_gradients(
+            self.models[0], self.params, data, self.cfg, step, self.world.world_size, device,
+            self.buckets)
+        if nonfinite:
+            return loss_sum, correct, count, nonfinite
+        updates = self.world.run(
+            _hook_step(self.states, [self.buckets.split(g) for g in grads], self.buckets))
+        for p, piece in zip(self.params, updates[0].split([p.numel() for p in self.params]),
+                            strict=True):
+            p.grad = piece.view_as(p).clone()
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return loss_sum, correct, count, 0
+
+    def stats(self) -> tuple[dict[str, Any], StepBytes]:
+        """Rank 0's hook statistics and the step's bytes over the ranks."""
+        return hook_step_stats(self.states[0].last_stats), StepBytes.of(
+            [(s.last_stats.bytes_sent, s.last_stats.bytes_received) for s in self.states])
+
+
+class _LocalReplicas:
+    """``--local-steps H``: the replicas differ between outer steps, so each rank trains its
+    own copy of the model with its own optimizer, and every H-th step each rank's
+    :class:`~gssgd.local_steps.LocalSteps` (on its simulated rank) takes the outer step."""
+
+    def __init__(self, cfg: TrainConfig, model: nn.Module, world: SimulatedWorld) -> None:
+        self.cfg, self.world = cfg, world
+        self.models = [model] + [copy.deepcopy(model) for _ in range(world.world_size - 1)]
+        self.optimizers = [make_optimizer(m, cfg) for m in self.models]
+        self.local = [local_steps_for(cfg, m, group=world.rank(r), broadcast=False)
+                      for r, m in enumerate(self.models)]
+        self.outer = False
+
+    def step(self, data: Any, step: int, device: torch.device) -> tuple[float, int, int, int]:
+        """Each rank's inner step on its replica (as a real worker takes it), then the outer
+        step when due: (loss sum, correct, count, ranks with a non-finite loss)."""
+        loss_sum, correct_sum, count_sum, nonfinite = 0.0, 0, 0, 0
+        size = self.world.world_size
+        for rank, (model, opt) in enumerate(zip(self.models, self.optimizers, strict=True)):
+            x, y = train_batch(data, self.cfg, step, rank, size, device)
+            loss, correct, count = batch_loss(model(x), y)
+            value = float(loss.detach())
+            nonfinite += not math.isfinite(value)
+            loss_sum, correct_sum, count_sum = (loss_sum + value * count, correct_sum + correct,
+                                                count_sum + count)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+        if not nonfinite:
+            self.outer = self.world.run(lambda rank: self.local[rank.rank].step())[0]
+        return loss_sum, correct_sum, count_sum, nonfinite
+
+    def stats(self) -> tuple[dict[str, Any], StepBytes]:
+        """Rank 0's outer-step statistics (none on an inner step) and the bytes by rank."""
+        moved = [(ls.last_stats.bytes_sent, ls.last_stats.bytes_received)
+                 if self.outer and ls.last_stats else (0, 0) for ls in self.local]
+        return local_step_stats(self.local[0], self.outer), StepBytes.of(moved)
+
+
 def _evaluate(
-    model: nn.Module, data: Any, cfg: TrainConfig, world_size: int, device: torch.device
+    models: list[nn.Module], data: Any, cfg: TrainConfig, device: torch.device
 ) -> tuple[float, float]:
     """Test loss and accuracy as real workers compute them (:func:`gssgd.train.loop.evaluate`):
-    each rank scores its share of the test split, and the shares are summed as gloo's
-    all-reduce sums them, so the numbers are bitwise a real run's (one pass over the whole
-    split would batch and add the losses otherwise)."""
-    shares = [evaluation_sums(model, data, cfg, r, world_size, device) for r in range(world_size)]
+    each rank scores its share of the test split with its replica (``models[r]``), and the
+    shares are summed as gloo's all-reduce sums them, so the numbers are bitwise a real
+    run's (one pass over the whole split would batch and add the losses otherwise)."""
+    world_size = len(models)
+    shares = [evaluation_sums(m, data, cfg, r, world_size, device)
+              for r, m in enumerate(models)]
     loss_total, right, seen = gloo_ring_reduce(shares).tolist()
     return loss_total / seen, right / seen
 

@@ -18,10 +18,12 @@ from torch.nn.parallel import DistributedDataParallel
 from gssgd.aggregators import StepStats
 from gssgd.comm import ring_allreduce_bytes
 from gssgd.ddp import HookState, comm_hook
+from gssgd.local_steps import LocalSteps
 from gssgd.methods import get_method
 from gssgd.train.config import DEFAULT_POWERSGD_RANK, TrainConfig
 
-__all__ = ["GradientSync", "builtin_hook_bytes", "hook_step_stats"]
+__all__ = ["GradientSync", "builtin_hook_bytes", "hook_step_stats", "local_step_stats",
+           "local_steps_for"]
 
 
 def builtin_hook_bytes(
@@ -91,6 +93,34 @@ def hook_step_stats(s: StepStats) -> dict[str, Any]:
     }
 
 
+def local_steps_for(cfg: TrainConfig, model: torch.nn.Module, group: Any = None,
+                    broadcast: bool = True) -> LocalSteps:
+    """The run's :class:`~gssgd.local_steps.LocalSteps` (``--local-steps``, ``--outer-lr``,
+    ``--outer-momentum``, the method and its options), on ``group`` (a simulated rank, or
+    None: the default group)."""
+    assert cfg.local_steps and cfg.outer_lr is not None and cfg.outer_momentum is not None
+    return LocalSteps(model, cfg.method, local_steps=cfg.local_steps, density=cfg.density,
+                      outer_lr=cfg.outer_lr, outer_momentum=cfg.outer_momentum, group=group,
+                      broadcast=broadcast, **cfg.aggregator_options())
+
+
+def local_step_stats(local: LocalSteps, outer: bool) -> dict[str, Any]:
+    """A step's fields of a metrics line under local steps: the outer step's bytes when
+    this step took one (``outer``), none on an inner step."""
+    s = local.last_stats if outer else None
+    return {
+        "bytes_sent": s.bytes_sent if s else 0,
+        "bytes_received": s.bytes_received if s else 0,
+        "seconds_compress": None,
+        "seconds_communicate": None,
+        "seconds_decompress": None,
+        "delivered_fraction": None,
+        "audited_recall": None,
+        "skipped": bool(s.skipped) if s else False,
+        "k": local.aggregator.last_stats.k if s else 0,
+    }
+
+
 class GradientSync:
     """How DDP averages the gradients for ``cfg.method``, what that cost, and its state.
 
@@ -101,7 +131,10 @@ class GradientSync:
     * every aggregator method of the registry (``dense``, ``topk``, ``gtopk``,
       ``sketched``, ``gs``, ``powersgd``, and any registered one), with the parameters'
       shapes for a method that needs them: :class:`gssgd.ddp.HookState` with
-      :func:`gssgd.ddp.comm_hook`, over the whole model unless ``--per-bucket``.
+      :func:`gssgd.ddp.comm_hook`, over the whole model unless ``--per-bucket``;
+    * with ``--local-steps H``: no hook (the loop trains under ``no_sync``); every H-th
+      :meth:`after_step` is the outer step of :class:`gssgd.local_steps.LocalSteps`,
+      which aggregates the pseudo-gradient with the method.
 
     Args:
         ddp: the wrapped model.
@@ -109,6 +142,8 @@ class GradientSync:
         world_size: number of workers.
         scaler: the run's GradScaler (``--amp fp16``), or None; the hook follows its loss
             scale, and its state is saved with the hook's.
+        optimizer: the run's optimizer; with local steps its state and the model's differ
+            by rank between outer steps, so each rank's are saved with its sync state.
     """
 
     def __init__(
@@ -117,15 +152,21 @@ class GradientSync:
         cfg: TrainConfig,
         world_size: int,
         scaler: torch.amp.GradScaler | None = None,
+        optimizer: torch.optim.Optimizer | None = None,
     ) -> None:
         self.method, self.world_size = cfg.method, world_size
+        self.module, self.optimizer = ddp.module, optimizer
         self.scaler = scaler
         self.shapes = [p.shape for p in ddp.module.parameters() if p.requires_grad]
         self.start_iter = cfg.resolved_start_iter
         self.powersgd_rank = cfg.powersgd_rank or DEFAULT_POWERSGD_RANK
         self.hook_state: Any = None
         self.powersgd: powersgd.PowerSGDState | None = None
-        if cfg.method == "ddp-fp16":
+        self.local: LocalSteps | None = None
+        self.outer_now = False  # the last after_step took the outer step
+        if cfg.local_steps:
+            self.local = local_steps_for(cfg, ddp.module)
+        elif cfg.method == "ddp-fp16":
             ddp.register_comm_hook(None, default_hooks.fp16_compress_hook)
         elif cfg.method == "torch-powersgd":
             self.powersgd = powersgd.PowerSGDState(
@@ -141,8 +182,20 @@ class GradientSync:
             )
             ddp.register_comm_hook(self.hook_state, comm_hook)
 
+    def after_step(self) -> bool:
+        """After the optimizer's step: with local steps, count it, and take the outer step
+        on every H-th (True then); otherwise nothing (False).
+
+        Raises:
+            SketchCollapseError: gs's guard stopped the outer step (on every rank)."""
+        self.outer_now = self.local is not None and self.local.step()
+        return self.outer_now
+
     def step_stats(self, step: int) -> dict[str, Any]:
-        """What the last step's gradient averaging cost this rank (None: not measurable)."""
+        """What the last step's gradient averaging cost this rank (None: not measurable);
+        with local steps, the outer step's on an outer step and nothing on the others."""
+        if self.local is not None:
+            return local_step_stats(self.local, self.outer_now)
         if self.hook_state is not None and self.hook_state.last_stats is not None:
             return hook_step_stats(self.hook_state.last_stats)
         compressed = self.method == "torch-powersgd" and step >= self.start_iter
@@ -170,6 +223,11 @@ class GradientSync:
         return sd
 
     def _hook_state_dict(self) -> dict[str, Any]:
+        if self.local is not None:  # this rank's replica too: it differs between outer steps
+            replica = {"model": self.module.state_dict()}
+            if self.optimizer is not None:
+                replica["optimizer"] = self.optimizer.state_dict()
+            return {"local_steps": self.local.state_dict(), "replica": replica}
         if self.hook_state is not None:
             return {"hook": self.hook_state.state_dict()}
         if self.powersgd is not None:
@@ -195,7 +253,17 @@ class GradientSync:
         """Restore :meth:`state_dict` output of the same method."""
         if self.scaler is not None and "scaler" in sd:
             self.scaler.load_state_dict(sd["scaler"])
-        if self.hook_state is not None:
+        if ("local_steps" in sd) != (self.local is not None):
+            raise ValueError(
+                "the checkpoint was saved " + ("with" if "local_steps" in sd else "without")
+                + " --local-steps and this run is " + ("with" if self.local else "without")
+                + " it; resume with the run's own settings (its config.json).")
+        if self.local is not None:
+            self.local.load_state_dict(sd["local_steps"])
+            self.module.load_state_dict(sd["replica"]["model"])
+            if self.optimizer is not None:
+                self.optimizer.load_state_dict(sd["replica"]["optimizer"])
+        elif self.hook_state is not None:
             self.hook_state.load_state_dict(sd["hook"])
         elif self.powersgd is not None:
             p, saved = self.powersgd, sd["powersgd"]

@@ -417,3 +417,34 @@ def test_builtin_hooks_are_counted_with_the_ring_figure() -> None:
     assert builtin_hook_bytes("torch-powersgd", shapes, 4, compressed=True, powersgd_rank=2) == want
     with pytest.raises(ValueError, match="no built-in DDP hook"):
         builtin_hook_bytes("gs", shapes, 4, compressed=True)
+
+
+@pytest.mark.parametrize(
+    ("settings", "match"),
+    [
+        ({"local_steps": 0}, r"--local-steps=0 is invalid: it must be an integer >= 1"),
+        ({"outer_lr": 0.5}, r"--outer-lr=0.5 is invalid: it sets the outer step.*--local-steps"),
+        ({"local_steps": 3, "outer_lr": 0}, r"--outer-lr=0 is invalid: it must be a number > 0"),
+        ({"local_steps": 3, "outer_momentum": 1.0}, r"--outer-momentum=1.0 is invalid.*\[0, 1\)"),
+        ({"local_steps": 3, "method": "ddp-allreduce"}, r"--method='ddp-allreduce' is invalid"),
+        ({"local_steps": 3, "per_bucket": True, "amp": "fp16"},
+         r"--per-bucket, --amp cannot be combined with --local-steps"),
+        ({"local_steps": 3, "optimizer": "adamw", "freeze_variance_after": 5},
+         r"--freeze-variance-after cannot be combined with --local-steps"),
+    ],
+)
+def test_bad_local_step_settings_are_clear_errors(settings: dict[str, Any], match: str) -> None:
+    with pytest.raises(ValueError, match=match):
+        TrainConfig(**{**DIGITS, "method": "gs", **settings})
+
+
+def test_local_steps_take_denses_inner_recipe_and_no_warm_up() -> None:
+    """The inner optimizer trains alone, as dense does (momentum SGD at dense's lr, not the
+    sparse methods' plain SGD at 0.2); the outer step has DiLoCo's defaults, and the density
+    warm-up (counted in aggregation steps) is off."""
+    cfg = TrainConfig(**{**DIGITS, "method": "gs", "local_steps": 10})
+    dense = TrainConfig(**{**DIGITS, "method": "dense"})
+    assert (cfg.lr, cfg.momentum) == (dense.lr, dense.momentum)
+    assert (cfg.outer_lr, cfg.outer_momentum, cfg.warmup_steps) == (0.7, 0.9, None)
+    adamw = TrainConfig(**{**DIGITS, "method": "gs", "local_steps": 10, "optimizer": "adamw"})
+    assert not adamw.freeze_variance_after  # plain AdamW inside, no 1-bit Adam schedule

@@ -51,10 +51,12 @@ MOMENTUM = {
     # gs sketching every third step: the resume (aggregation step 2) lands on a step that
     # reuses the candidates kept in the checkpoint
     "reuse_gs": {"reuse": 3, "warmup_steps": 0},
+    # local steps, H = 3: the resume (step 4) lands between outer steps (after 3, before 6)
+    "local_steps": {"local_steps": 3},
 }
 #: variants for some methods only
 ONLY_FOR = {"fetchsgd_sketched": ("sketched",), "fetchsgd_gs": ("gs",), "reuse_gs": ("gs",),
-            "moving_adamw": ("gs",)}  # the optimizer's own state: one method shows it
+            "moving_adamw": ("gs",), "local_steps": ("dense", "gs")}  # the optimizer's own state: one method shows it
 #: the variants whose state is FetchSGD's sketch tables (no residual, no vector momentum)
 FETCHSGD = ("fetchsgd_sketched", "fetchsgd_gs")
 #: the variants whose aggregators keep EF21's estimate
@@ -171,6 +173,9 @@ def test_resumed_run_ends_bitwise_equal_to_the_uninterrupted_one(
     assert _differences(want["optimizer"], got["optimizer"], "optimizer") == []
     assert len(got["ranks"]) == 2
     for r, (a, b) in enumerate(zip(want["ranks"], got["ranks"], strict=True)):
+        if variant == "local_steps":  # the resumed run's fresh aggregator checks again that
+            for key in ("bytes_sent", "bytes_received"):  # the ranks agree: bytes it sent
+                assert b["sync"]["local_steps"].pop(key) > a["sync"]["local_steps"].pop(key)
         # sync: the hook's residuals, momentum buffers and counters of this rank
         assert _differences(a["sync"], b["sync"], f"rank {r} sync") == []
         assert _differences(a["rng"], b["rng"], f"rank {r} rng") == []
@@ -186,6 +191,14 @@ def test_the_resume_point_carries_state(runs: dict, method: str, variant: str) -
     dropped either would show in the test above."""
     mid = _load(runs[(method, variant)]["part"], STEPS // 2)
     assert mid["step"] == STEPS // 2
+    if variant == "local_steps":  # one outer step taken, one inner step since
+        for rank in mid["ranks"]:
+            local = rank["sync"]["local_steps"]
+            assert (local["inner_steps"], local["outer_steps"]) == (4, 1)
+            if method == "gs":  # dense keeps no residual
+                assert torch.count_nonzero(local["aggregator"]["residual"]) > 0
+            assert torch.count_nonzero(local["outer"]["state"][0]["momentum_buffer"]) > 0
+        return
     buckets = _hook_buckets(mid)
     if not buckets:  # DDP's own all-reduce, no hook: parameters and optimizer are all
         assert method == "dense" and variant == "none"

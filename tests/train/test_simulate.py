@@ -40,6 +40,22 @@ def test_a_simulated_run_is_the_real_run_bitwise(
     warm-up (steps 0 and 1) all-reduces DDP's buckets, which DDP lays out anew after step 0
     (gssgd.train.ddp_buckets mirrors it). With the simulated bucket kept in model order,
     each of these runs drifted from the real one in the last bits by step 7."""
+    _assert_simulated_is_real(tmp_path, monkeypatch, method, 3, bucket_cap_mb=bucket_cap_mb,
+                              **({"powersgd_rank": 1} if method == "powersgd" else {}))
+
+
+@pytest.mark.parametrize(("method", "workers"), [("dense", 3), ("gs", 4), ("topk", 5)])
+def test_local_steps_simulated_are_the_real_run_bitwise(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, method: str, workers: int
+) -> None:
+    """``--local-steps 3``: each simulated rank trains its own replica and every third
+    step takes the outer step on its simulated rank; losses, bytes (none on inner steps),
+    evaluations between outer steps and the final model equal real processes', bit for bit."""
+    _assert_simulated_is_real(tmp_path, monkeypatch, method, workers, local_steps=3)
+
+
+def _assert_simulated_is_real(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, method: str,
+                              workers: int, **settings: Any) -> None:
     built, build = [], simulate.build_model
 
     def keep(*args: Any, **kwargs: Any) -> torch.nn.Module:  # the simulated run's model
@@ -50,10 +66,9 @@ def test_a_simulated_run_is_the_real_run_bitwise(
     runs = {}
     for sim in (False, True):
         out = tmp_path / f"{method}-{sim}"
-        cfg = TrainConfig(method=method, workers=3, steps=8, simulate=sim, out=str(out),
-                          bucket_cap_mb=bucket_cap_mb,
+        cfg = TrainConfig(method=method, workers=workers, steps=8, simulate=sim, out=str(out),
                           **{**DIGITS, "density": None if method in ("dense", "powersgd") else 0.01,
-                             **({"powersgd_rank": 1} if method == "powersgd" else {})})
+                             **settings})
         summary = run_training(cfg)
         assert summary is not None and summary["status"] == "completed"
         assert summary.get("simulated", False) is sim
@@ -62,6 +77,10 @@ def test_a_simulated_run_is_the_real_run_bitwise(
             "bytes_received_max", "k", "test_loss", "test_accuracy")
     assert [{k: r.get(k) for k in keys} for r in runs[True]] == [
         {k: r.get(k) for k in keys} for r in runs[False]]
+    if settings.get("local_steps"):  # bytes on outer steps only
+        every = settings["local_steps"]
+        assert [r["bytes_sent"] > 0 for r in runs[True]] == [
+            (r["step"] + 1) % every == 0 for r in runs[True]]
     real = load_checkpoint(tmp_path / f"{method}-False" / CHECKPOINT_DIR / checkpoint_name(8))
     simulated = built[-1].state_dict()
     assert real["model"].keys() == simulated.keys()
