@@ -30,7 +30,7 @@ An outer step, on every rank alike:
 The inner optimizer is the user's and keeps its own state on each rank (DiLoCo's).
 A non-finite pseudo-gradient on any rank skips the outer step on every rank: the weights go
 back to the anchor, the residuals and the outer optimizer are left as they were, and a
-warning names the ranks (the aggregator's ``nonfinite`` policy and
+``RuntimeWarning`` says so (the aggregator's ``nonfinite`` policy and
 ``max_consecutive_skips`` stop the run after repeated skips).
 
 Bytes: an outer step moves the aggregator's traffic (``last_stats``) plus the buffers'

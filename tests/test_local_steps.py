@@ -6,6 +6,7 @@ counted on outer steps only; bad settings are clear errors."""
 from __future__ import annotations
 
 import copy
+import warnings
 from functools import cache
 from typing import Any
 
@@ -129,6 +130,25 @@ def _resumed(rank: int, world: int, method: str) -> dict[str, Any]:
     return _train(rank, world, method, H * OUTER, state=half["state"])
 
 
+def _nonfinite(rank: int, world: int) -> dict[str, Any]:
+    """Rank 1's weights turn NaN before the second outer step: every rank skips it, with
+    a warning, and goes back to the first outer step's weights."""
+    model = _model()
+    opt = torch.optim.SGD(model.parameters(), lr=LR_IN)
+    ls = LocalSteps(model, "gs", local_steps=2, density=0.1)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for t in range(4):
+            _inner(model, opt, rank, t)
+            if t == 3 and rank == 1:
+                with torch.no_grad():
+                    next(model.parameters()).fill_(float("nan"))
+            if ls.step() and t == 1:
+                anchor = ls.anchor.clone()
+    return {"weights": ls._flat_params(), "anchor": anchor, "outer": ls.outer_steps,
+            "skipped": ls.skipped, "warned": [str(w.message) for w in caught]}
+
+
 def _bad(rank: int, world: int, kwargs: dict[str, Any]) -> None:
     LocalSteps(_model(), **kwargs)
 
@@ -147,6 +167,7 @@ def _everything(rank: int, world: int) -> dict:
     runs.update({m: (_train, (m, H * OUTER)) for m in ("dense", *COMPRESSED)})
     runs.update({("resumed", m): (_resumed, (m,)) for m in ("dense", "gs")})
     runs.update({("bad", n): (_bad, (kw,)) for n, kw in BAD.items()})
+    runs["nonfinite"] = (_nonfinite, ())
     return run_each(rank, world, lambda r, w, fn, args: fn(r, w, *args), runs)
 
 
@@ -212,3 +233,11 @@ def test_bad_settings_are_clear_errors_on_every_rank(name: str, says: str) -> No
     for res in results():
         err = res[("bad", name)]
         assert err["__type__"] == "ValueError" and says in err["__error__"], err
+
+
+def test_a_non_finite_pseudo_gradient_on_one_rank_skips_the_outer_step_on_every_rank() -> None:
+    for rank, res in enumerate(results()):
+        got = res["nonfinite"]
+        assert (got["outer"], got["skipped"]) == (1, 1), rank
+        assert torch.equal(got["weights"], got["anchor"]), rank  # back to the last outer step
+        assert any("skipped on every rank" in w for w in got["warned"]), got["warned"]
