@@ -6,6 +6,9 @@ method registry (:data:`METHODS`, :class:`Method`, :func:`register_method`) and
 live in :mod:`gssgd.ddp`.
 """
 
+from importlib.metadata import PackageNotFoundError
+from importlib.metadata import version as _version
+
 from gssgd.aggregators import AGGREGATORS, Aggregator, StepStats, make_aggregator
 from gssgd.local_steps import LocalSteps
 from gssgd.methods import METHODS, Method, Variant, register_method
@@ -23,4 +26,7 @@ __all__ = [
     "make_aggregator",
     "register_method",
 ]
-__version__ = "0.1.0"
+try:  # the one version is pyproject.toml's, as installed
+    __version__ = _version("gssgd")
+except PackageNotFoundError:  # a source tree that was never installed
+    __version__ = "0+unknown"

@@ -26,7 +26,8 @@
 #   powersgd-rR     PowerSGD at each rank R of RANKS (default "1 2 4"), when the method
 #                   is registered (gssgd's own, error feedback, momentum 0.9 at dense's
 #                   learning rate POWERSGD_LR, default DENSE_LRS's first: its authors'
-#                   recipe keeps the dense run's optimizer; give dense's best at this P)
+#                   recipe keeps the dense run's optimizer; give dense's best at this P);
+#                   named powersgd-lrX-rR when POWERSGD_LR is not DENSE_LRS's first
 # Raw runs go to runs/fair-frontier/DATASET (git-ignored); scripts/frontier_report.py
 # RUNS_DIR OUT_DIR summarises them (docs/results/fair-frontier-DATASET).
 set -u
@@ -66,7 +67,9 @@ for P in $PS; do
         powersgd)
           [ "$has_powersgd" = 1 ] || { echo "skip  powersgd: not registered"; continue; }
           for r in $RANKS; do
-            run "powersgd-r$r" --method powersgd --powersgd-rank "$r" --lr "$POWERSGD_LR"
+            name="powersgd-r$r"
+            [ "$POWERSGD_LR" = "$first_lr" ] || name="powersgd-lr$POWERSGD_LR-r$r"
+            run "$name" --method powersgd --powersgd-rank "$r" --lr "$POWERSGD_LR"
           done ;;
         *) for density in $DENSITIES; do
              run "$method-d$density" --method "$method" --density "$density"

@@ -169,3 +169,16 @@ def test_setup_script_installs_what_the_readme_commands_need() -> None:
     assert "torch==2.13.0" in setup  # the pinned CPU build
     assert 'extras="cli,data"' in setup and 'extras="dev"' in setup
     assert '-e ".[$extras]"' in setup
+
+
+def test_the_version_is_pyprojects_and_the_changelog_names_it() -> None:
+    """One version: pyproject.toml's, which ``gssgd.__version__`` reads as installed; the
+    changelog has a section for it (Keep a Changelog: ``## [X.Y.Z] - DATE``)."""
+    import gssgd
+
+    root = Path(__file__).resolve().parents[1]
+    declared = re.search(r'^version = "([^"]+)"', (root / "pyproject.toml").read_text(), re.M)
+    assert declared is not None and gssgd.__version__ == declared[1]
+    changelog = (root / "CHANGELOG.md").read_text()
+    assert "## [Unreleased]" in changelog
+    assert re.search(rf"^## \[{re.escape(declared[1])}\] - \d{{4}}-\d{{2}}-\d{{2}}$", changelog, re.M)
