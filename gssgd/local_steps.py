@@ -62,8 +62,9 @@ from gssgd.aggregators import AGGREGATORS, Aggregator, StepStats, make_aggregato
 
 __all__ = ["DILOCO_OUTER_LR", "DILOCO_OUTER_MOMENTUM", "LocalSteps"]
 
-#: DiLoCo's outer optimizer: Nesterov SGD at lr 0.7, momentum 0.9.
+#: DiLoCo's outer learning rate (its outer optimizer: Nesterov SGD).
 DILOCO_OUTER_LR = 0.7
+#: DiLoCo's outer Nesterov momentum.
 DILOCO_OUTER_MOMENTUM = 0.9
 
 

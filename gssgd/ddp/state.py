@@ -190,8 +190,9 @@ class HookState(HookCore):
         """This rank's hook state: the iteration and every bucket's aggregator state.
 
         Returns:
-            ``{"iter", "method", "whole_model", "buckets": {index: aggregator state_dict},
-            "layouts": {index: [[position, numel], ...]}}`` (whole-model mode: index 0),
+            a dict with ``"iter"``, ``"method"``, ``"whole_model"``, ``"buckets"`` (bucket
+            index -> its aggregator's state_dict) and ``"layouts"`` (bucket index ->
+            ``[[position, numel], ...]``; whole-model mode: index 0),
             and ``"loss_scale"`` (the GradScaler scale the residuals are in) under a scaler.
             Only tensors, ints, floats, strings, bools, dicts and lists, so
             ``torch.load(..., weights_only=True)`` reads it.
