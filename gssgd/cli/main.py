@@ -37,7 +37,7 @@ Run `gssgd COMMAND --help` for a command's flags.
 
 EPILOG = """\
 examples:
-  gssgd compare                                   # the main job: MNIST, 4 workers, 5 methods
+  gssgd compare                                   # the main job: MNIST, 4 workers, 6 methods
   gssgd train --method gs --dataset digits --workers 2 --steps 50
   gssgd advise --params 25.6M --workers 64 --link 10gbit    # which method, for your cluster
 """

@@ -97,7 +97,7 @@ def test_defaults_parse_into_a_runnable_config() -> None:
     assert args.method == "gs" and args.dataset == "mnist" and args.workers is None
     assert args.timeout == 300.0 and args.threads == 1 and args.exact is None
     args = build_parser().parse_args(["compare"])
-    assert args.methods == "dense,topk,gtopk,sketched,gs" and args.dataset == "mnist"
+    assert args.methods == "dense,topk,gtopk,sketched,gs,powersgd" and args.dataset == "mnist"
 
 
 # ---------------------------------------------------------------------------- end to end
