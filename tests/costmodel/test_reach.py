@@ -55,6 +55,10 @@ def test_weak_rows_leave_out_variant_warmups_and_dense_off_its_best_lr() -> None
     shape = frontier_row(method_spec("gs", STUDY_D, 0.001, world_size=16))
     assert weak_reach_table(summary) == {16: {
         "dense": (3, 0.0, 1.0), f"{shape}@0.001": (3, 0.0, 1.2), "powersgd-r2": (3, 0.0, 1.2)}}
+    # PowerSGD at a learning rate of its own shares its rank's row: the sooner one counts
+    summary["by_P"]["16"]["powersgd-lr0.1-r2"] = {**row, "steps_to_target_over_dense": 0.9}
+    summary["by_P"]["16"]["powersgd-lr0.3-r2"] = {**row, "steps_to_target_over_dense": None}
+    assert weak_reach_table(summary)[16]["powersgd-r2"] == (3, 0.0, 0.9)
     # too few seeds behind dense's best: no row at that P
     summary["by_P"]["16"]["dense-lr0.05"] = {**best, "seeds": 1}
     assert weak_reach_table(summary) == {}
