@@ -52,13 +52,7 @@ POWERSGD_LR=${POWERSGD_LR:-$first_lr}
 for P in $PS; do
   batch=${BATCH:-$(( P >= 64 ? 8 : 16 ))}
   for seed in $SEEDS; do
-    base=(--simulate --dataset "$DATASET" --model cnn --steps "$STEPS" --eval-every 100
-          --workers "$P" --global-batch $((P * batch)) --seed "$seed" --no-progress --overwrite)
-    run() {  # run NAME ARGS...
-      local name=$1; shift
-      execute "P$P-s$seed-$name" "$DIR/P$P/s$seed/$name/summary.json" \
-        .venv/bin/gssgd train "${base[@]}" "$@" --out "$DIR/P$P/s$seed/$name"
-    }
+    run() { study_train "$@"; }  # scripts/lib/study_run.sh
     for method in $METHODS; do
       case $method in
         dense) for lr in $DENSE_LRS; do run "dense-lr$lr" --method dense --lr "$lr"; done ;;

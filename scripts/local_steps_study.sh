@@ -28,13 +28,7 @@ OUTER_DENSITIES=${OUTER_DENSITIES:-"0.01 0.05"}
 for P in $PS; do
   batch=${BATCH:-$(( P >= 64 ? 8 : 16 ))}
   for seed in $SEEDS; do
-    base=(--simulate --dataset "$DATASET" --model cnn --steps "$STEPS" --eval-every 100
-          --workers "$P" --global-batch $((P * batch)) --seed "$seed" --no-progress --overwrite)
-    run() {  # run NAME ARGS...
-      local name=$1; shift
-      execute "P$P-s$seed-$name" "$DIR/P$P/s$seed/$name/summary.json" \
-        .venv/bin/gssgd train "${base[@]}" "$@" --out "$DIR/P$P/s$seed/$name"
-    }
+    run() { study_train "$@"; }  # scripts/lib/study_run.sh
     run dense-lr0.05 --method dense --lr 0.05
     run gs-d0.001 --method gs --density 0.001
     for H in $HS; do

@@ -29,3 +29,14 @@ execute() {  # execute NAME DONE_FILE COMMAND...
     [ $rc -ne 0 ] && { echo "FAIL  $name (exit $rc)"; tail -3 "$DIR/logs/$name.log"; }
     return 0
 }
+
+# study_train NAME ARGS...: one `gssgd train` run of the simulated CNN grids
+# (scripts/fair_frontier.sh, scripts/local_steps_study.sh) into $DIR/P$P/s$seed/NAME, with
+# DATASET, STEPS, P, seed and batch (samples a worker) set; skipped once done.
+study_train() {
+    local name=$1; shift
+    execute "P$P-s$seed-$name" "$DIR/P$P/s$seed/$name/summary.json" \
+        .venv/bin/gssgd train --simulate --dataset "$DATASET" --model cnn --steps "$STEPS" \
+        --eval-every 100 --workers "$P" --global-batch $((P * batch)) --seed "$seed" \
+        --no-progress --overwrite "$@" --out "$DIR/P$P/s$seed/$name"
+}
