@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import inspect
 import math
 import os
 import sys
@@ -205,7 +206,7 @@ def _setup(worker: Worker, cfg: TrainConfig) -> _Run:
         model,
         device_ids=[device] if device.type == "cuda" else None,
         # local steps: each replica trains alone (no_sync); the outer step averages buffers
-        broadcast_buffers=not cfg.local_steps,
+        **(_no_forward_buffer_sync() if cfg.local_steps else {}),
         **({} if cfg.bucket_cap_mb is None else {"bucket_cap_mb": cfg.bucket_cap_mb}),
     )
     if resumed is not None:
@@ -306,6 +307,16 @@ def _train_step(run: _Run, step: int) -> bool:
         save_run_checkpoint(Path(cfg.out), done, cfg, run.fingerprint, run.model,
                             run.optimizer, run.sync, run.totals, worker)
     return True
+
+
+def _no_forward_buffer_sync() -> dict[str, bool]:
+    """DDP's argument that stops it copying rank 0's buffers at every forward: torch 2.13
+    names it ``forward_sync_buffers`` (and warns on ``broadcast_buffers``), torch 2.11
+    ``broadcast_buffers``. Both still copy them once at construction, which local steps
+    want (every replica starts equal)."""
+    takes = inspect.signature(DistributedDataParallel.__init__).parameters
+    name = "forward_sync_buffers" if "forward_sync_buffers" in takes else "broadcast_buffers"
+    return {name: False}
 
 
 def _alone(run: _Run) -> contextlib.AbstractContextManager[Any]:
