@@ -105,20 +105,10 @@ def local_steps_for(cfg: TrainConfig, model: torch.nn.Module, group: Any = None,
 
 
 def local_step_stats(local: LocalSteps, outer: bool) -> dict[str, Any]:
-    """A step's fields of a metrics line under local steps: the outer step's bytes when
-    this step took one (``outer``), none on an inner step."""
-    s = local.last_stats if outer else None
-    return {
-        "bytes_sent": s.bytes_sent if s else 0,
-        "bytes_received": s.bytes_received if s else 0,
-        "seconds_compress": None,
-        "seconds_communicate": None,
-        "seconds_decompress": None,
-        "delivered_fraction": None,
-        "audited_recall": None,
-        "skipped": bool(s.skipped) if s else False,
-        "k": local.aggregator.last_stats.k if s else 0,
-    }
+    """A step's fields of a metrics line under local steps: the outer step's statistics
+    when this step took one (``outer``), nothing moved on an inner step."""
+    stats = local.last_stats if outer and local.last_stats is not None else StepStats()
+    return hook_step_stats(stats)
 
 
 class GradientSync:
