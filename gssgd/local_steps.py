@@ -133,9 +133,8 @@ class LocalSteps:
                 dist.broadcast(t.data, src=dist.get_global_rank(group, 0) if group else 0,
                                group=group)
         self.anchor = self._flat_params()
-        momentum = outer_momentum
-        self.outer = torch.optim.SGD([self.anchor], lr=outer_lr, momentum=momentum,
-                                     nesterov=nesterov and momentum > 0)
+        self.outer = torch.optim.SGD([self.anchor], lr=outer_lr, momentum=outer_momentum,
+                                     nesterov=nesterov and outer_momentum > 0)
         #: inner steps since the run began, outer steps taken, outer steps skipped
         self.inner_steps = 0
         self.outer_steps = 0
@@ -236,7 +235,6 @@ class LocalSteps:
     # ------------------------------------------------------------------ helpers
     def _flat_params(self) -> torch.Tensor:
         return torch.cat([p.detach().reshape(-1).to(torch.float32) for p in self.params])
-
 
 
 def _write(tensors: list[torch.Tensor], flat: torch.Tensor) -> None:

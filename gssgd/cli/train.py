@@ -13,6 +13,7 @@ from typing import Any
 from gssgd.aggregators.options import FEEDBACKS, PAYLOAD_DTYPES
 from gssgd.amp import AMP_DTYPES
 from gssgd.cli.errors import run_command
+from gssgd.local_steps import DILOCO_OUTER_LR, DILOCO_OUTER_MOMENTUM
 from gssgd.methods import (
     DENSE_RECIPE,
     METHODS,
@@ -118,9 +119,10 @@ def _local_step_flags(parser: argparse.ArgumentParser) -> None:
                        help="inner steps per outer step (default: off, every step aggregates); "
                        "the inner optimizer takes dense's recipe (--optimizer, --lr)")
     local.add_argument("--outer-lr", type=float, default=None,
-                       help="the outer step's learning rate (default 0.7, DiLoCo's)")
+                       help=f"the outer step's learning rate (default {DILOCO_OUTER_LR}, DiLoCo's)")
     local.add_argument("--outer-momentum", type=float, default=None,
-                       help="the outer step's Nesterov momentum (default 0.9, DiLoCo's)")
+                       help=f"the outer step's Nesterov momentum (default "
+                       f"{DILOCO_OUTER_MOMENTUM}, DiLoCo's)")
 
 
 def _applies(name: str) -> str:

@@ -199,12 +199,7 @@ def reach_table(summary: dict[str, Any]) -> dict[int, dict[str, tuple[int, float
                 continue  # without the warm-up or the guard: not what advise runs
             if row["seeds"] < MIN_SEEDS:
                 continue
-            ratio = row["steps_to_target_over_dense"]
-            rows[name] = (
-                row["seeds"],
-                round(100 * (row["accuracy"] - dense["accuracy"]), 2),
-                None if ratio is None else round(ratio, 2),
-            )
+            rows[name] = _measured(row, dense)
         out[int(p)] = dict(sorted(rows.items()))
     return out
 
@@ -229,16 +224,19 @@ def weak_reach_table(
             key = _weak_row(name, int(p), dense is row)
             if key is None or row["seeds"] < MIN_SEEDS:
                 continue
-            ratio = row["steps_to_target_over_dense"]
-            measured = (
-                row["seeds"],
-                round(100 * (row["accuracy"] - dense["accuracy"]), 2),
-                None if ratio is None else round(ratio, 2),
-            )
+            measured = _measured(row, dense)
             if key not in rows or _sooner(measured, rows[key]):  # PowerSGD: its best lr
                 rows[key] = measured
         out[int(p)] = dict(sorted(rows.items()))
     return out
+
+
+def _measured(row: dict[str, Any], dense: dict[str, Any]) -> tuple[int, float, float | None]:
+    """A summary row as a table entry: seeds, final accuracy minus dense's in points, steps
+    to the target over dense's (None: not reached), rounded to two decimals."""
+    ratio = row["steps_to_target_over_dense"]
+    return (row["seeds"], round(100 * (row["accuracy"] - dense["accuracy"]), 2),
+            None if ratio is None else round(ratio, 2))
 
 
 def _sooner(a: tuple[int, float, float | None], b: tuple[int, float, float | None]) -> bool:

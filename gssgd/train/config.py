@@ -20,6 +20,7 @@ from gssgd.aggregators.lowrank import DEFAULT_POWERSGD_RANK as _DEFAULT_RANK
 from gssgd.aggregators.options import OWN_MOMENTUM_FEEDBACKS, PAYLOAD_DTYPES
 from gssgd.amp import AMP_DTYPES
 from gssgd.ddp import STREAMING_METHODS, HookSettings
+from gssgd.local_steps import DILOCO_OUTER_LR, DILOCO_OUTER_MOMENTUM
 from gssgd.methods import METHODS, applies_to, get_method, renamed_hint
 from gssgd.optim import UNSEEN_RULES, VARIANCES, dense_steps_for
 from gssgd.train.launch import DEVICES
@@ -422,12 +423,13 @@ class TrainConfig:
             return
         _check_int("local_steps", self.local_steps, 1)
         if self.outer_lr is None:
-            self.outer_lr = 0.7
+            self.outer_lr = DILOCO_OUTER_LR
         if self.outer_momentum is None:
-            self.outer_momentum = 0.9
-        _check_real("outer_lr", self.outer_lr, "> 0", lambda v: v > 0, "DiLoCo's: 0.7.")
+            self.outer_momentum = DILOCO_OUTER_MOMENTUM
+        _check_real("outer_lr", self.outer_lr, "> 0", lambda v: v > 0,
+                    f"DiLoCo's: {DILOCO_OUTER_LR}.")
         _check_real("outer_momentum", self.outer_momentum, "in [0, 1)", lambda v: 0 <= v < 1,
-                    "DiLoCo's: 0.9.")
+                    f"DiLoCo's: {DILOCO_OUTER_MOMENTUM}.")
         if get_method(self.method).aggregator is None:
             raise _bad("method", self.method, "local steps aggregate the pseudo-gradient "
                        "with a gssgd method", "Use dense (DiLoCo's outer step) or a sparse one.")

@@ -81,13 +81,9 @@ def _rank_gradients(
     Returns:
         ``(gradients, loss * count summed, correct, count, ranks with a non-finite loss)``.
     """
-    grads, loss_sum, correct_sum, count_sum, nonfinite = [], 0.0, 0, 0, 0
+    grads, sums = [], _LossSums()
     for rank in range(world_size):
-        x, y = train_batch(data, cfg, step, rank, world_size, device)
-        loss, correct, count = batch_loss(model(x), y)
-        value = float(loss.detach())
-        nonfinite += not math.isfinite(value)
-        loss_sum, correct_sum, count_sum = loss_sum + value * count, correct_sum + correct, count_sum + count
+        loss = sums.forward(model, data, cfg, step, rank, world_size, device)
         if rank == 0:
             buckets.watch_backward(loss)  # the first step's only: DDP's gradient-ready order
         parts = torch.autograd.grad(loss, params, allow_unused=True)
@@ -95,7 +91,26 @@ def _rank_gradients(
             (g if g is not None else torch.zeros_like(p)).reshape(-1)
             for g, p in zip(parts, params, strict=True)
         ]))
-    return grads, loss_sum, correct_sum, count_sum, nonfinite
+    return grads, sums.loss, sums.correct, sums.count, sums.nonfinite
+
+
+class _LossSums:
+    """The step's training loss, correct predictions and count summed over the ranks (as
+    the real workers' all-reduce sums them), and the ranks whose loss is not finite."""
+
+    def __init__(self) -> None:
+        self.loss, self.correct, self.count, self.nonfinite = 0.0, 0, 0, 0
+
+    def forward(self, model: nn.Module, data: Any, cfg: TrainConfig, step: int, rank: int,
+                world_size: int, device: torch.device) -> torch.Tensor:
+        """Rank ``rank``'s forward on its batch at ``step``, counted; its loss."""
+        x, y = train_batch(data, cfg, step, rank, world_size, device)
+        loss, correct, count = batch_loss(model(x), y)
+        value = float(loss.detach())
+        self.nonfinite += not math.isfinite(value)
+        self.loss, self.correct, self.count = (self.loss + value * count,
+                                               self.correct + correct, self.count + count)
+        return loss
 
 
 def simulate_training(cfg: TrainConfig) -> dict[str, Any]:
@@ -215,21 +230,15 @@ class _LocalReplicas:
     def step(self, data: Any, step: int, device: torch.device) -> tuple[float, int, int, int]:
         """Each rank's inner step on its replica (as a real worker takes it), then the outer
         step when due: (loss sum, correct, count, ranks with a non-finite loss)."""
-        loss_sum, correct_sum, count_sum, nonfinite = 0.0, 0, 0, 0
-        size = self.world.world_size
+        sums, size = _LossSums(), self.world.world_size
         for rank, (model, opt) in enumerate(zip(self.models, self.optimizers, strict=True)):
-            x, y = train_batch(data, self.cfg, step, rank, size, device)
-            loss, correct, count = batch_loss(model(x), y)
-            value = float(loss.detach())
-            nonfinite += not math.isfinite(value)
-            loss_sum, correct_sum, count_sum = (loss_sum + value * count, correct_sum + correct,
-                                                count_sum + count)
+            loss = sums.forward(model, data, self.cfg, step, rank, size, device)
             opt.zero_grad(set_to_none=True)
             loss.backward()
             opt.step()
-        if not nonfinite:
+        if not sums.nonfinite:
             self.outer = self.world.run(lambda rank: self.local[rank.rank].step())[0]
-        return loss_sum, correct_sum, count_sum, nonfinite
+        return sums.loss, sums.correct, sums.count, sums.nonfinite
 
     def stats(self) -> tuple[dict[str, Any], StepBytes]:
         """Rank 0's outer-step statistics (none on an inner step) and the bytes by rank."""
