@@ -1,0 +1,164 @@
+"""Write the README's two tables from the committed summaries they quote.
+
+    .venv/bin/python scripts/readme_tables.py           # rewrite the tables in README.md
+    .venv/bin/python scripts/readme_tables.py --check   # exit 1 if README.md differs
+
+The README quotes measured figures in two places, each between ``<!-- BEGIN name -->`` and
+``<!-- END name -->`` markers:
+
+- ``main-job``: what the README's first command prints, from its ``results.json`` files
+  committed as docs/results/main-job/P4.json (``gssgd compare --out runs/compare``) and
+  P16.json (``gssgd compare --simulate --workers 16 --global-batch 256``).
+- ``fair-frontier``: the fair comparison's answer per image set and worker count, from
+  ``targets`` in docs/results/fair-frontier-{mnist,fashion-mnist}/summary.json
+  (scripts/fair_frontier_report.py).
+
+So every figure in those tables is one a committed summary holds; tests/test_readme.py
+checks that the README matches what this script writes.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+from gssgd.bench.report import splice_markdown  # noqa: E402
+from gssgd.cli.compare import busier_bytes  # noqa: E402
+
+README = ROOT / "README.md"
+MAIN_JOB = ROOT / "docs/results/main-job"
+FAIR = {"MNIST": ROOT / "docs/results/fair-frontier-mnist/summary.json",
+        "Fashion-MNIST": ROOT / "docs/results/fair-frontier-fashion-mnist/summary.json"}
+
+#: How the tables name gssgd's methods.
+LABELS = {"dense": "dense", "dense16": "dense, 16-bit", "topk": "local Top-k", "gtopk": "gTop-k",
+          "sketched": "Sketched-SGD", "gs": "gs-SGD", "powersgd": "PowerSGD"}
+
+
+def megabytes(n: float) -> str:
+    """``12.3 MB`` (decimal, one decimal place)."""
+    return f"{n / 1e6:.1f} MB"
+
+
+def main_job_cell(r: dict[str, Any], dense: dict[str, Any]) -> tuple[str, str, str]:
+    """One worker count's three cells for a method: test accuracy, the busiest link's bytes
+    a step, and the bytes to dense − 0.5 point with how many times fewer than dense's."""
+    accuracy = f"{100 * r['final_test_accuracy']:.2f} %"
+    link = f"{busier_bytes(r):,.0f}"
+    reached, dense_reached = r.get("bytes_to_target"), dense.get("bytes_to_target")
+    if reached is None:
+        gap = 100 * (r["final_test_accuracy"] - dense["final_test_accuracy"])
+        return accuracy, link, f"not reached ({gap:+.2f} pt)".replace("-", "−")
+    if r is dense:
+        return accuracy, link, megabytes(reached)
+    return accuracy, link, f"{megabytes(reached)} ({dense_reached / reached:.1f}×)"
+
+
+def main_job_table(by_workers: dict[int, dict[str, dict[str, Any]]]) -> str:
+    """The main job's table: a row per method, three columns per worker count."""
+    counts = sorted(by_workers)
+    head = ["method"]
+    for p in counts:
+        head += [f"P = {p}: accuracy", "busiest link / step (B)", "bytes to dense − 0.5 pt"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for method in by_workers[counts[0]]:
+        label = LABELS.get(method, method)
+        if method == "powersgd":
+            label += ", rank 2"
+        cells = [label]
+        for p in counts:
+            results = by_workers[p]
+            cells += main_job_cell(results[method], results["dense"])
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def level_label(name: str) -> str:
+    """A fair-frontier run's name in words: ``powersgd-lr0.05-r1`` -> ``PowerSGD rank 1 at
+    lr 0.05``, ``topk-nowu-d0.003`` -> ``local Top-k, d 0.003, no warm-up``,
+    ``gs-wu0.02-d0.001`` -> ``gs-SGD, d 0.001, warm-up from 0.02``."""
+    parts = name.split("-")
+    method, density, warmup, lr = LABELS.get(parts[0], parts[0]), [], [], ""
+    for part in parts[1:]:
+        if part.startswith("r") and parts[0] == "powersgd":
+            method += f" rank {part[1:]}"
+        elif part.startswith("lr"):
+            lr = f" at lr {part[2:]}"
+        elif part.startswith("d"):
+            density.append(f"d {part[1:]}")
+        elif part == "nowu":
+            warmup.append("no warm-up")
+        elif part.startswith("wu"):
+            warmup.append(f"warm-up from {part[2:]}")
+    return ", ".join([method + lr, *density, *warmup])
+
+
+def fair_rows(dataset: str, summary: dict[str, Any]) -> list[str]:
+    """The fair comparison's rows for one image set: per worker count, the fewest bytes to
+    dense − 0.5 point (method and level), gs's best and the ratio, and the seeds."""
+    rows = []
+    for p in sorted(summary["targets"], key=int):
+        t, table = summary["targets"][p], summary["by_P"][p]
+        dense_name, dense_bytes = t["best_to_target"]["dense"]
+        best, gs = t.get("best_rival"), t.get("gs_best")
+        if best is None:
+            closest = max((n for n in table if not n.startswith("dense")),
+                          key=lambda n: table[n]["accuracy"])
+            target = table[dense_name]["accuracy"] - 0.005
+            winner = (f"none reached {100 * target:.2f} % in 400 steps (closest: "
+                      f"{level_label(closest)}, {100 * table[closest]['accuracy']:.2f} %)")
+            gs_cell = "not reached"
+        else:
+            best_bytes = table[best]["bytes_to_dense_minus_half_point"]
+            winner = f"**{level_label(best)}, {megabytes(best_bytes)}**"
+            gs_cell = "not reached" if gs is None else (
+                f"{megabytes(table[gs]['bytes_to_dense_minus_half_point'])} "
+                f"({t['gs_over_best_rival_bytes']:.2f}×)")
+        seeds = table[dense_name]["seeds"]
+        rows.append(f"| {dataset} | {p} | {winner} | {gs_cell} | {megabytes(dense_bytes)} "
+                    f"| {seeds} |")
+    return rows
+
+
+def fair_table(summaries: dict[str, dict[str, Any]]) -> str:
+    """The fair comparison's table over every image set."""
+    lines = ["| image set | workers | fewest bytes to dense − 0.5 pt | gs-SGD (× the fewest) "
+             "| dense | seeds |", "|---|---|---|---|---|---|"]
+    for dataset, summary in summaries.items():
+        lines += fair_rows(dataset, summary)
+    return "\n".join(lines)
+
+
+def blocks() -> dict[str, str]:
+    """The README's quoted tables, from the committed summaries."""
+    by_workers = {int(f.stem[1:]): json.loads(f.read_text())
+                  for f in sorted(MAIN_JOB.glob("P*.json"))}
+    summaries = {name: json.loads(path.read_text()) for name, path in FAIR.items()}
+    return {"main-job": main_job_table(by_workers), "fair-frontier": fair_table(summaries)}
+
+
+def main(argv: list[str]) -> int:
+    if "--check" in argv:
+        before = README.read_text()
+        tmp = README.with_suffix(".check.md")
+        tmp.write_text(before)
+        try:
+            splice_markdown(tmp, blocks())
+            same = tmp.read_text() == before
+        finally:
+            tmp.unlink()
+        print("README tables match the summaries" if same else "README tables are stale")
+        return 0 if same else 1
+    missing = splice_markdown(README, blocks())
+    if missing:
+        print(f"README.md lacks the markers for: {', '.join(missing)}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
