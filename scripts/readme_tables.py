@@ -1,10 +1,10 @@
-"""Write the README's two tables from the committed summaries they quote.
+"""Write the README's two tables (and the study's first) from the committed summaries.
 
-    .venv/bin/python scripts/readme_tables.py           # rewrite the tables in README.md
-    .venv/bin/python scripts/readme_tables.py --check   # exit 1 if README.md differs
+    .venv/bin/python scripts/readme_tables.py           # rewrite the quoted tables
+    .venv/bin/python scripts/readme_tables.py --check   # exit 1 if a page differs
 
-The README quotes measured figures in two places, each between ``<!-- BEGIN name -->`` and
-``<!-- END name -->`` markers:
+README.md quotes measured figures in two places, docs/study.md the second of them in its
+first answer, each between ``<!-- BEGIN name -->`` and ``<!-- END name -->`` markers:
 
 - ``main-job``: what the README's first command prints, from its ``results.json`` files
   committed as docs/results/main-job/P4.json (``gssgd compare --out runs/compare``) and
@@ -14,7 +14,7 @@ The README quotes measured figures in two places, each between ``<!-- BEGIN name
   (scripts/fair_frontier_report.py).
 
 So every figure in those tables is one a committed summary holds; tests/test_readme.py
-checks that the README matches what this script writes.
+checks that both pages match what this script writes.
 """
 
 from __future__ import annotations
@@ -30,6 +30,8 @@ from gssgd.bench.report import splice_markdown  # noqa: E402
 from gssgd.cli.compare import busier_bytes  # noqa: E402
 
 README = ROOT / "README.md"
+#: Each page, and the tables it quotes.
+PAGES = {README: ("main-job", "fair-frontier"), ROOT / "docs/study.md": ("fair-frontier",)}
 MAIN_JOB = ROOT / "docs/results/main-job"
 FAIR = {"MNIST": ROOT / "docs/results/fair-frontier-mnist/summary.json",
         "Fashion-MNIST": ROOT / "docs/results/fair-frontier-fashion-mnist/summary.json"}
@@ -142,21 +144,29 @@ def blocks() -> dict[str, str]:
 
 
 def main(argv: list[str]) -> int:
-    if "--check" in argv:
-        before = README.read_text()
-        tmp = README.with_suffix(".check.md")
-        tmp.write_text(before)
+    tables = blocks()
+    stale, missing = [], []
+    for page, names in PAGES.items():
+        before = page.read_text()
+        copy = page.with_suffix(".quoted.md")
+        copy.write_text(before)
         try:
-            splice_markdown(tmp, blocks())
-            same = tmp.read_text() == before
+            missing += [f"{page.name}: {n}" for n in
+                        splice_markdown(copy, {n: tables[n] for n in names})]
+            after = copy.read_text()
         finally:
-            tmp.unlink()
-        print("README tables match the summaries" if same else "README tables are stale")
-        return 0 if same else 1
-    missing = splice_markdown(README, blocks())
+            copy.unlink()
+        if after != before:
+            stale.append(page.name)
+            if "--check" not in argv:
+                page.write_text(after)
     if missing:
-        print(f"README.md lacks the markers for: {', '.join(missing)}", file=sys.stderr)
+        print(f"missing markers: {', '.join(missing)}", file=sys.stderr)
         return 1
+    if "--check" in argv:
+        print(f"stale tables in {', '.join(stale)}" if stale else "the quoted tables match")
+        return 1 if stale else 0
+    print(f"rewrote the tables in {', '.join(stale)}" if stale else "nothing to rewrite")
     return 0
 
 
