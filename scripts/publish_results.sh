@@ -10,6 +10,8 @@
 # records), per-method training folders (metrics.jsonl, summary.json, config.json, logs/),
 # run.log. The plots are recompressed losslessly with optipng and zopflipng where they are
 # installed (`apt-get install optipng zopfli`), so the committed docs stay small.
+# PLOTS=0 leaves the plots behind too (the aggregation grid's per-cell plots: grid.png
+# summarises them, and docs/ stays under its size budget).
 set -euo pipefail
 if [ $# -ne 2 ]; then
     echo "usage: $0 RAW_DIR DOCS_DIR" >&2
@@ -35,6 +37,7 @@ mkdir -p "$dst"
 copied=0
 for f in "$raw"/results.json "$raw"/table.txt "$raw"/model.json "$raw"/tables.txt "$raw"/*.png; do
     [ -f "$f" ] || continue
+    case $f in *.png) [ "${PLOTS:-1}" = 0 ] && continue ;; esac
     cp "$f" "$dst/"
     copied=$((copied + 1))
     case $f in
