@@ -34,106 +34,50 @@ import json
 import statistics
 import sys
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from gssgd.cli.compare import busier_bytes
-from gssgd.train.metrics import read_run
+from lib.report import (  # this script's folder, scripts/
+    ACCURACY,
+    LOSS,
+    Metric,
+    Run,
+    busier_totals,
+    figure,
+    group,
+    markdown_table,
+    reach_on_mean_curve,
+    read_runs,
+    save_png,
+    seed_band,
+    steady_bytes,
+    worker_dirs,
+    write_summary,
+)
 
-#: Within this many points of dense's final accuracy counts as reaching it.
-MARGIN = 0.005
-#: A language model reaches dense within this fraction of dense's final test loss.
-LOSS_MARGIN = 0.03
-
-
-@dataclass(frozen=True)
-class Metric:
-    """What a run is judged on: the final test accuracy (images) or loss (text)."""
-
-    key: str  # "accuracy" or "loss": the field of summary.json and metrics.jsonl
-    higher_is_better: bool
-
-    def at_least_as_good(self, a: float, b: float) -> bool:
-        return a >= b if self.higher_is_better else a <= b
-
-    def target(self, dense: float) -> float:
-        """The value that reaches dense: MARGIN points below (accuracy) or LOSS_MARGIN
-        above (loss) dense's."""
-        return dense - MARGIN if self.higher_is_better else dense * (1 + LOSS_MARGIN)
-
-    def reaches(self, value: float, dense: float) -> bool:
-        """Within MARGIN points (accuracy) or LOSS_MARGIN (loss) of dense's."""
-        return self.at_least_as_good(value, self.target(dense))
-
-    def best(self, values: list[float]) -> float:
-        return max(values) if self.higher_is_better else min(values)
-
-    def number(self, value: float) -> str:
-        return f"{100 * value:.2f}" if self.key == "accuracy" else f"{value:.4f}"
-
-    def show(self, value: float) -> str:
-        return self.number(value) + (" %" if self.key == "accuracy" else "")
-
-    def gap(self, value: float, other: float) -> float:
-        """``value`` against ``other``: points of accuracy, or % of ``other``'s loss."""
-        return 100 * (value - other) if self.key == "accuracy" else 100 * (value / other - 1)
+#: What scripts/fair_frontier_report.py imports from here (the metrics are the toolkit's).
+__all__ = ["ACCURACY", "LOSS", "Metric", "metric_of", "summarise"]
 
 
-ACCURACY, LOSS = Metric("accuracy", True), Metric("loss", False)
-
-
-def steady_bytes(summary: dict[str, Any], lines: list[dict[str, Any]]) -> list[float]:
-    """The busiest rank's bytes of each measured step after the density warm-up (where k
-    has reached its final value); their median is the run's per-step message."""
-    final_k = lines[-1].get("k")
-    return [busier_bytes(r) for r in lines
-            if r["step"] >= summary["measured_from_step"] and r.get("k") == final_k]
-
-
-def _read_run(run: Path, m: Metric) -> dict[str, Any] | None:
-    got = read_run(run)
-    if got is None:
-        return None
-    summary, lines = got
+def _seed(run: Run, m: Metric) -> dict[str, Any]:
+    """One seed's numbers: final value, steady / message / whole-run bytes, evaluations."""
+    summary, lines = run.summary, run.records
     final = summary[f"final_test_{m.key}"]
-    busier = [busier_bytes(r) for r in lines]
+    totals = busier_totals(lines)
     steady = steady_bytes(summary, lines)
     return {
         "status": summary["status"],
         m.key: final if final is not None else float("nan"),
         "steady": sum(steady) / len(steady),
         "message": statistics.median(steady),
-        "run": sum(busier) / len(busier),
+        "run": totals[-1] / len(totals),
         "k": round(0.001 * summary["d"]),
-        "evals": [(r["step"], r[f"test_{m.key}"], sum(busier[: r["step"] + 1]))
-                  for r in lines if r.get(f"test_{m.key}") is not None],
+        "evals": [
+            (r["step"], r[f"test_{m.key}"], totals[r["step"]])
+            for r in lines
+            if r.get(f"test_{m.key}") is not None
+        ],
     }
-
-
-def _to_target(seeds: list[dict[str, Any]], dense: float, m: Metric
-               ) -> tuple[int, float] | tuple[None, None]:
-    """Steps and the busiest rank's bytes (mean over seeds) until the seeds' mean curve
-    reaches dense (:meth:`Metric.reaches`); (None, None) when it never does. The mean
-    curve, as plotted, so that one seed ending a hair short does not decide; the
-    evaluations taken are those every seed has. Between the last evaluation short of the
-    target and the first that reaches it, the crossing is interpolated linearly (steps and
-    bytes alike), so that evaluations every 100 steps do not round every method to a
-    multiple of 100."""
-    steps = sorted(set.intersection(*({s for s, _, _ in r["evals"]} for r in seeds)))
-    at = [{s: (v, b) for s, v, b in r["evals"]} for r in seeds]
-    curve = [(s + 1, statistics.mean(a[s][0] for a in at), statistics.mean(a[s][1] for a in at))
-             for s in steps]
-    goal = m.target(dense)
-    for i, (step, value, sent) in enumerate(curve):
-        if not m.reaches(value, dense):
-            continue
-        if i == 0:
-            return step, sent
-        step0, value0, sent0 = curve[i - 1]
-        share = (goal - value0) / (value - value0)  # value0 is short of goal, value is not
-        return round(step0 + share * (step - step0)), sent0 + share * (sent - sent0)
-    return None, None
 
 
 def metric_of(runs_dir: Path) -> Metric:
@@ -149,78 +93,92 @@ def plain_dense(runs: dict[str, list[dict[str, Any]]], m: Metric) -> str | None:
     return "dense" if "dense" in runs else None
 
 
-def summarise(runs_dir: Path, m: Metric = ACCURACY,
-              dense_of: Callable[[dict[str, list[dict[str, Any]]], Metric], str | None]
-              = plain_dense) -> dict[str, dict[str, Any]]:
-    """By P, by method: mean accuracy (or loss), its spread, bytes, and the steps and bytes
-    to reach dense (:meth:`Metric.reaches`, on the mean curve over seeds: :func:`_to_target`),
-    the steps also as a multiple of dense's own. ``dense_of`` names the dense reference
-    among a P's runs (default: ``dense``; scripts/fair_frontier_report.py: dense's best
-    learning rate)."""
+def summarise(
+    runs_dir: Path,
+    m: Metric = ACCURACY,
+    dense_of: Callable[[dict[str, list[dict[str, Any]]], Metric], str | None] = plain_dense,
+) -> dict[str, dict[str, Any]]:
+    """By P, by method: mean accuracy (or loss), its seed band, bytes, and the steps and
+    bytes to reach dense (:meth:`Metric.reaches`, on the mean curve over seeds:
+    :func:`lib.report.reach_on_mean_curve`), the steps also as a multiple of dense's own.
+    ``dense_of`` names the dense reference among a P's runs (default: ``dense``;
+    scripts/fair_frontier_report.py: dense's best learning rate)."""
     out: dict[str, dict[str, Any]] = {}
-    for pdir in sorted(runs_dir.glob("P*"), key=lambda p: int(p.name[1:])):
-        runs: dict[str, list[dict[str, Any]]] = {}
-        for run in sorted(pdir.glob("s*/*")):
-            got = _read_run(run, m)
-            if got is not None:
-                runs.setdefault(run.name, []).append(got)
-        if not runs:
-            continue
-        ref = dense_of(runs, m)
-        dense = statistics.mean(r[m.key] for r in runs[ref]) if ref else None
-        table = {}
-        for name, seeds in sorted(runs.items()):
-            values = [r[m.key] for r in seeds]
-            steps_to, bytes_to = _to_target(seeds, dense, m) if dense else (None, None)
-            table[name] = {
-                "seeds": len(seeds),
-                "completed": sum(r["status"] == "completed" for r in seeds),
-                m.key: statistics.mean(values),
-                f"{m.key}_min": min(values),
-                f"{m.key}_max": max(values),
-                "bytes_steady": statistics.mean(r["steady"] for r in seeds),
-                "bytes_message": statistics.mean(r["message"] for r in seeds),
-                "bytes_run": statistics.mean(r["run"] for r in seeds),
-                "floats_per_k": statistics.mean(r["steady"] for r in seeds) / 4 / seeds[0]["k"],
-                ("bytes_to_dense_minus_half_point" if m.higher_is_better
-                 else "bytes_to_dense_plus_3_percent"): bytes_to,
-                "steps_to_target": steps_to,
-            }
-        dense_steps = table.get(ref, {}).get("steps_to_target") if ref else None
-        for row in table.values():
-            row["steps_to_target_over_dense"] = (
-                row["steps_to_target"] / dense_steps
-                if dense_steps and row["steps_to_target"] else None)
-        for name, row in table.items():
-            row["on_frontier"] = not any(
-                m.at_least_as_good(other[m.key], row[m.key])
-                and other["bytes_steady"] < row["bytes_steady"]
-                for o, other in table.items() if o != name
-            )
-        out[pdir.name[1:]] = table
+    for workers, pdir in worker_dirs(runs_dir):
+        runs = {
+            name: [_seed(r, m) for r in seeds]
+            for name, seeds in group(read_runs(pdir, "s*/*"), lambda r: r.name).items()
+        }
+        if runs:
+            out[str(workers)] = _table(runs, dense_of(runs, m), m)
     return out
 
 
+def _table(
+    runs: dict[str, list[dict[str, Any]]], ref: str | None, m: Metric
+) -> dict[str, dict[str, Any]]:
+    """One P's row per method (``runs``: its seeds, :func:`_seed`) against dense's ``ref``."""
+    dense = statistics.mean(r[m.key] for r in runs[ref]) if ref else None
+    table = {}
+    for name, seeds in sorted(runs.items()):
+        band = seed_band([r[m.key] for r in seeds])
+        steps_to, bytes_to = (
+            reach_on_mean_curve([r["evals"] for r in seeds], m, dense) if dense else (None, None)
+        )
+        table[name] = {
+            "seeds": len(seeds),
+            "completed": sum(r["status"] == "completed" for r in seeds),
+            m.key: band.mean,
+            f"{m.key}_min": band.low,
+            f"{m.key}_max": band.high,
+            "bytes_steady": statistics.mean(r["steady"] for r in seeds),
+            "bytes_message": statistics.mean(r["message"] for r in seeds),
+            "bytes_run": statistics.mean(r["run"] for r in seeds),
+            "floats_per_k": statistics.mean(r["steady"] for r in seeds) / 4 / seeds[0]["k"],
+            (
+                "bytes_to_dense_minus_half_point"
+                if m.higher_is_better
+                else "bytes_to_dense_plus_3_percent"
+            ): bytes_to,
+            "steps_to_target": steps_to,
+        }
+    dense_steps = table.get(ref, {}).get("steps_to_target") if ref else None
+    for row in table.values():
+        row["steps_to_target_over_dense"] = (
+            row["steps_to_target"] / dense_steps if dense_steps and row["steps_to_target"] else None
+        )
+    for name, row in table.items():
+        row["on_frontier"] = not any(
+            m.at_least_as_good(other[m.key], row[m.key])
+            and other["bytes_steady"] < row["bytes_steady"]
+            for o, other in table.items()
+            if o != name
+        )
+    return table
+
+
 def markdown(summary: dict[str, dict[str, Any]], m: Metric = ACCURACY) -> str:
+    """One table per P, methods by increasing steady bytes."""
     lines = []
     reach = "to dense − 0.5 pt" if m.higher_is_better else "to dense + 3 %"
+    head = (
+        f"method | seeds | test {m.key} (min–max) | bytes / step, steady | in floats per k "
+        f"| message / step | bytes / step, whole run | {reach} | steps there (× dense's) "
+        "| on the frontier"
+    )
     for p, table in summary.items():
-        lines += [f"### P = {p}", "",
-                  f"| method | seeds | test {m.key} (min–max) | bytes / step, steady "
-                  "| in floats per k | message / step | bytes / step, whole run "
-                  f"| {reach} | steps there (× dense's) | on the frontier |",
-                  "|---|---|---|---|---|---|---|---|---|---|"]
+        rows = []
         for name, r in sorted(table.items(), key=lambda kv: kv[1]["bytes_steady"]):
             to = r.get("bytes_to_dense_minus_half_point", r.get("bytes_to_dense_plus_3_percent"))
-            lines.append(
-                f"| {name} | {r['seeds']} | {m.show(r[m.key])} "
+            rows.append(
+                f"{name} | {r['seeds']} | {m.show(r[m.key])} "
                 f"({m.number(r[f'{m.key}_min'])}–{m.number(r[f'{m.key}_max'])}) "
                 f"| {r['bytes_steady']:,.0f} | {r['floats_per_k']:.1f} "
                 f"| {r['bytes_message']:,.0f} | {r['bytes_run']:,.0f} "
                 f"| {'not reached' if to is None else f'{to / 1e6:,.1f} MB'} "
-                f"| {_steps(r)} | {'yes' if r['on_frontier'] else ''} |"
+                f"| {_steps(r)} | {'yes' if r['on_frontier'] else ''}"
             )
-        lines.append("")
+        lines += [f"### P = {p}", "", markdown_table(head, rows), ""]
     return "\n".join(lines)
 
 
@@ -235,12 +193,17 @@ def _best(table: dict[str, Any], method: str) -> dict[str, Any] | None:
     """A rival's best version at this P: of the method with and without the density
     warm-up (the same steady bytes), the one with the higher mean accuracy."""
     rows = [table[n] for n in (method, f"{method}-nowu") if n in table]
-    return max(rows, key=lambda r: r["accuracy"] if "accuracy" in r else -r["loss"]) \
-        if rows else None
+    return (
+        max(rows, key=lambda r: r["accuracy"] if "accuracy" in r else -r["loss"]) if rows else None
+    )
 
 
-def targets(summary: dict[str, dict[str, Any]], gs: str = "gs",
-            basis: str = "bytes_steady", m: Metric = ACCURACY) -> dict[str, Any]:
+def targets(
+    summary: dict[str, dict[str, Any]],
+    gs: str = "gs",
+    basis: str = "bytes_steady",
+    m: Metric = ACCURACY,
+) -> dict[str, Any]:
     """The many-workers targets (gs = its default), each met or missed, with the figures;
     bytes on ``basis`` ("bytes_steady" or "bytes_message")."""
     out: dict[str, Any] = {"basis": basis}
@@ -250,10 +213,16 @@ def targets(summary: dict[str, dict[str, Any]], gs: str = "gs",
         if g is None:
             continue
         key, unit = m.key, "points" if m.higher_is_better else "percent"
-        frontier = not any(m.at_least_as_good(o[key], g[key]) and o[basis] < g[basis]
-                           for n, o in table.items() if not n.startswith("gs"))  # rivals
-        row: dict[str, Any] = {f"gs_{key}": g[key], "gs_bytes": g[basis],
-                               "gs_on_frontier": frontier}
+        frontier = not any(
+            m.at_least_as_good(o[key], g[key]) and o[basis] < g[basis]
+            for n, o in table.items()
+            if not n.startswith("gs")
+        )  # rivals
+        row: dict[str, Any] = {
+            f"gs_{key}": g[key],
+            "gs_bytes": g[basis],
+            "gs_on_frontier": frontier,
+        }
         if top is not None:
             row[f"topk_{key}"], row["topk_bytes"] = top[key], top[basis]
             row["gs_over_topk_bytes"] = g[basis] / top[basis]
@@ -266,11 +235,14 @@ def targets(summary: dict[str, dict[str, Any]], gs: str = "gs",
             row[f"gs_minus_gtopk_{unit}"] = m.gap(g[key], gtop[key])
             if int(p) >= 16:
                 row["target_at_or_above_gtopk_within_3x_bytes"] = (
-                    m.at_least_as_good(g[key], gtop[key]) and row["gs_over_gtopk_bytes"] <= 3)
+                    m.at_least_as_good(g[key], gtop[key]) and row["gs_over_gtopk_bytes"] <= 3
+                )
         if int(p) == 64 and top is not None and m.higher_is_better:
             row["target_frontier_and_half_point_of_topk_at_0.4x"] = (
-                frontier and row["gs_minus_topk_points"] >= -0.5
-                and row["gs_over_topk_bytes"] <= 0.4)
+                frontier
+                and row["gs_minus_topk_points"] >= -0.5
+                and row["gs_over_topk_bytes"] <= 0.4
+            )
         out[p] = row
     out["crossover_P_gs_below_topk_bytes"] = crossover
     out["target_crossover_at_most_16"] = crossover is not None and crossover <= 16
@@ -278,50 +250,47 @@ def targets(summary: dict[str, dict[str, Any]], gs: str = "gs",
 
 
 def plot(summary: dict[str, dict[str, Any]], out: Path, m: Metric = ACCURACY) -> list[Path]:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    """frontier_P<P>.png: each method's mean over seeds against its steady bytes, with the
+    seeds' min–max as error bars; o: on the frontier, x: not."""
     paths = []
     for p, table in summary.items():
-        fig, ax = plt.subplots(figsize=(6, 4))
+        fig, ax = figure(figsize=(6, 4))
         scale = 100 if m.higher_is_better else 1
         for name, r in table.items():
             y = scale * r[m.key]
-            ax.errorbar(r["bytes_steady"], y,
-                        yerr=[[y - scale * r[f"{m.key}_min"]], [scale * r[f"{m.key}_max"] - y]],
-                        fmt="o" if r["on_frontier"] else "x", capsize=3)
-            ax.annotate(name, (r["bytes_steady"], y), fontsize=7,
-                        xytext=(3, 3), textcoords="offset points")
+            ax.errorbar(
+                r["bytes_steady"],
+                y,
+                yerr=[[y - scale * r[f"{m.key}_min"]], [scale * r[f"{m.key}_max"] - y]],
+                fmt="o" if r["on_frontier"] else "x",
+                capsize=3,
+            )
+            ax.annotate(
+                name, (r["bytes_steady"], y), fontsize=7, xytext=(3, 3), textcoords="offset points"
+            )
         ax.set_xscale("log")
         ax.set_xlabel("busiest rank's bytes per step after the warm-up (busier direction)")
         ax.set_ylabel("final test accuracy (%)" if m.higher_is_better else "final test loss")
         model = "MNIST CNN" if m.higher_is_better else "Shakespeare character LSTM"
         ax.set_title(f"{model}, density 0.001, P = {p} (simulated; o: on the frontier)")
         fig.tight_layout()
-        path = out / f"frontier_P{p}.png"
-        fig.savefig(path, dpi=110)
-        plt.close(fig)
-        paths.append(path)
+        paths.append(save_png(fig, out / f"frontier_P{p}.png"))
     return paths
 
 
 def main() -> None:
     runs_dir = Path(sys.argv[1]) if len(sys.argv) > 1 else Path("runs/frontier")
     out = Path(sys.argv[2]) if len(sys.argv) > 2 else Path("docs/results/frontier")
-    out.mkdir(parents=True, exist_ok=True)
     m = metric_of(runs_dir)
     summary = summarise(runs_dir, m)
-    goals = {basis: targets(summary, basis=basis, m=m)
-             for basis in ("bytes_steady", "bytes_message")}
-    (out / "summary.json").write_text(json.dumps({"by_P": summary, "targets": goals}, indent=1)
-                                      + "\n")
-    text = markdown(summary, m) + "\n### Targets (gs = its default)\n\n```\n" + json.dumps(
-        goals, indent=1) + "\n```\n"
-    (out / "summary.md").write_text(text)
+    goals = {
+        basis: targets(summary, basis=basis, m=m) for basis in ("bytes_steady", "bytes_message")
+    }
+    goals_md = "\n### Targets (gs = its default)\n\n```\n" + json.dumps(goals, indent=1) + "\n```\n"
+    text = markdown(summary, m) + goals_md
+    summary_json, _ = write_summary(out, {"by_P": summary, "targets": goals}, text)
     print(text)
-    print("wrote", out / "summary.json", *plot(summary, out, m))
+    print("wrote", summary_json, *plot(summary, out, m))
 
 
 if __name__ == "__main__":
