@@ -19,15 +19,22 @@ as missing the target; its status is in the table.
 
 from __future__ import annotations
 
-import json
 import statistics
 import sys
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from gssgd.cli.compare import busier_bytes
-from gssgd.train.metrics import read_run
+from lib.report import (  # this script's folder, scripts/
+    Run,
+    busier_totals,
+    figure,
+    group,
+    markdown_table,
+    read_runs,
+    save_png,
+    write_summary,
+)
 
 #: The issue's targets: the largest gap to dense's loss, by density.
 TARGETS = {"0.01": 0.03, "0.001": 0.08}
@@ -37,41 +44,39 @@ SEEDS = 3
 PLOTTED = {"lstm": "dgc-lr1.6", "lstm-adamw": "frozen-lr0.01"}
 
 
-def _read_run(run: Path, seed: int) -> dict[str, Any] | None:
-    got = read_run(run)
-    if got is None:
-        return None
-    summary, lines = got
-    total, curve = 0.0, []
-    for r in lines:
-        total += busier_bytes(r)
-        if r.get("test_loss") is not None:
-            curve.append((r["step"], r["test_loss"], total))
-    loss = summary.get("final_test_loss")
-    return {"status": summary["status"], "loss": loss, "curve": curve,
-            "seed": seed,
-            "bytes_per_step": total / max(len(lines), 1)}
+def _read(run: Run, model_dir: Path) -> dict[str, Any]:
+    """A run of ``model_dir/s<seed>/``: its status, final test loss, seed, test-loss curve
+    against the busiest worker's cumulative bytes, and those bytes per step over the run."""
+    totals = busier_totals(run.records)
+    curve = [
+        (r["step"], r["test_loss"], total)
+        for r, total in zip(run.records, totals, strict=True)
+        if r.get("test_loss") is not None
+    ]
+    return {
+        "status": run.summary["status"],
+        "loss": run.summary.get("final_test_loss"),
+        "curve": curve,
+        "seed": int(run.path.relative_to(model_dir).parts[0].removeprefix("s")),
+        "bytes_per_step": (totals[-1] if totals else 0.0) / max(len(totals), 1),
+    }
 
 
 def _collect(root: Path) -> dict[str, Any]:
     """{model: {"dense": {lr: [runs]}, "sparse": {density: {(method, recipe): [runs]}}}}."""
     out: dict[str, Any] = {}
     for model_dir in sorted(p for p in root.iterdir() if p.is_dir() and p.name != "logs"):
-        model = out.setdefault(model_dir.name, {"dense": {}, "sparse": {}})
-        for seed_dir in sorted(model_dir.glob("s*")):
-            seed = int(seed_dir.name.removeprefix("s"))
-            for run in sorted(seed_dir.glob("dense-lr*")):
-                got = _read_run(run, seed)
-                if got:
-                    model["dense"].setdefault(run.name.removeprefix("dense-lr"), []).append(got)
-            for density_dir in sorted(seed_dir.glob("d*")):
-                density = density_dir.name.removeprefix("d")
-                for run in sorted(density_dir.iterdir()):
-                    got = _read_run(run, seed)
-                    if got:
-                        method, recipe = run.name.split("-", 1)
-                        cell = model["sparse"].setdefault(density, {})
-                        cell.setdefault((method, recipe), []).append(got)
+        dense = group(
+            read_runs(model_dir, "s*/dense-lr*"), lambda r: r.name.removeprefix("dense-lr")
+        )
+        sparse: dict[str, dict[tuple[str, ...], list[dict[str, Any]]]] = {}
+        for run in read_runs(model_dir, "s*/d*/*"):  # s<seed>/d<density>/<method>-<recipe>
+            cell = sparse.setdefault(run.path.parent.name.removeprefix("d"), {})
+            cell.setdefault(tuple(run.name.split("-", 1)), []).append(_read(run, model_dir))
+        out[model_dir.name] = {
+            "dense": {lr: [_read(r, model_dir) for r in runs] for lr, runs in dense.items()},
+            "sparse": sparse,
+        }
     return out
 
 
@@ -114,20 +119,30 @@ def _summarise(data: dict[str, Any]) -> dict[str, Any]:
         best_lr = _best_lr(parts["dense"], ok)
         ref = ok[best_lr]
         by_seed = {r["seed"]: r["loss"] for r in parts["dense"][best_lr]}
-        entry: dict[str, Any] = {"dense": {"lr": best_lr, "loss": ref, "sweep": dense,
-                                           "seeds": len(parts["dense"][best_lr]),
-                                           "by_seed": by_seed, "bytes_per_step": statistics.fmean(
-                                               r["bytes_per_step"]
-                                               for r in parts["dense"][best_lr])},
-                                 "densities": {}}
+        entry: dict[str, Any] = {
+            "dense": {
+                "lr": best_lr,
+                "loss": ref,
+                "sweep": dense,
+                "seeds": len(parts["dense"][best_lr]),
+                "by_seed": by_seed,
+                "bytes_per_step": statistics.fmean(
+                    r["bytes_per_step"] for r in parts["dense"][best_lr]
+                ),
+            },
+            "densities": {},
+        }
         for density, cells in sorted(parts["sparse"].items(), key=lambda x: -float(x[0])):
             rows: dict[str, Any] = {}
             for (method, recipe), runs in sorted(cells.items()):
                 loss = _mean_loss(runs)
                 rows.setdefault(method, {})[recipe] = {
-                    "loss": loss, "gap": _paired_gap(runs, by_seed),
-                    "seeds": len(runs), "status": sorted({r["status"] for r in runs}),
-                    "bytes_per_step": statistics.fmean(r["bytes_per_step"] for r in runs)}
+                    "loss": loss,
+                    "gap": _paired_gap(runs, by_seed),
+                    "seeds": len(runs),
+                    "status": sorted({r["status"] for r in runs}),
+                    "bytes_per_step": statistics.fmean(r["bytes_per_step"] for r in runs),
+                }
             target = TARGETS.get(density)
             for recipes in rows.values():
                 done = {r: v for r, v in recipes.items() if v["gap"] is not None}
@@ -137,35 +152,50 @@ def _summarise(data: dict[str, Any]) -> dict[str, Any]:
                 done = {r: v for r, v in done.items() if v["seeds"] == most}
                 best = min(done, key=lambda r: done[r]["gap"]) if done else None
                 recipes["_best"] = best
-                recipes["_met"] = None if target is None else (
-                    best is not None and done[best]["gap"] <= target)  # None: no target
+                recipes["_met"] = (
+                    None if target is None else (best is not None and done[best]["gap"] <= target)
+                )  # None: no target
             entry["densities"][density] = {"target": target, "methods": rows}
         summary[model] = entry
     return summary
 
 
 def _markdown(summary: dict[str, Any]) -> str:
-    out = ["# Keep your optimizer: sparse methods' final test loss against dense's", "",
-           "Made by `scripts/optimizer_report.py` from `scripts/optimizer_study.sh`'s runs. "
-           "Each cell: mean final test loss over the seeds, its gap to dense with dense's "
-           "best learning rate (each seed against dense's run of the same seed, averaged), "
-           "(seeds; the busiest worker's bytes per step over the whole run, in the busier "
-           "direction of its link, dense starts and warm-ups included). A run that did not "
-           "complete shows its status.", ""]
+    out = [
+        "# Keep your optimizer: sparse methods' final test loss against dense's",
+        "",
+        "Made by `scripts/optimizer_report.py` from `scripts/optimizer_study.sh`'s runs. "
+        "Each cell: mean final test loss over the seeds, its gap to dense with dense's "
+        "best learning rate (each seed against dense's run of the same seed, averaged), "
+        "(seeds; the busiest worker's bytes per step over the whole run, in the busier "
+        "direction of its link, dense starts and warm-ups included). A run that did not "
+        "complete shows its status.",
+        "",
+    ]
     for model, entry in summary.items():
         dense = entry["dense"]
-        sweep = ", ".join(f"lr {lr}: {v:.4f}" if v is not None else f"lr {lr}: failed"
-                          for lr, v in sorted(dense["sweep"].items(), key=lambda x: float(x[0])))
-        out += [f"## {model}", "", f"Dense (sweep, {dense['seeds']} seed(s) at the best): "
-                f"{sweep}. Reference: lr {dense['lr']}, loss {dense['loss']:.4f}, "
-                f"{dense['bytes_per_step'] / 1e3:,.0f} kB per step.", ""]
+        sweep = ", ".join(
+            f"lr {lr}: {v:.4f}" if v is not None else f"lr {lr}: failed"
+            for lr, v in sorted(dense["sweep"].items(), key=lambda x: float(x[0]))
+        )
+        out += [
+            f"## {model}",
+            "",
+            f"Dense (sweep, {dense['seeds']} seed(s) at the best): "
+            f"{sweep}. Reference: lr {dense['lr']}, loss {dense['loss']:.4f}, "
+            f"{dense['bytes_per_step'] / 1e3:,.0f} kB per step.",
+            "",
+        ]
         for density, cell in entry["densities"].items():
             recipes = sorted({r for m in cell["methods"].values() for r in m if r[0] != "_"})
             target = cell["target"]
-            out += [f"### density {density} (target: within {target:.0%} of dense)"
-                    if target is not None else f"### density {density}", "",
-                    "| method | " + " | ".join(recipes) + " | best | target |",
-                    "|---" * (len(recipes) + 3) + "|"]
+            out += [
+                f"### density {density} (target: within {target:.0%} of dense)"
+                if target is not None
+                else f"### density {density}",
+                "",
+            ]
+            rows = []
             for method, row in cell["methods"].items():
                 cells = []
                 for recipe in recipes:
@@ -175,28 +205,27 @@ def _markdown(summary: dict[str, Any]) -> str:
                     elif v["loss"] is None or v["gap"] is None:
                         cells.append(f"{'/'.join(v['status'])} ({v['seeds']})")
                     else:
-                        cells.append(f"{v['loss']:.4f} ({v['gap']:+.1%}, {v['seeds']}; "
-                                     f"{v['bytes_per_step'] / 1e3:,.0f} kB)")
+                        cells.append(
+                            f"{v['loss']:.4f} ({v['gap']:+.1%}, {v['seeds']}; "
+                            f"{v['bytes_per_step'] / 1e3:,.0f} kB)"
+                        )
                 met = "-" if row["_met"] is None else "met" if row["_met"] else "missed"
                 seeds = row[row["_best"]]["seeds"] if row["_best"] else 0
                 if seeds < SEEDS and row["_met"] is not None:
                     met += f" ({seeds} seed{'s' if seeds > 1 else ''})"
-                out.append(f"| {method} | " + " | ".join(cells) + f" | {row['_best']} | {met} |")
-            out.append("")
+                rows.append([method, *cells, str(row["_best"]), met])
+            out += [markdown_table(["method", *recipes, "best", "target"], rows), ""]
     return "\n".join(out) + "\n"
 
 
 def _plot(data: dict[str, Any], summary: dict[str, Any], out_dir: Path) -> list[Path]:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    """<model>_d<density>.png: test loss against steps and against the busiest worker's
+    cumulative bytes; the first seed of dense and of each method's plotted recipe."""
     written = []
     for model, entry in summary.items():
         dense_runs = data[model]["dense"][entry["dense"]["lr"]]
         for density, cell in entry["densities"].items():
-            fig, (by_step, by_bytes) = plt.subplots(1, 2, figsize=(11, 4))
+            fig, (by_step, by_bytes) = figure(2, figsize=(11, 4))
             curves = [(f"dense (lr {entry['dense']['lr']})", dense_runs[0]["curve"])]
             for method, row in cell["methods"].items():
                 recipe = PLOTTED.get(model) if PLOTTED.get(model) in row else row["_best"]
@@ -208,26 +237,22 @@ def _plot(data: dict[str, Any], summary: dict[str, Any], out_dir: Path) -> list[
                 by_step.plot(steps, losses, marker="o", label=label)
                 by_bytes.plot(sent, losses, marker="o", label=label)
             by_step.set(xlabel="step", ylabel="test loss", title=f"{model}, density {density}")
-            by_bytes.set(xlabel="bytes (busiest worker, cumulative)", xscale="log",
-                         ylabel="test loss")
+            by_bytes.set(
+                xlabel="bytes (busiest worker, cumulative)", xscale="log", ylabel="test loss"
+            )
             by_step.legend(fontsize=8)
             fig.tight_layout()
-            path = out_dir / f"{model}_d{density}.png"
-            fig.savefig(path, dpi=110)
-            plt.close(fig)
-            written.append(path)
+            written.append(save_png(fig, out_dir / f"{model}_d{density}.png"))
     return written
 
 
 def main(argv: list[str]) -> None:
     root = Path(argv[1]) if len(argv) > 1 else Path("runs/optimizer")
     out_dir = Path(argv[2]) if len(argv) > 2 else Path("docs/results/optimizer")
-    out_dir.mkdir(parents=True, exist_ok=True)
     data = _collect(root)
     summary = _summarise(data)
-    (out_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
-    (out_dir / "summary.md").write_text(_markdown(summary))
-    for path in [out_dir / "summary.json", out_dir / "summary.md", *_plot(data, summary, out_dir)]:
+    written = write_summary(out_dir, summary, _markdown(summary), indent=2)
+    for path in [*written, *_plot(data, summary, out_dir)]:
         print(f"wrote {path}")
 
 

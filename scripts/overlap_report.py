@@ -17,15 +17,25 @@ import json
 import statistics
 from pathlib import Path
 
+from lib.report import Run, markdown_table, read_runs, write_summary  # scripts/lib
+
 
 def _bench(run: Path) -> dict | None:
     path = run / "results.json"
     if not path.exists():
         return None
     row = json.loads(path.read_text())["gs"]
-    keys = ("status", "seconds_per_step", "seconds_compute_per_step",
-            "seconds_overhead_per_step", "seconds_communicate_per_step",
-            "bytes_sent_per_step", "final_test_accuracy", "d", "k")
+    keys = (
+        "status",
+        "seconds_per_step",
+        "seconds_compute_per_step",
+        "seconds_overhead_per_step",
+        "seconds_communicate_per_step",
+        "bytes_sent_per_step",
+        "final_test_accuracy",
+        "d",
+        "k",
+    )
     return {k: row.get(k) for k in keys}
 
 
@@ -46,19 +56,55 @@ def _overlap(log: Path, skip: int = 5) -> dict | None:
     }
 
 
-def _mnist(run: Path) -> dict | None:
-    if not (run / "summary.json").exists():
-        return None
-    records = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines() if x]
-    evals = {r["step"]: r["test_accuracy"] for r in records if "test_accuracy" in r}
-    fractions = [r["delivered_fraction"] for r in records
-                 if isinstance(r.get("delivered_fraction"), (int, float))]
-    summary = json.loads((run / "summary.json").read_text())
+def _mnist(run: Run) -> dict:
+    """An MNIST run's final accuracy, its accuracy at each evaluation, and the mean
+    delivered fraction."""
+    evals = {r["step"]: r["test_accuracy"] for r in run.records if "test_accuracy" in r}
+    fractions = [
+        r["delivered_fraction"]
+        for r in run.records
+        if isinstance(r.get("delivered_fraction"), (int, float))
+    ]
     return {
-        "final_test_accuracy": summary.get("final_test_accuracy"),
+        "final_test_accuracy": run.summary.get("final_test_accuracy"),
         "accuracy_by_step": evals,
         "mean_delivered_fraction": statistics.mean(fractions) if fractions else None,
     }
+
+
+def _f(v: float | None, fmt: str = "{:.3f}") -> str:
+    return "-" if v is None else fmt.format(v)
+
+
+def markdown(out: dict) -> str:
+    """The bench runs' table, then the MNIST runs' table."""
+    bench = []
+    for name, r in out["bench"].items():
+        o = r["overlap"] or {}
+        bench.append(
+            f"{name} | {_f(r['seconds_per_step'])} | {_f(r['seconds_compute_per_step'])} | "
+            f"{_f(r['seconds_overhead_per_step'])} | {_f(r['seconds_communicate_per_step'])} | "
+            f"{_f(r['bytes_sent_per_step'], '{:,.0f}')} | "
+            f"{_f(r['final_test_accuracy'], '{:.4f}')} | {o.get('regions', '-')} | "
+            f"{_f(o.get('median_region_span_s'))} | {_f(o.get('median_exposed_s'))} | "
+            f"{_f(o.get('hidden_fraction'), '{:.0%}')}"
+        )
+    mnist = [
+        f"{name} | {', '.join(f'{s}: {a:.4f}' for s, a in r['accuracy_by_step'].items())} | "
+        f"{r['final_test_accuracy']:.4f} | {_f(r['mean_delivered_fraction'])}"
+        for name, r in out["mnist"].items()
+    ]
+    head = (
+        "run | s/step | compute | overhead | hook comm | sent/step | accuracy | regions "
+        "| region span | exposed | hidden"
+    )
+    return "\n".join(
+        [
+            markdown_table(head, bench),
+            "",
+            markdown_table("MNIST run | accuracy by step | final | mean delivered fraction", mnist),
+        ]
+    )
 
 
 def main() -> None:
@@ -74,36 +120,10 @@ def main() -> None:
             if row is not None:
                 row["overlap"] = _overlap(args.dir / "overlap_logs" / f"{name}.rank0.jsonl")
                 out["bench"][name] = row
-    for run in sorted(args.dir.glob("mnist-*")):
-        row = _mnist(run)
-        if row is not None:
-            out["mnist"][run.name] = row
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "summary.json").write_text(json.dumps(out, indent=1) + "\n")
-    md = ["| run | s/step | compute | overhead | hook comm | sent/step | accuracy | "
-          "regions | region span | exposed | hidden |", "|" + "---|" * 11]
-    for name, r in out["bench"].items():
-        o = r["overlap"] or {}
-
-        def f(v: float | None, fmt: str = "{:.3f}") -> str:
-            return "-" if v is None else fmt.format(v)
-
-        md.append(
-            f"| {name} | {f(r['seconds_per_step'])} | {f(r['seconds_compute_per_step'])} | "
-            f"{f(r['seconds_overhead_per_step'])} | {f(r['seconds_communicate_per_step'])} | "
-            f"{f(r['bytes_sent_per_step'], '{:,.0f}')} | {f(r['final_test_accuracy'], '{:.4f}')}"
-            f" | {o.get('regions', '-')} | {f(o.get('median_region_span_s'))} | "
-            f"{f(o.get('median_exposed_s'))} | {f(o.get('hidden_fraction'), '{:.0%}')} |"
-        )
-    md += ["", "| MNIST run | accuracy by step | final | mean delivered fraction |",
-           "|---|---|---|---|"]
-    for name, r in out["mnist"].items():
-        steps = ", ".join(f"{s}: {a:.4f}" for s, a in r["accuracy_by_step"].items())
-        frac = r["mean_delivered_fraction"]
-        md.append(f"| {name} | {steps} | {r['final_test_accuracy']:.4f} | "
-                  f"{'-' if frac is None else f'{frac:.3f}'} |")
-    (args.out / "summary.md").write_text("\n".join(md) + "\n")
-    print("\n".join(md))
+    out["mnist"] = {run.name: _mnist(run) for run in read_runs(args.dir, "mnist-*")}
+    md = markdown(out)
+    write_summary(args.out, out, md + "\n")
+    print(md)
 
 
 if __name__ == "__main__":

@@ -32,6 +32,19 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from lib.report import (  # this script's folder, scripts/
+    ACCURACY,
+    LOSS,
+    Metric,
+    first_reaching,
+    group,
+    markdown_table,
+    read_metrics,
+    read_runs,
+    seed_band,
+    write_summary,
+)
+
 NAME = re.compile(
     r"^(?:(?P<task>lm)-)?(?P<method>[a-z]+)-(?P<mom>l?m[0-9.]+)-lr(?P<lr>[0-9.]+)"
     r"(?:-wu(?P<wu>\d+(?:from[0-9.]+)?))?(?:-d(?P<density>[0-9.]+))?-s(?P<seed>\d+)$"
@@ -40,54 +53,55 @@ NAME = re.compile(
 
 @dataclass(frozen=True)
 class Task:
-    """What a task's table measures: the metric, its direction, and "close to dense"."""
+    """What a task's table measures (its :class:`Metric`: accuracy within 0.5 point or loss
+    within 3 % of dense is "close to dense") and how the table shows it."""
 
     title: str
-    metric: str  # the summary / metrics.jsonl key
+    metric: Metric
     label: str
-    higher_is_better: bool
     close_label: str
-    close: Callable[[float, float], bool]  # close(value, dense_value)
     fmt: Callable[[float], str]
     gap: Callable[[float, float], str]  # gap(mean, dense_mean)
+
+    @property
+    def key(self) -> str:
+        """The metrics.jsonl field: ``test_accuracy`` or ``test_loss``."""
+        return f"test_{self.metric.key}"
 
 
 MNIST = Task(
     "MNIST CNN, P = 4, 400 steps",
-    "test_accuracy",
+    ACCURACY,
     "test acc (mean)",
-    True,
     "bytes to dense - 0.5 pt",
-    lambda v, ref: v >= ref - 0.005,
     lambda v: f"{100 * v:.2f}",
     lambda m, ref: f"{100 * (m - ref):+.2f} pt",
 )
 SHAKESPEARE = Task(
     "Shakespeare LSTM, P = 4, 200 steps",
-    "test_loss",
+    LOSS,
     "test loss (mean)",
-    False,
     "bytes to dense + 3 %",
-    lambda v, ref: v <= 1.03 * ref,
     lambda v: f"{v:.3f}",
     lambda m, ref: f"{100 * (m / ref - 1):+.1f} %",
 )
 TASKS = {"mnist": MNIST, "lm": SHAKESPEARE}
 
 
-def _evals(run: Path, metric: str) -> list[tuple[int, float, float]]:
-    """(step, metric, bytes sent so far) at each evaluation of a run."""
-    rows = map(json.loads, (run / "metrics.jsonl").read_text().splitlines())
-    return [(r["step"], r[metric], r["bytes_sent_total"]) for r in rows if metric in r]
-
-
 def _record(
-    run: Path, name: str, task: str, method: str, recipe: str, density: float | None,
-    seed: int, result: dict[str, Any],
+    metrics: list[dict[str, Any]],
+    name: str,
+    task: str,
+    method: str,
+    recipe: str,
+    density: float | None,
+    seed: int,
+    result: dict[str, Any],
 ) -> dict[str, Any]:
     """One run's record from its result (a summary.json, or a compare results.json entry:
-    the same keys) and its metrics.jsonl."""
-    metric = TASKS["lm" if task == "lm" else "mnist"].metric
+    the same keys) and its metrics.jsonl records (each evaluation's step, metric and bytes
+    sent so far)."""
+    metric = TASKS["lm" if task == "lm" else "mnist"].key
     return {
         "name": name,
         "task": task,
@@ -99,23 +113,21 @@ def _record(
         "final": result[f"final_{metric}"],
         "bytes_sent_per_step": result["bytes_sent_per_step"],
         "bytes_sent_total": result["bytes_sent_total"],
-        "evals": _evals(run, metric),
+        "evals": [(r["step"], r[metric], r["bytes_sent_total"]) for r in metrics if metric in r],
     }  # fmt: skip
 
 
 def load(raw: Path) -> list[dict[str, Any]]:
     """One record per finished run of ``RAW/runs``."""
     records = []
-    for run in sorted((raw / "runs").iterdir()):
+    for run in read_runs(raw / "runs"):
         m = NAME.match(run.name)
-        summary_path = run / "summary.json"
-        if not m or not summary_path.is_file():
+        if not m:
             continue
         recipe = m["mom"] + f"-lr{m['lr']}" + (f"-wu{m['wu']}" if m["wu"] else "")
         density = float(m["density"]) if m["density"] else None
-        summary = json.loads(summary_path.read_text())
-        records.append(_record(run, run.name, m["task"] or "mnist", m["method"], recipe,
-                               density, int(m["seed"]), summary))  # fmt: skip
+        records.append(_record(run.records, run.name, m["task"] or "mnist", m["method"], recipe,
+                               density, int(m["seed"]), run.summary))  # fmt: skip
     return records
 
 
@@ -131,34 +143,30 @@ def load_compare(dirs: Sequence[Path]) -> list[dict[str, Any]]:
         for method, result in json.loads((out / "results.json").read_text()).items():
             config = json.loads((out / method / "config.json").read_text())
             warmup = config.get("warmup_steps") or 0
-            recipe = f"m{result['momentum']:g}-lr{result['lr']:g}" + (f"-wu{warmup}" if warmup else "")
+            recipe = f"m{result['momentum']:g}-lr{result['lr']:g}" + (
+                f"-wu{warmup}" if warmup else ""
+            )
             density = None if method == "dense" else config["density"]
-            records.append(_record(out / method, f"{out.name}/{method}", "p8", method, recipe,
+            metrics = read_metrics(out / method / "metrics.jsonl")
+            records.append(_record(metrics, f"{out.name}/{method}", "p8", method, recipe,
                                    density, seed, result))  # fmt: skip
     return records
-
-
-def _bytes_to_close(evals: list[tuple[int, float, float]], ref: float, task: Task) -> float | None:
-    for _, value, sent in evals:
-        if task.close(value, ref):
-            return sent
-    return None
 
 
 def _dense_reference(
     records: list[dict[str, Any]], task: Task
 ) -> tuple[str, float, float, int] | None:
-    """(recipe, mean final metric, mean bytes per step, seeds) of dense's best recipe."""
-    by_recipe: dict[str, list[dict[str, Any]]] = {}
-    for r in records:
-        if r["method"] == "dense" and r["final"] is not None:
-            by_recipe.setdefault(r["recipe"], []).append(r)
+    """(recipe, mean final metric, mean bytes per step, seeds) of dense's best recipe: the
+    one with the most seeds (a one-seed recipe is not a reference), then the best mean."""
+    by_recipe = group(
+        (r for r in records if r["method"] == "dense" and r["final"] is not None),
+        lambda r: r["recipe"],
+    )
     if not by_recipe:
         return None
-    sign = 1 if task.higher_is_better else -1
+    sign = 1 if task.metric.higher_is_better else -1
 
     def score(item: tuple[str, list[dict[str, Any]]]) -> tuple[int, float]:
-        # more seeds first (a one-seed recipe is not a reference), then the better mean
         return len(item[1]), sign * statistics.mean(r["final"] for r in item[1])
 
     recipe, runs = max(by_recipe.items(), key=score)
@@ -173,40 +181,37 @@ def _dense_reference(
 def table(records: list[dict[str, Any]], task: Task) -> str:
     """The markdown table of every (method, recipe, density) cell of one task."""
     ref = _dense_reference(records, task)
-    cells: dict[tuple, list[dict[str, Any]]] = {}
-    for r in records:
-        cells.setdefault((r["density"] or 1.0, r["method"], r["recipe"]), []).append(r)
-    lines = [
-        f"| density | method | recipe | seeds | {task.label} | spread | vs dense | "
-        f"bytes/worker/step | x fewer than dense | {task.close_label} |",
-        "|---|---|---|---|---|---|---|---|---|---|",
-    ]
+    cells = group(records, lambda r: (r["density"] or 1.0, r["method"], r["recipe"]))
+    rows = []
     for (density, method, recipe), runs in sorted(
         cells.items(), key=lambda kv: (-kv[0][0], kv[0][1], kv[0][2])
     ):
         failed = [r for r in runs if r["final"] is None]
-        if failed:
-            lines.append(
-                f"| {density:g} | {method} | {recipe} | {len(runs)} | "
-                f"{len(failed)} run(s) {failed[0]['status']} | | | | | |"
+        if failed:  # the rest of the row stays blank
+            rows.append(
+                f"{density:g} | {method} | {recipe} | {len(runs)} | "
+                f"{len(failed)} run(s) {failed[0]['status']} | | | | |"
             )
             continue
         stopped = [r for r in runs if r["status"] != "completed"]
         seeds = str(len(runs)) + (f" ({len(stopped)} {stopped[0]['status']})" if stopped else "")
-        values = [r["final"] for r in runs]
-        mean = statistics.mean(values)
-        spread = max(values) - min(values)
+        band = seed_band([r["final"] for r in runs])
         per_step = statistics.mean(r["bytes_sent_per_step"] for r in runs)
         gap = fewer = reach = ""
         if ref is not None:
-            gap = task.gap(mean, ref[1])
+            gap = task.gap(band.mean, ref[1])
             fewer = f"{ref[2] / per_step:,.0f}x"
-            got = [_bytes_to_close(r["evals"], ref[1], task) for r in runs]
-            reach = ", ".join("not reached" if g is None else f"{g / 1e6:.1f} MB" for g in got)
-        lines.append(
-            f"| {density:g} | {method} | {recipe} | {seeds} | {task.fmt(mean)} | "
-            f"{task.fmt(spread)} | {gap} | {per_step:,.0f} | {fewer} | {reach} |"
+            got = [first_reaching(r["evals"], task.metric, ref[1]) for r in runs]
+            reach = ", ".join("not reached" if g is None else f"{g[2] / 1e6:.1f} MB" for g in got)
+        rows.append(
+            f"{density:g} | {method} | {recipe} | {seeds} | {task.fmt(band.mean)} | "
+            f"{task.fmt(band.spread)} | {gap} | {per_step:,.0f} | {fewer} | {reach}"
         )
+    head = (
+        f"density | method | recipe | seeds | {task.label} | spread | vs dense | "
+        f"bytes/worker/step | x fewer than dense | {task.close_label}"
+    )
+    lines = [markdown_table(head, rows)]
     if ref is not None:
         lines.append("")
         lines.append(f"Dense reference: {task.fmt(ref[1])} (mean of {ref[3]} seeds, {ref[0]}).")
@@ -233,10 +238,8 @@ def main() -> None:
     if args.p8 is None:
         args.p8 = [Path("runs/p8"), *sorted((args.raw / "runs").glob("p8-*"))]
     records = load(args.raw) + load_compare(args.p8)
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "recipe.json").write_text(json.dumps(records, indent=1) + "\n")
     text = report(records)
-    (args.out / "recipe.md").write_text(text + "\n")
+    write_summary(args.out, records, text + "\n", name="recipe")
     print(text)
 
 

@@ -31,11 +31,11 @@ import statistics
 from pathlib import Path
 
 import torch
+from lib.report import figure, markdown_table, read_metrics, save_png, write_summary
 
 from gssgd.costmodel.cluster import Link, predict_step
 from gssgd.costmodel.devices import get_device
 from gssgd.costmodel.method_specs import MethodSpec, method_spec
-from gssgd.train.metrics import read_metrics
 
 #: Run-name prefix -> the cell it measured.
 CELLS = {"mbit": "P = 4, 100 Mbit/s", "gbit": "P = 4, 1 Gbit/s", "p8": "P = 8, 100 Mbit/s"}
@@ -75,8 +75,11 @@ def _ratio(num: float | None, den: float | None) -> float | None:
 def _seed_ratios(rows: dict[str, dict]) -> dict:
     """gs's time to target over dense's and over the fastest rival's, in one run."""
     gs = rows.get("gs", {}).get("seconds_to_target")
-    rivals = [(rows[m]["seconds_to_target"], m) for m in RIVALS
-              if m in rows and rows[m]["seconds_to_target"] is not None]
+    rivals = [
+        (rows[m]["seconds_to_target"], m)
+        for m in RIVALS
+        if m in rows and rows[m]["seconds_to_target"] is not None
+    ]
     best = min(rivals) if rivals else (None, None)
     return {
         "gs_over_dense": _ratio(gs, rows.get("dense", {}).get("seconds_to_target")),
@@ -108,13 +111,22 @@ def advise_check(data: dict) -> dict:
     for m, r in rows.items():
         spec = _advised_spec(m, meta)
         predicted = predict_step(spec, meta["workers"], link, cpu, fwdbwd_s=fwdbwd).total
-        out[m] = {"predicted": predicted, "measured": r["seconds_per_step"],
-                  "rel_error": predicted / r["seconds_per_step"] - 1.0}
+        out[m] = {
+            "predicted": predicted,
+            "measured": r["seconds_per_step"],
+            "rel_error": predicted / r["seconds_per_step"] - 1.0,
+        }
     picked = min(out, key=lambda m: out[m]["predicted"])
     fastest = min(out, key=lambda m: out[m]["measured"])
     ratio = out[picked]["measured"] / out[fastest]["measured"]
-    return {"fwdbwd_s": fwdbwd, "methods": out, "picked": picked, "fastest": fastest,
-            "picked_over_fastest": ratio, "within_10pct": ratio <= 1.10}
+    return {
+        "fwdbwd_s": fwdbwd,
+        "methods": out,
+        "picked": picked,
+        "fastest": fastest,
+        "picked_over_fastest": ratio,
+        "within_10pct": ratio <= 1.10,
+    }
 
 
 def collect(root: Path) -> dict:
@@ -128,9 +140,13 @@ def collect(root: Path) -> dict:
             data = json.loads(path.read_text())
             rows = {m: _row(data[m]) for m in METHODS if m in data}
             seeds[run.name.split("-s")[-1]] = {
-                "methods": rows, "ratios": _seed_ratios(rows), "advise": advise_check(data),
+                "methods": rows,
+                "ratios": _seed_ratios(rows),
+                "advise": advise_check(data),
                 "command": data["_meta"]["command"],
-                "machine": data["_meta"]["machine"], "date": data["_meta"]["date"]}
+                "machine": data["_meta"]["machine"],
+                "date": data["_meta"]["date"],
+            }
         if seeds:
             out["cells"][label] = {"seeds": seeds, "methods": _aggregate(seeds)}
     for run in sorted(root.glob("gs-*")):
@@ -138,7 +154,9 @@ def collect(root: Path) -> dict:
         if path.exists():
             data = json.loads(path.read_text())
             out["gs_recipes"][run.name.removeprefix("gs-")] = {
-                **_row(data["gs"]), "command": data["_meta"]["command"]}
+                **_row(data["gs"]),
+                "command": data["_meta"]["command"],
+            }
     return out
 
 
@@ -163,69 +181,106 @@ def _f(v: float | None, fmt: str) -> str:
     return "-" if v is None else fmt.format(v)
 
 
+def _cell_tables(cell: dict) -> list[str]:
+    """One cell's three tables: per method over seeds, gs's ratios per seed, and advise's
+    predicted steps against the measured ones per seed."""
+    seeds = sorted(cell["seeds"])
+    rows = []
+    for m, a in cell["methods"].items():
+        runs = [cell["seeds"][s]["methods"].get(m) for s in seeds]
+        times = " / ".join(_f(r and r["seconds_to_target"], "{:.0f} s") for r in runs)
+        mbytes = " / ".join(
+            _f(r and r["bytes_to_target"] and r["bytes_to_target"] / 1e6, "{:.1f}") for r in runs
+        )
+        best = " / ".join(_f(r and r["best_test_accuracy"], "{:.1%}") for r in runs)
+        final = " / ".join(_f(r and r["final_test_accuracy"], "{:.1%}") for r in runs)
+        rows.append(
+            f"{m} | {a['median_seconds_per_step']:.3f} | {times} | "
+            f"{a['reached']}/{a['seeds']} | {mbytes} | {best} | {final}"
+        )
+    ratios = [
+        f"{s} | {_f(r['gs_over_dense'], '{:.2f}')} | {r['best_rival'] or '-'} "
+        f"| {_f(r['gs_over_best_rival'], '{:.2f}')}"
+        for s, r in ((s, cell["seeds"][s]["ratios"]) for s in seeds)
+    ]
+    advised = []
+    for s in seeds:
+        a = cell["seeds"][s]["advise"]
+        cells = [
+            f"{a['methods'][m]['predicted']:.3f} / {a['methods'][m]['measured']:.3f} "
+            f"({a['methods'][m]['rel_error']:+.0%})"
+            if m in a["methods"]
+            else "-"
+            for m in METHODS
+        ]
+        advised.append([s, *cells, a["picked"], a["fastest"], f"{a['picked_over_fastest']:.2f}"])
+    return [
+        markdown_table(
+            "method | s/step (median) | time to 90 % per seed | reached | MB to 90 % per seed "
+            "| best acc. per seed | final acc. per seed",
+            rows,
+        ),
+        "",
+        markdown_table("seed | gs / dense (time to 90 %) | best rival | gs / best rival", ratios),
+        "",
+        "`gssgd advise --device cpu` against the measured steps (predicted / measured "
+        "seconds, error):",
+        "",
+        markdown_table(
+            ["seed", *METHODS, "advise's pick", "measured fastest", "pick / fastest"], advised
+        ),
+        "",
+    ]
+
+
 def markdown(summary: dict) -> str:
+    """Every cell's tables under its title, then the gs recipes' table."""
     md: list[str] = []
     for label, cell in summary["cells"].items():
-        seeds = sorted(cell["seeds"])
-        md += [f"### {label}, seeds {', '.join(seeds)}", "",
-               "| method | s/step (median) | time to 90 % per seed | reached | MB to 90 % "
-               "per seed | best acc. per seed | final acc. per seed |", "|" + "---|" * 7]
-        for m, a in cell["methods"].items():
-            rows = [cell["seeds"][s]["methods"].get(m) for s in seeds]
-            times = " / ".join(_f(r and r["seconds_to_target"], "{:.0f} s") for r in rows)
-            mbytes = " / ".join(
-                _f(r and r["bytes_to_target"] and r["bytes_to_target"] / 1e6, "{:.1f}")
-                for r in rows)
-            best = " / ".join(_f(r and r["best_test_accuracy"], "{:.1%}") for r in rows)
-            final = " / ".join(_f(r and r["final_test_accuracy"], "{:.1%}") for r in rows)
-            md.append(f"| {m} | {a['median_seconds_per_step']:.3f} | {times} | "
-                      f"{a['reached']}/{a['seeds']} | {mbytes} | {best} | {final} |")
-        md += ["", "| seed | gs / dense (time to 90 %) | best rival | gs / best rival |",
-               "|---|---|---|---|"]
-        for s in seeds:
-            r = cell["seeds"][s]["ratios"]
-            md.append(f"| {s} | {_f(r['gs_over_dense'], '{:.2f}')} | {r['best_rival'] or '-'} "
-                      f"| {_f(r['gs_over_best_rival'], '{:.2f}')} |")
-        md += ["", "`gssgd advise --device cpu` against the measured steps (predicted / measured "
-               "seconds, error):", "",
-               "| seed | " + " | ".join(METHODS) + " | advise's pick | measured fastest | "
-               "pick / fastest |", "|" + "---|" * (len(METHODS) + 4)]
-        for s in seeds:
-            a = cell["seeds"][s]["advise"]
-            cells = [(f"{a['methods'][m]['predicted']:.3f} / {a['methods'][m]['measured']:.3f} "
-                      f"({a['methods'][m]['rel_error']:+.0%})") if m in a["methods"] else "-"
-                     for m in METHODS]
-            md.append(f"| {s} | " + " | ".join(cells) + f" | {a['picked']} | {a['fastest']} | "
-                      f"{a['picked_over_fastest']:.2f} |")
-        md.append("")
+        md += [f"### {label}, seeds {', '.join(sorted(cell['seeds']))}", "", *_cell_tables(cell)]
     if summary["gs_recipes"]:
-        md += ["### gs alone with another recipe, P = 4, 100 Mbit/s, seed 0", "",
-               "| run | s/step (median) | training clock at step 160 | time to 90 % | "
-               "accuracy at each evaluation (step: accuracy) |", "|---|---|---|---|---|"]
+        rows = []
         for name, r in summary["gs_recipes"].items():
             accs = ", ".join(f"{step + 1}: {acc:.1%}" for step, _, acc in r["evaluations"])
             clock = r["evaluations"][-1][1] if r["evaluations"] else None
-            md.append(f"| {name} | {r['seconds_per_step']:.3f} | {_f(clock, '{:.0f} s')} | "
-                      f"{_f(r['seconds_to_target'], '{:.0f} s')} | {accs} |")
+            rows.append(
+                f"{name} | {r['seconds_per_step']:.3f} | {_f(clock, '{:.0f} s')} | "
+                f"{_f(r['seconds_to_target'], '{:.0f} s')} | {accs}"
+            )
+        head = (
+            "run | s/step (median) | training clock at step 160 | time to 90 % "
+            "| accuracy at each evaluation (step: accuracy)"
+        )
+        md += [
+            "### gs alone with another recipe, P = 4, 100 Mbit/s, seed 0",
+            "",
+            markdown_table(head, rows),
+        ]
     return "\n".join(md) + "\n"
 
 
 def plot(summary: dict, path: Path) -> None:
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
-
+    """One panel per cell: test accuracy against the training clock, a line per method and
+    seed, the 90 % target dotted."""
     cells = list(summary["cells"].items())
-    fig = Figure(figsize=(6 * max(1, len(cells)), 4.2))
-    FigureCanvasAgg(fig)
-    colours = dict(zip(METHODS, ("black", "tab:blue", "tab:orange", "tab:green", "tab:red"), strict=True))
-    for i, (label, cell) in enumerate(cells):
-        ax = fig.add_subplot(1, len(cells), i + 1)
+    fig, axes = figure(len(cells), figsize=(6 * max(1, len(cells)), 4.2), squeeze=False)
+    colours = dict(
+        zip(METHODS, ("black", "tab:blue", "tab:orange", "tab:green", "tab:red"), strict=True)
+    )
+    for ax, (label, cell) in zip(axes[0], cells, strict=True):
         for seed, run in sorted(cell["seeds"].items()):
             for m, r in run["methods"].items():
                 xs = [t for _, t, _ in r["evaluations"]]
                 ys = [a for _, _, a in r["evaluations"]]
-                ax.plot(xs, ys, marker="o", ms=3, lw=1, color=colours[m],
-                        label=m if seed == min(cell["seeds"]) else None)
+                ax.plot(
+                    xs,
+                    ys,
+                    marker="o",
+                    ms=3,
+                    lw=1,
+                    color=colours[m],
+                    label=m if seed == min(cell["seeds"]) else None,
+                )
         ax.axhline(0.9, color="grey", ls=":", lw=1)
         ax.set_title(f"wide ResNet, MNIST, {label}")
         ax.set_xlabel("training clock (s)")
@@ -233,7 +288,7 @@ def plot(summary: dict, path: Path) -> None:
         ax.set_ylim(0, 1)
         ax.legend(loc="lower right", fontsize=8)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    save_png(fig, path)
 
 
 def main() -> None:
@@ -244,10 +299,8 @@ def main() -> None:
     summary = collect(args.dir)
     if not summary["cells"] and not summary["gs_recipes"]:
         raise SystemExit(f"no finished runs under {args.dir}: run scripts/ttt_study.sh first")
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
     text = markdown(summary)
-    (args.out / "summary.md").write_text(text)
+    write_summary(args.out, summary, text)
     if summary["cells"]:
         plot(summary, args.out / "ttt.png")
     print(text)
