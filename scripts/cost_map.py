@@ -29,6 +29,8 @@ import argparse
 import json
 from pathlib import Path
 
+from lib.report import figure, markdown_table, save_png  # this script's folder, scripts/
+
 from gssgd.costmodel.advice import advise
 from gssgd.costmodel.anchors import H200_ANCHOR
 from gssgd.costmodel.check import (
@@ -134,11 +136,15 @@ def run_map(out: Path) -> dict:
                     "winner": a.recommended.name,
                     "fastest_step": a.fastest_step.name,
                     "run_steps": n,
-                    "speedup_over_dense": _ratio(dense.target_seconds(n),
-                                                 a.recommended.target_seconds(n)),
+                    "speedup_over_dense": _ratio(
+                        dense.target_seconds(n), a.recommended.target_seconds(n)
+                    ),
                     "methods": {
-                        c.name: {**_split(c.step), "to_target": _sig(c.target_seconds(n)),
-                                 "reached": None if c.reach is None else c.reach.reached}
+                        c.name: {
+                            **_split(c.step),
+                            "to_target": _sig(c.target_seconds(n)),
+                            "reached": None if c.reach is None else c.reach.reached,
+                        }
                         for c in a.candidates
                     },
                 }
@@ -165,8 +171,11 @@ def _ratio(a: float | None, b: float | None) -> float | None:
 
 def _best_gs(cell: dict) -> tuple[str, float]:
     """The gs variant fastest to dense's accuracy, of those measured to reach it."""
-    gs = {n: m["to_target"] for n, m in cell["methods"].items()
-          if n.startswith("gs") and m["to_target"] is not None}
+    gs = {
+        n: m["to_target"]
+        for n, m in cell["methods"].items()
+        if n.startswith("gs") and m["to_target"] is not None
+    }
     name = min(gs, key=gs.__getitem__)
     return name, gs[name]
 
@@ -183,12 +192,7 @@ def win_tables(preds: dict) -> str:
         "",
     ]
     for model, by_rate in preds.items():
-        lines += [
-            f"**{model}**",
-            "",
-            "| link | " + " | ".join(f"P = {p}" for p in WORKERS) + " |",
-            "|---|" + "---|" * len(WORKERS),
-        ]
+        rows = []
         for rate_name, by_p in by_rate.items():
             cells = []
             for p in WORKERS:
@@ -199,15 +203,14 @@ def win_tables(preds: dict) -> str:
                 cells.append(
                     f"{cell['winner']}{star} ({cell['speedup_over_dense']:.1f}x) / {gs / win:.2f}"
                 )
-            lines.append(f"| {rate_name} | " + " | ".join(cells) + " |")
-        lines.append("")
+            rows.append([rate_name, *cells])
+        head = ["link", *(f"P = {p}" for p in WORKERS)]
+        lines += [f"**{model}**", "", markdown_table(head, rows), ""]
     return "\n".join(lines)
 
 
 def plot(preds: dict, path: Path) -> None:
     """One panel per model: P across, link rate up, each cell coloured by its winner."""
-    from matplotlib.figure import Figure
-
     winners = sorted({c["winner"] for m in preds.values() for r in m.values() for c in r.values()})
     palette = [
         "#4c72b0",
@@ -222,9 +225,8 @@ def plot(preds: dict, path: Path) -> None:
         "#64b5cd",
     ]
     colour = {w: palette[i % len(palette)] for i, w in enumerate(winners)}
-    fig = Figure(figsize=(4.2 * len(preds), 3.4))
-    for i, (model, by_rate) in enumerate(preds.items()):
-        ax = fig.add_subplot(1, len(preds), i + 1)
+    fig, axes = figure(len(preds), figsize=(4.2 * len(preds), 3.4), squeeze=False)
+    for ax, (model, by_rate) in zip(axes[0], preds.items(), strict=True):
         for y, by_p in enumerate(by_rate.values()):
             for x, p in enumerate(WORKERS):
                 cell = by_p[str(p)]
@@ -258,7 +260,7 @@ def plot(preds: dict, path: Path) -> None:
         fontsize=10,
     )
     fig.subplots_adjust(bottom=0.24, top=0.84, wspace=0.3)
-    fig.savefig(path, dpi=110)
+    save_png(fig, path)
 
 
 def _rect(x: float, y: float, colour: str):

@@ -31,13 +31,14 @@ import json
 import re
 from pathlib import Path
 
-import matplotlib
-from study_report import shrink_png  # the same directory: scripts/
-
-from gssgd.bench.report import fmt_bytes, splice_markdown
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
+from lib.report import (  # this script's folder, scripts/
+    figure,
+    fmt_bytes,
+    group,
+    markdown_table,
+    save_png,
+    splice_markdown,
+)
 
 BASELINES = ["dense", "dense16", "topk", "gtopk", "sketched"]
 LEVERS = {
@@ -67,9 +68,14 @@ def _ms(s: float) -> str:
     return f"{1000 * s:.0f}" if s >= 0.1 else f"{1000 * s:.1f}"
 
 
+def _cell(c: dict) -> list[str]:
+    """A row's first cells: the link, P and d."""
+    return [c["link"], str(c["P"]), f"{c['d']}M"]
+
+
 def speedup_table(cells: list[dict]) -> str:
-    head = ["link", "P", "d"] + [f"vs {b}" for b in BASELINES] + ["load avg"]
-    out = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    """gs's speed-up against each baseline (bold where gs is faster), per cell."""
+    rows = []
     for c in cells:
         gs = c["res"]["gs"]["seconds_per_step"]
         ratios = []
@@ -77,74 +83,84 @@ def speedup_table(cells: list[dict]) -> str:
             r = c["res"][b]["seconds_per_step"] / gs
             ratios.append(f"**{r:.2f}×**" if r > 1 else f"{r:.2f}×")
         load = c["meta"].get("load_average_1min_before")
-        out.append("| " + " | ".join([c["link"], str(c["P"]), f"{c['d']}M", *ratios,
-                                      f"{load:.1f}" if load is not None else "?"]) + " |")
-    return "\n".join(out)
+        rows.append([*_cell(c), *ratios, f"{load:.1f}" if load is not None else "?"])
+    return markdown_table(["link", "P", "d", *(f"vs {b}" for b in BASELINES), "load avg"], rows)
 
 
 def lever_table(cells: list[dict]) -> str:
-    head = ["link", "P", "d", "gs default (ms)"] + list(LEVERS) + ["fastest gs"]
-    out = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    """Each lever's time relative to gs's default, per cell, and the fastest gs."""
+    rows = []
     for c in cells:
         gs = c["res"]["gs"]["seconds_per_step"]
         rel = {v: c["res"][v]["seconds_per_step"] / gs for v in LEVERS if v in c["res"]}
         best = min(rel, key=rel.get) if rel and min(rel.values()) < 1 else "gs"
-        out.append("| " + " | ".join([c["link"], str(c["P"]), f"{c['d']}M", _ms(gs),
-                                      *(f"{rel[v]:.2f}" if v in rel else "—" for v in LEVERS),
-                                      best]) + " |")
-    return "\n".join(out)
+        rows.append(
+            [*_cell(c), _ms(gs), *(f"{rel[v]:.2f}" if v in rel else "—" for v in LEVERS), best]
+        )
+    return markdown_table(["link", "P", "d", "gs default (ms)", *LEVERS, "fastest gs"], rows)
+
+
+def _bytes(result: dict | None, method: str) -> str:
+    """A method's bytes per worker per step in one cell (Sketched-SGD's server's too)."""
+    if result is None:
+        return "—"
+    text = fmt_bytes(result["bytes_sent_per_step"])
+    if method == "sketched":
+        text += f" ({fmt_bytes(result['bytes_sent_max_per_step'])})"
+    return text
 
 
 def time_table(cells: list[dict]) -> str:
+    """Milliseconds per step of every method per cell, then bytes per worker per (P, d)."""
     methods = [m for m in [*BASELINES, "gs", *LEVERS] if any(m in c["res"] for c in cells)]
-    head = ["link", "P", "d"] + methods
-    out = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    for c in cells:
-        out.append("| " + " | ".join([c["link"], str(c["P"]), f"{c['d']}M"]
-                                     + [_ms(c["res"][m]["seconds_per_step"]) if m in c["res"]
-                                        else "—" for m in methods]) + " |")
-    out.append("")
-    out.append("Bytes sent per worker per step (mean over ranks; Sketched-SGD's server in "
-               "parentheses):")
-    out.append("")
-    out.append("| P | d | " + " | ".join(methods) + " |")
-    out.append("|---|---|" + "---|" * len(methods))
-    seen = set()
-    for c in cells:
-        if (c["P"], c["d"]) in seen:
-            continue
-        seen.add((c["P"], c["d"]))
-        row = []
-        for m in methods:
-            r = c["res"].get(m)
-            if r is None:
-                row.append("—")
-                continue
-            text = fmt_bytes(r["bytes_sent_per_step"])
-            if m == "sketched":
-                text += f" ({fmt_bytes(r['bytes_sent_max_per_step'])})"
-            row.append(text)
-        out.append(f"| {c['P']} | {c['d']}M | " + " | ".join(row) + " |")
-    return "\n".join(out)
+    times = [
+        [
+            *_cell(c),
+            *(_ms(c["res"][m]["seconds_per_step"]) if m in c["res"] else "—" for m in methods),
+        ]
+        for c in cells
+    ]
+    # one row per (P, d), its first cell's: the bytes do not depend on the link
+    first = [same[0] for same in group(cells, lambda c: (c["P"], c["d"])).values()]
+    sizes = [
+        [str(c["P"]), f"{c['d']}M", *(_bytes(c["res"].get(m), m) for m in methods)] for c in first
+    ]
+    return "\n".join(
+        [
+            markdown_table(["link", "P", "d", *methods], times),
+            "",
+            "Bytes sent per worker per step (mean over ranks; Sketched-SGD's server in parentheses):",
+            "",
+            markdown_table(["P", "d", *methods], sizes),
+        ]
+    )
 
 
 def plot(cells: list[dict], path: Path) -> None:
-    fig, axes = plt.subplots(1, len(BASELINES), figsize=(4 * len(BASELINES), 3.6), sharey=True)
+    """gs's speed-up against d, one panel per baseline, a line per link and P."""
+    fig, axes = figure(len(BASELINES), figsize=(4 * len(BASELINES), 3.6), sharey=True)
     for ax, b in zip(axes, BASELINES, strict=True):
         for link, style in (("100mbit", "-"), ("1gbit", "--")):
             for p, color in ((4, "tab:blue"), (8, "tab:red")):
-                pts = [(c["d"], c["res"][b]["seconds_per_step"] / c["res"]["gs"]["seconds_per_step"])
-                       for c in cells if c["link"] == link and c["P"] == p]
+                pts = [
+                    (c["d"], c["res"][b]["seconds_per_step"] / c["res"]["gs"]["seconds_per_step"])
+                    for c in cells
+                    if c["link"] == link and c["P"] == p
+                ]
                 if pts:
-                    ax.plot(*zip(*pts, strict=True), style, color=color, marker="o", label=f"P={p}, {link}")
+                    ax.plot(
+                        *zip(*pts, strict=True),
+                        style,
+                        color=color,
+                        marker="o",
+                        label=f"P={p}, {link}",
+                    )
         ax.axhline(1, color="k", lw=0.8)
         ax.set(xscale="log", yscale="log", xlabel="d (millions)", title=f"gs vs {b}")
     axes[0].set_ylabel("speed-up of gs (>1: gs faster)")
     axes[0].legend(fontsize=7)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    shrink_png(path)
+    save_png(fig, path, shrink=True)
 
 
 def main() -> None:
@@ -157,14 +173,23 @@ def main() -> None:
     cells = load(args.grid)
     if not cells:
         raise SystemExit(f"no results under {args.grid}: run scripts/bench_grid.sh first")
-    md = "\n".join([
-        "**gs-SGD's speed-up** (the other method's time / gs's time, same run; > 1: gs is "
-        "faster):", "", speedup_table(cells), "",
-        "**Levers** (time of the gs variant / gs default's time, same run; < 1: the lever "
-        "helps):", "", lever_table(cells), "",
-        "**Milliseconds per step** (median over steps of the slowest rank):", "",
-        time_table(cells),
-    ])
+    md = "\n".join(
+        [
+            "**gs-SGD's speed-up** (the other method's time / gs's time, same run; > 1: gs is "
+            "faster):",
+            "",
+            speedup_table(cells),
+            "",
+            "**Levers** (time of the gs variant / gs default's time, same run; < 1: the lever "
+            "helps):",
+            "",
+            lever_table(cells),
+            "",
+            "**Milliseconds per step** (median over steps of the slowest rank):",
+            "",
+            time_table(cells),
+        ]
+    )
     print(md)
     plot(cells, plot_path)
     print(f"\nwrote {plot_path}")
