@@ -32,6 +32,7 @@ from lib.report import (  # noqa: E402
     LOSS,
     Band,
     busier_totals,
+    draw_band,
     figure,
     first_reaching,
     group,
@@ -200,3 +201,13 @@ def test_the_same_figure_makes_the_same_png_and_summary(tmp_path: Path) -> None:
     written = write_summary(tmp_path / "out", {"a": [1, 2]}, "| a |\n", indent=2, name="x")
     assert [p.name for p in written] == ["x.json", "x.md"]
     assert written[0].read_text() == '{\n  "a": [\n    1,\n    2\n  ]\n}\n'
+
+
+def test_draw_band_draws_the_seeds_mean_and_shades_their_band() -> None:
+    fig, ax = figure()
+    bands = [Band(0.5, 0.4, 0.6), Band(0.7, 0.7, 0.8)]
+    line = draw_band(ax, [1.0, 2.0], bands, scale=100, label="gs")
+    assert list(line.get_ydata()) == [50.0, 70.0] and line.get_label() == "gs"
+    (shade,) = ax.collections
+    ys = shade.get_paths()[0].vertices[:, 1]
+    assert (min(ys), max(ys)) == (pytest.approx(40.0), pytest.approx(80.0))
