@@ -29,6 +29,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from frontier_report import ACCURACY, Metric, metric_of, summarise  # noqa: E402
+from lib.report import Band, draw_band, figure, group, markdown_table, save_png, write_summary  # noqa: E402
 
 #: The rivals gs is judged against (:func:`method_of` a run's curve).
 RIVALS = ("powersgd", "gtopk", "topk", "sketched")
@@ -57,9 +58,7 @@ def method_of(curve: str) -> str:
 
 def curves(table: dict[str, Any]) -> dict[str, list[tuple[str, dict[str, Any]]]]:
     """Each method's levels, by increasing steady bytes."""
-    out: dict[str, list[tuple[str, dict[str, Any]]]] = {}
-    for name, row in table.items():
-        out.setdefault(family(name), []).append((name, row))
+    out = group(table.items(), lambda nr: family(nr[0]))
     return {f: sorted(rows, key=lambda nr: nr[1]["bytes_steady"]) for f, rows in out.items()}
 
 
@@ -119,40 +118,32 @@ def targets(summary: dict[str, dict[str, Any]], m: Metric = ACCURACY) -> dict[st
 def markdown(summary: dict[str, dict[str, Any]], goals: dict[str, Any], m: Metric) -> str:
     lines = []
     for p, table in summary.items():
-        lines += [f"### P = {p}", "",
-                  f"| method | level | seeds | test {m.key} (min–max) | bytes / step, steady "
-                  "| bytes / step, whole run | to dense − 0.5 pt | steps there |",
-                  "|---|---|---|---|---|---|---|---|"]
+        cells = []
         for f, rows in sorted(curves(table).items()):
             for name, r in rows:
                 to = r.get(TO_TARGET)
-                lines.append(
-                    f"| {f} | {name[len(f) + 1:] or '–'} | {r['seeds']} | {m.show(r[m.key])} "
+                cells.append(
+                    f"{f} | {name[len(f) + 1:] or '–'} | {r['seeds']} | {m.show(r[m.key])} "
                     f"({m.number(r[f'{m.key}_min'])}–{m.number(r[f'{m.key}_max'])}) "
                     f"| {r['bytes_steady']:,.0f} | {r['bytes_run']:,.0f} "
                     f"| {'not reached' if to is None else f'{to / 1e6:,.2f} MB'} "
-                    f"| {r['steps_to_target'] or '–'} |")
-        lines += ["", "```", json.dumps(goals.get(p, {}), indent=1), "```", ""]
+                    f"| {r['steps_to_target'] or '–'}")
+        head = (f"method | level | seeds | test {m.key} (min–max) | bytes / step, steady "
+                "| bytes / step, whole run | to dense − 0.5 pt | steps there")
+        lines += [f"### P = {p}", "", markdown_table(head, cells),
+                  "", "```", json.dumps(goals.get(p, {}), indent=1), "```", ""]
     return "\n".join(lines)
 
 
 def plot(summary: dict[str, dict[str, Any]], out: Path, title: str, m: Metric) -> list[Path]:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     paths = []
     scale = 100 if m.higher_is_better else 1
     for p, table in summary.items():
-        fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
+        fig, (left, right) = figure(2, figsize=(11, 4))
         for f, rows in sorted(curves(table).items()):
             x = [r["bytes_steady"] for _, r in rows]
-            y = [scale * r[m.key] for _, r in rows]
-            line, = left.plot(x, y, "o-", label=f)
-            left.fill_between(x, [scale * r[f"{m.key}_min"] for _, r in rows],
-                              [scale * r[f"{m.key}_max"] for _, r in rows],
-                              color=line.get_color(), alpha=0.15)
+            bands = [Band(r[m.key], r[f"{m.key}_min"], r[f"{m.key}_max"]) for _, r in rows]
+            line = draw_band(left, x, bands, scale, label=f)
             reached = [(n, r[TO_TARGET]) for n, r in rows if r.get(TO_TARGET) is not None]
             if reached:
                 right.scatter([b / 1e6 for _, b in reached], [f] * len(reached),
@@ -168,24 +159,18 @@ def plot(summary: dict[str, dict[str, Any]], out: Path, title: str, m: Metric) -
         right.set_xlabel("busiest rank's bytes until dense − 0.5 point (MB)")
         fig.suptitle(f"{title}, P = {p} (simulated; bands: seeds' min–max)")
         fig.tight_layout()
-        path = out / f"fair_P{p}.png"
-        fig.savefig(path, dpi=110)
-        plt.close(fig)
-        paths.append(path)
+        paths.append(save_png(fig, out / f"fair_P{p}.png"))
     return paths
 
 
 def main() -> None:
     runs_dir = Path(sys.argv[1]) if len(sys.argv) > 1 else Path("runs/fair-frontier/mnist")
     out = Path(sys.argv[2]) if len(sys.argv) > 2 else Path("docs/results/fair-frontier-mnist")
-    out.mkdir(parents=True, exist_ok=True)
     m = metric_of(runs_dir)
     summary = summarise(runs_dir, m, dense_of=best_dense)
     goals = targets(summary, m)
-    (out / "summary.json").write_text(
-        json.dumps({"by_P": summary, "targets": goals}, indent=1) + "\n")
     text = markdown(summary, goals, m)
-    (out / "summary.md").write_text(text)
+    write_summary(out, {"by_P": summary, "targets": goals}, text)
     print(text)
     title = f"CNN on {runs_dir.name}, weak scaling"
     print("wrote", out / "summary.json", *plot(summary, out, title, m))
