@@ -11,7 +11,7 @@ taken from one run (one cell):
 * milliseconds per step and bytes per worker of every method.
 
 It also writes ``--plot`` (default ``<grid>/grid.png``: gs's speed-up against d, one panel
-per baseline; recompressed losslessly with optipng and zopflipng when installed) and, with
+per baseline; sized for the web by lib.report.shrink_png) and, with
 ``--doc``, splices the tables into that markdown file between ``<!-- BEGIN grid -->`` and
 ``<!-- END grid -->`` (the prose around them is kept).
 

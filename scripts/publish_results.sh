@@ -8,8 +8,8 @@
 # ignores). Only its top-level summaries are copied: results.json, table.txt, model.json,
 # tables.txt and the plots (*.png). Everything else stays in RAW_DIR: workers/ (per-rank
 # records), per-method training folders (metrics.jsonl, summary.json, config.json, logs/),
-# run.log. The plots are recompressed losslessly with optipng and zopflipng where they are
-# installed (`apt-get install optipng zopfli`), so the committed docs stay small.
+# run.log. The plots are sized for the web (scripts/lib/report.py's shrink_png), so the
+# committed docs stay small.
 # PLOTS=0 leaves the plots behind too (the aggregation grid's per-cell plots: grid.png
 # summarises them, and docs/ stays under its size budget).
 set -euo pipefail
@@ -23,14 +23,11 @@ if [ ! -d "$raw" ]; then
     echo "$0: no folder $raw" >&2
     exit 1
 fi
-# shrink_png FILE: recompress losslessly with optipng, then zopflipng, where installed.
+# shrink_png FILE: size a plot for the web as every committed plot is (a 256-colour
+# palette: scripts/lib/report.py's shrink_png).
 shrink_png() {
-    if command -v optipng >/dev/null; then optipng -quiet -o2 -strip all "$1"; fi
-    if command -v zopflipng >/dev/null; then
-        zopflipng -y --filters=p --iterations=3 "$1" "$1.zopfli" >/dev/null 2>&1 \
-            && [ "$(stat -c %s "$1.zopfli")" -lt "$(stat -c %s "$1")" ] && mv "$1.zopfli" "$1"
-        rm -f "$1.zopfli"
-    fi
+    "${PYTHON:-.venv/bin/python}" -c 'import sys; from pathlib import Path
+sys.path.insert(0, "scripts"); from lib.report import shrink_png; shrink_png(Path(sys.argv[1]))' "$1"
 }
 
 mkdir -p "$dst"

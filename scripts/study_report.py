@@ -7,12 +7,12 @@ Reads the raw runs, kept out of git under ``runs/study/`` (``--raw``): every run
 ``docs/study``):
 
 * ``docs/study/results.json``   one record per run (the numbers the tables show);
-* ``docs/study/tables.md``      the markdown tables, one per part;
-* ``docs/study/*.png``          the plots (matplotlib, Agg; recompressed losslessly with
-                                optipng and zopflipng when installed);
-* ``docs/study.md``             the tables are also spliced into it between
-                                ``<!-- BEGIN name -->`` / ``<!-- END name -->`` markers,
-                                where those markers exist (the prose around them is kept).
+* ``docs/study/*.png``          the plots (matplotlib, Agg; sized for the web by
+                                ``lib.report.shrink_png``);
+* ``docs/study.md``             the tables, one per part, spliced into it between
+                                ``<!-- BEGIN name -->`` / ``<!-- END name -->`` markers
+                                (the prose around them is kept); without that page
+                                (``--doc``), ``OUT/tables.md`` instead.
 
 Remake everything docs/study.md shows:
 
@@ -613,9 +613,10 @@ def main() -> None:
     public = {n: {k: v for k, v in r.items() if not k.startswith("_")} for n, r in runs.items()}
     (sd / "results.json").write_text(json.dumps(public, indent=1, sort_keys=True) + "\n")
     md = "\n\n".join(f"## {name}\n\n{body}" for name, body in blocks.items())
-    (sd / "tables.md").write_text(md + "\n")
     if args.doc.exists():
         splice_markdown(args.doc, blocks)
+    else:  # no page to splice into: keep the tables beside the results
+        (sd / "tables.md").write_text(md + "\n")
     print(md)
     if args.clean_checkpoints:
         for ck in (raw / "runs").glob("*/checkpoints"):

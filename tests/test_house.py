@@ -69,3 +69,35 @@ def test_no_import_circles() -> None:
                     stack.append((nxt, [*route, nxt]))
     assert not circles, "import circles (move the shared piece to a lower module): " + "; ".join(
         sorted(set(circles))[:5])
+
+
+DOCS = PACKAGE.parent / "docs"
+#: docs/ holds summaries and web-sized plots only (issue #38): what remakes them is in
+#: scripts/, the raw runs under runs/ (git-ignored).
+MAX_DOCS_FILES, MAX_DOCS_BYTES = 149, 4_000_000
+
+
+def _docs_files() -> list[Path]:
+    """The files docs/ ships: not the API reference's local build (docs/api/_build)."""
+    return [p for p in DOCS.rglob("*") if p.is_file() and "_build" not in p.parts
+            and "__pycache__" not in p.parts]
+
+
+def test_docs_stay_small() -> None:
+    files = _docs_files()
+    size = sum(p.stat().st_size for p in files)
+    assert len(files) <= MAX_DOCS_FILES, (
+        f"docs/ holds {len(files)} files (at most {MAX_DOCS_FILES}): commit summaries and the "
+        "plots a page shows; leave the rest in runs/ (PLOTS=0 scripts/publish_results.sh)")
+    assert size <= MAX_DOCS_BYTES, (
+        f"docs/ holds {size:,} bytes (at most {MAX_DOCS_BYTES:,}): size plots with "
+        "scripts/lib/report.py's shrink_png")
+
+
+def test_committed_plots_are_web_sized() -> None:
+    """Every plot is a palette PNG (shrink_png's output), not matplotlib's full-colour one."""
+    from PIL import Image
+
+    full = [str(p.relative_to(DOCS)) for p in _docs_files() if p.suffix == ".png"
+            and Image.open(p).mode != "P"]
+    assert not full, f"plots not sized for the web (run shrink_png on them): {full}"
