@@ -17,6 +17,12 @@ method compresses) and the update it delivers. Per step it records:
 
     .venv/bin/python scripts/lm_selection_analysis.py --workers 4 16 --steps 300 \\
         --out docs/results/lm-selection
+    .venv/bin/python scripts/lm_selection_analysis.py --workers 16 --steps 200 --append \\
+        --methods gs:prefilter=1 gs:prefilter=2 gs:cols=15872 gs
+
+A method may carry aggregator options after a colon (``gs:prefilter=1,candidates=16``):
+the levers, each run under that name. Every run also records the busiest rank's bytes a
+step (sent or received, the larger) after the warm-up.
 
 writes ``summary.json`` (every figure, by P and method), ``summary.md`` (the tables) and a
 plot. Raw per-step records stay in memory; the summary averages the steps after the
@@ -134,9 +140,34 @@ class Probe:
         return out
 
 
-def run(method: str, workers: int, steps: int, density: float, global_batch: int,
+def parse_method(spec: str) -> tuple[str, dict[str, int | float]]:
+    """``gs:prefilter=1,cols=15872`` -> ``("gs", {"prefilter": 1, "cols": 15872})``.
+
+    Raises:
+        ValueError: an option without ``=`` or with a value that is not a number.
+    """
+    method, _, rest = spec.partition(":")
+    options: dict[str, int | float] = {}
+    for item in filter(None, rest.split(",")):
+        name, eq, value = item.partition("=")
+        if not eq:
+            raise ValueError(f"option {item!r} of {spec!r} is invalid: write NAME=VALUE")
+        try:
+            options[name] = int(value)
+        except ValueError:
+            try:
+                options[name] = float(value)
+            except ValueError:
+                raise ValueError(f"option {item!r} of {spec!r}: {value!r} is not a number "
+                                 "(the levers take numbers)") from None
+    return method, options
+
+
+def run(spec: str, workers: int, steps: int, density: float, global_batch: int,
         seed: int) -> dict[str, Any]:
-    """One simulated run with its probe; the summary and the final training loss."""
+    """One simulated run with its probe; the summary, the final training loss and the
+    busiest rank's bytes a step after the warm-up."""
+    method, overrides = parse_method(spec)
     cfg = TrainConfig(method=method, dataset="shakespeare", model="lm", workers=workers,
                       simulate=True, density=density, seed=seed, steps=steps,
                       progress=False)
@@ -149,7 +180,8 @@ def run(method: str, workers: int, steps: int, density: float, global_batch: int
     d = sum(p.numel() for p in params)
     optimizer = make_optimizer(model, cfg)
     world = SimulatedWorld(workers)
-    aggs = [make_aggregator(method, d, density, group=world.rank(r), **cfg.aggregator_options())
+    options = {**cfg.aggregator_options(), **overrides}
+    aggs = [make_aggregator(method, d, density, group=world.rank(r), **options)
             for r in range(workers)]
     captured: list[torch.Tensor | None] = [None] * workers
     for r, agg in enumerate(aggs):
@@ -163,6 +195,7 @@ def run(method: str, workers: int, steps: int, density: float, global_batch: int
         agg._error_compensated = capture  # type: ignore[method-assign]
     probe = Probe(d, parts)
     loss_value = math.nan
+    busiest: list[float] = []
     for step in range(steps):
         grads, losses = [], []
         for r in range(workers):
@@ -173,23 +206,29 @@ def run(method: str, workers: int, steps: int, density: float, global_batch: int
             grads.append(torch.cat([g.reshape(-1) for g in parts_]))
         updates = world.run(lambda rank, g=grads: aggs[rank.rank].step(g[rank.rank]))
         probe.record(step, captured, grads, updates[0], aggs[0].step_k)  # type: ignore[arg-type]
+        if step >= (cfg.warmup_steps or 0):
+            busiest.append(max(max(a.last_stats.bytes_sent, a.last_stats.bytes_received)
+                               for a in aggs))
         for p, piece in zip(params, updates[0].split([p.numel() for p in params]), strict=True):
             p.grad = piece.view_as(p).clone()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         loss_value = statistics.mean(losses)
-    return {"final_train_loss": loss_value, "d": d, "k": aggs[0].k,
+    return {"final_train_loss": loss_value, "d": d, "k": aggs[0].k, "options": overrides,
+            "busiest_bytes_per_step": statistics.mean(busiest) if busiest else None,
             **probe.summary(skip=cfg.warmup_steps or 0)}
 
 
 def markdown(results: dict[str, dict[str, Any]]) -> str:
-    lines = ["| P | method | train loss | mass on global top-k | on union of local top-k | "
-             "delivered | union / k | global top-k in union | in delivered |",
-             "|---|---|---|---|---|---|---|---|---|"]
+    lines = ["| P | method | train loss | busiest B / step | mass on global top-k | "
+             "on union of local top-k | delivered | union / k | global top-k in union | "
+             "in delivered |", "|---|---|---|---|---|---|---|---|---|---|"]
     for p, by in results.items():
         for m, r in by.items():
+            link = r.get("busiest_bytes_per_step")
             lines.append(
-                f"| {p} | {m} | {r['final_train_loss']:.3f} | {r['mass_on_global_topk']:.1%} | "
+                f"| {p} | {m} | {r['final_train_loss']:.3f} | "
+                f"{'–' if link is None else f'{link:,.0f}'} | {r['mass_on_global_topk']:.1%} | "
                 f"{r['mass_on_union_of_local_topk']:.1%} | {r['mass_on_delivered']:.1%} | "
                 f"{r['union_size_over_k']:.1f} | {r['global_topk_in_union']:.1%} | "
                 f"{r['global_topk_delivered']:.1%} |")
@@ -221,15 +260,22 @@ def main() -> None:
     ap.add_argument("--global-batch", type=int, default=128)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", type=Path, default=Path("docs/results/lm-selection"))
+    ap.add_argument("--append", action="store_true",
+                    help="keep the runs already in OUT/summary.json (a run of the same P and "
+                         "method is replaced) and add these")
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     torch.set_num_threads(1)
     results: dict[str, dict[str, Any]] = {}
+    if args.append and (args.out / "summary.json").exists():
+        results = json.loads((args.out / "summary.json").read_text())["results"]
     for p in args.workers:
         for m in args.methods:
             print(f"P = {p}, {m} ...", flush=True)
-            results.setdefault(str(p), {})[m] = run(m, p, args.steps, args.density,
-                                                    args.global_batch, args.seed)
+            record = run(m, p, args.steps, args.density, args.global_batch, args.seed)
+            record.update(steps=args.steps, density=args.density,
+                          global_batch=args.global_batch, seed=args.seed)
+            results.setdefault(str(p), {})[m] = record
             (args.out / "summary.json").write_text(json.dumps(
                 {"args": {k: str(v) for k, v in vars(args).items()}, "results": results},
                 indent=1) + "\n")
