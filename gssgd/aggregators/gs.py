@@ -17,7 +17,9 @@ Steps (per rank p, each step):
        (``exact=False``): keep the sketch's top k and their estimates (one round).
        With ``reuse`` R > 1, only every R-th step (after any density warm-up) runs steps
        2-4; the steps between run step 5 at the last sketched step's candidates (Ok-Topk's
-       reuse of a selection across steps).
+       reuse of a selection across steps). With ``chunk`` C, steps 4 and 5 select by chunk
+       of C coordinates, each chunk its share of the m*k and of the k
+       (:mod:`gssgd.aggregators.chunked`, as DeMo and SparseLoCo select).
     6. Update: the k values / P. Error feedback: ``e_p = a_p`` with those k coordinates
        zeroed on every rank.
 
@@ -45,6 +47,7 @@ import torch
 
 from gssgd._select import topk_indices
 from gssgd.aggregators.base import Aggregator
+from gssgd.aggregators.chunked import chunk_quotas, grouped_topk_indices
 from gssgd.aggregators.guard import CollapseGuard, SketchCollapseError, audit_interval
 from gssgd.aggregators.options import GSOptions
 from gssgd.aggregators.sketch_feedback import SketchFeedback
@@ -213,10 +216,30 @@ class GlobalSketchSGD(Aggregator):
         return self._finish(update, delivered_fraction=delivered)
 
     def _candidates(self, summed: Any, num_candidates: int) -> torch.Tensor:
-        """The ``num_candidates`` heaviest coordinates of the summed sketch, sorted by index:
-        the set is the same on every rank and, sorted, so is its order (the exact round sends
-        values only, matched by position)."""
+        """The ``num_candidates`` heaviest coordinates of the summed sketch (with ``chunk``:
+        each chunk's share of them), sorted by index: the set is the same on every rank and,
+        sorted, so is its order (the exact round sends values only, matched by position)."""
+        if self.options.chunk:
+            return self._largest(summed.query().abs(), None, num_candidates)
         return summed.heavy_hitters(num_candidates, ordered=False)[0].sort().values
+
+    def _largest(self, scores: torch.Tensor, coords: torch.Tensor | None, total: int
+                 ) -> torch.Tensor:
+        """Positions into ``scores`` of its ``total`` largest (ties: the lower position); with
+        ``chunk`` C, each chunk of C coordinates its share of ``total``
+        (:func:`~gssgd.aggregators.chunked.chunk_quotas`), sorted.
+
+        Args:
+            scores: 1-D, one score per coordinate of ``coords``.
+            coords: the coordinate (in [0, d), ascending) of each score; None: all d.
+            total: how many to select.
+        """
+        chunk = self.options.chunk
+        if not chunk:
+            return topk_indices(scores, total)
+        if coords is None:
+            coords = torch.arange(self.d, device=scores.device)
+        return grouped_topk_indices(scores, coords // chunk, chunk_quotas(self.d, chunk, total))
 
     def _recover_and_update(
         self, accumulated: torch.Tensor, summed: Any, k: int, num_candidates: int,
@@ -256,7 +279,7 @@ class GlobalSketchSGD(Aggregator):
                     self.kept_candidates = candidates
             exact = self._allreduce(accumulated[candidates])
             with self._timed("decompress"):
-                keep = topk_indices(exact.abs(), k)
+                keep = self._largest(exact.abs(), candidates, k)
                 chosen, values = candidates[keep], exact[keep]
         else:
             with self._timed("decompress"):
@@ -270,7 +293,7 @@ class GlobalSketchSGD(Aggregator):
             total = summed.l2_estimate() ** 2 if summed is not None else None
             delivered = None if total is None else mass / total if total > 0 else 1.0
         if audit:
-            best = exact_global[topk_indices(exact_global.abs(), k)]
+            best = exact_global[self._largest(exact_global.abs(), None, k)]
             best_mass = float(best.double().pow(2).sum())
             self._audit_recall = mass / best_mass if best_mass > 0 else 1.0
             if self.guard.collapsed(self._audit_recall):

@@ -524,6 +524,12 @@ class GSOptions(SketchedOptions):
             the residual for the next sketch. 1 (default): sketch every step. Needs the
             exact round (``exact=True``). A sketch the guard has grown, or a step with no
             kept set, sketches. The collapse guard audits and counts sketching steps only.
+        chunk: C >= 1: select by chunk of C consecutive coordinates, as DeMo and SparseLoCo
+            do (:mod:`gssgd.aggregators.chunked`): the m*k candidates and the k delivered
+            are shared out over the chunks in proportion to their lengths, and each chunk
+            takes its largest; the guard then measures against the exact vector's top k
+            chosen the same way. 0 (default): one selection over the whole vector. Needs
+            the exact round.
 
     ``allreduce`` left None takes :func:`sketch_default_shape`'s value too.
     """
@@ -532,6 +538,7 @@ class GSOptions(SketchedOptions):
     allreduce: str | None = None
     guard: str = "grow"
     reuse: int = 1
+    chunk: int = 0
     shape_fields: ClassVar[tuple[str, ...]] = SketchedOptions.shape_fields + ("allreduce",)
 
     def __post_init__(self) -> None:
@@ -555,6 +562,14 @@ class GSOptions(SketchedOptions):
             raise _bad("reuse", self.reuse,
                        "reusing the candidate set needs the exact round, which exact=False "
                        "turns off", "Use exact=True with reuse > 1, or reuse=1.")
+        if not _is_int(self.chunk) or self.chunk < 0:
+            raise _bad("chunk", self.chunk,
+                       "it must be an integer >= 0 (0: one selection over the whole vector; "
+                       "C: by chunk of C coordinates)", "For example chunk=4096 (SparseLoCo's).")
+        if self.chunk and not self.exact:
+            raise _bad("chunk", self.chunk,
+                       "selecting by chunk needs the exact round, which exact=False turns off",
+                       "Use exact=True with chunk, or chunk=0.")
         if self.feedback == "fetchsgd" and self.exact:
             raise _bad("exact", self.exact,
                        "feedback='fetchsgd' keeps the error in sketch space and has no exact "

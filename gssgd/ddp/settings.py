@@ -52,6 +52,12 @@ def check_overlap(overlap: object, method: str, whole_model: bool, options: dict
             "pre-filter needs the whole gradient's top coordinates before the first bucket "
             "is sketched. Drop prefilter or use overlap='none'."
         )
+    if options.get("chunk"):
+        raise ValueError(
+            f"chunk={options['chunk']!r} cannot be used with overlap='stream': the streamed "
+            "buckets recover their candidates bucket by bucket, not by chunk. Use chunk=0 or "
+            "overlap='none'."
+        )
     if options.get("reuse", 1) != 1:
         raise ValueError(
             f"reuse={options['reuse']!r} cannot be used with overlap='stream': the streamed "

@@ -85,6 +85,7 @@ METHOD_SETTINGS: tuple[str, ...] = (
     "guard",
     "prefilter",
     "reuse",
+    "chunk",
     "powersgd_rank",
     "start_iter",
     "per_bucket",
@@ -224,6 +225,7 @@ class TrainConfig:
     guard: str | None = None  # gs: on a collapsed sketch grow it (default), raise, or off
     prefilter: int | None = None  # sketched, gs: each worker sketches only its own prefilter*k largest
     reuse: int | None = None  # gs: sketch every reuse-th step, between them reuse its candidates
+    chunk: int | None = None  # gs: select by chunk of this many coordinates (DeMo/SparseLoCo)
     powersgd_rank: int | None = None  # powersgd, torch-powersgd: the rank r (default 2)
     start_iter: int | None = None  # steps of plain all-reduce before compression (default 2)
     per_bucket: bool = False  # aggregate each DDP bucket apart, not the whole model at once

@@ -176,6 +176,32 @@ def ref_topk(values: np.ndarray, k: int) -> np.ndarray:
     return order[:k]
 
 
+def ref_chunk_quotas(d: int, chunk: int, total: int) -> list[int]:
+    """Largest-remainder shares of ``total`` over chunks of ``chunk`` coordinates (the last
+    shorter), in proportion to their lengths; ties to the lower chunk (exact fractions)."""
+    from fractions import Fraction
+
+    lengths = [min(chunk, d - start) for start in range(0, d, chunk)]
+    exact = [Fraction(total * n, d) for n in lengths]
+    quotas = [int(x) for x in exact]  # floor: the shares are >= 0
+    by_remainder = sorted(range(len(lengths)), key=lambda c: (-(exact[c] - quotas[c]), c))
+    for c in by_remainder[: total - sum(quotas)]:
+        quotas[c] += 1
+    return quotas
+
+
+def ref_chunked_topk(values: np.ndarray, coords: np.ndarray, chunk: int, total: int,
+                     d: int) -> np.ndarray:
+    """Positions of each chunk's share of the ``total`` largest ``values`` (``coords``: the
+    coordinate of each value), chunk by chunk with :func:`ref_topk`, sorted."""
+    chosen = []
+    for c, quota in enumerate(ref_chunk_quotas(d, chunk, total)):
+        inside = np.flatnonzero(coords // chunk == c)
+        if quota and inside.size:
+            chosen.extend(inside[ref_topk(values[inside], min(quota, inside.size))])
+    return np.sort(np.array(chosen, dtype=np.int64))
+
+
 def _merge(a: dict, b: dict, k: int) -> dict:
     """gTop-k merge of {index: (value, contributors)} lists (values keep their dtype)."""
     out: dict[int, tuple] = {}
@@ -301,7 +327,8 @@ def reference_run(
             ]
         elif method == "gs" and t % opts.get("reuse", 1):  # reuse the last candidates
             exact = sum(a[p][kept] for p in range(world))
-            keep = ref_topk(np.abs(exact), k)
+            keep = (ref_chunked_topk(np.abs(exact), kept, opts["chunk"], k, d)
+                    if opts.get("chunk") else ref_topk(np.abs(exact), k))
             update[kept[keep]] = exact[keep]
             delivered = [kept[keep]] * world
         elif method in ("sketched", "gs"):
@@ -318,7 +345,14 @@ def reference_run(
                 tables.append(one.table)
             wire16 = opts.get("table16", False) or str(opts.get("table_dtype")) == "torch.float16"
             summed.table = _summed_table(tables, wire16, server=method == "sketched")
-            if opts.get("exact", True):
+            chunk = opts.get("chunk", 0)
+            if opts.get("exact", True) and chunk:  # each chunk its share of m*k, then of k
+                cand = kept = ref_chunked_topk(np.abs(summed.query()), np.arange(d), chunk,
+                                               min(opts["candidates"] * k, d), d)
+                exact = sum(a[p][cand] for p in range(world))
+                keep = ref_chunked_topk(np.abs(exact), cand, chunk, k, d)
+                chosen, values = cand[keep], exact[keep]
+            elif opts.get("exact", True):
                 cand, _ = summed.heavy_hitters(min(opts["candidates"] * k, d))
                 cand = kept = np.sort(cand)  # canonical order: exact ties go to the lower index
                 exact = sum(a[p][cand] for p in range(world))

@@ -59,6 +59,9 @@ CONFIGS: dict[str, tuple[str, dict, int]] = {
     "gs_prefilter": ("gs", {"density": 0.01, "prefilter": 2, **SKETCH}, D),
     # Ok-Topk-style reuse: a sketch every third step, the exact round at its candidates between
     "gs_reuse": ("gs", {"density": 0.01, "reuse": 3, **SKETCH}, D),
+    # DeMo/SparseLoCo-style selection by chunk: 700 coordinates a chunk (the last 200), so
+    # the quotas of m*k = 90 and k = 30 go by largest remainder
+    "gs_chunk": ("gs", {"density": 0.01, "chunk": 700, **SKETCH}, D),
     # The shipped default sketch (no rows/cols/candidates given: one row, 40k columns capped
     # at d/4, m = 32 capped at d/(8k)). At density 0.01 both caps bind (cols 750, m 12);
     # at density 0.001 neither does (cols 1200, m 32).

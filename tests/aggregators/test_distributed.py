@@ -31,7 +31,7 @@ from tests.aggregators.scenarios import (
 from tests.dist_utils import raise_worker_errors, run_workers
 
 WORLD_SIZES = [1, 2, 3, 4, 8]
-CONSERVING = ["topk", "gtopk", "sketched", "gs", "gs_backend", "gs_half", "gs_reuse",
+CONSERVING = ["topk", "gtopk", "sketched", "gs", "gs_backend", "gs_half", "gs_reuse", "gs_chunk",
               "sketched_default", "gs_default", "gs_default_sparse"]  # fmt: skip
 
 
