@@ -5,49 +5,48 @@ whole model: they cut it into chunks (DeMo: 64×64 DCT blocks; SparseLoCo: 4096 
 elements) and take the largest of each chunk, so a layer whose gradient is small next to
 another's still moves every step. gs-SGD can select the same way from its summed sketch
 (its ``chunk`` option): the model's d coordinates are cut into chunks of ``chunk``
-consecutive coordinates (the last one shorter), a total such as m·k or k is shared out in
-proportion to the chunks' lengths (:func:`chunk_quotas`), and each chunk keeps its quota
-of largest values (:func:`grouped_topk_indices`). Every rank computes the same quotas and,
-from the same values, the same set, so the selection still needs no indices on the wire.
+consecutive coordinates (the last one shorter); the m·k candidates are shared out over the
+chunks in proportion to their lengths, the k delivered in proportion to the candidates
+each chunk holds (:func:`shares`: so a chunk never owes more than it has and a step
+delivers exactly k), and each chunk keeps its share of largest values
+(:func:`grouped_topk_indices`). Every rank computes the same shares and, from the same
+values, the same set, so the selection still needs no indices on the wire.
 """
 
 from __future__ import annotations
 
 import torch
 
-__all__ = ["chunk_quotas", "grouped_topk_indices"]
+__all__ = ["grouped_topk_indices", "shares"]
 
 
-def chunk_quotas(d: int, chunk: int, total: int) -> torch.Tensor:
-    """How many of ``total`` selections each chunk of ``chunk`` coordinates gets.
+def shares(total: int, sizes: torch.Tensor) -> torch.Tensor:
+    """``total`` selections shared out over groups in proportion to their ``sizes``.
 
-    Chunk c of length L_c gets ``floor(total * L_c / d)``, and the ``total`` minus their sum
-    left over go one each to the chunks with the largest remainders (ties: the lower chunk),
-    so the quotas add up to ``total`` exactly and none exceeds its chunk's length.
+    Group c of size n_c gets ``floor(total * n_c / N)`` (N the sizes' sum), and the
+    ``total`` minus their sum left over go one each to the groups with the largest
+    remainders ``total * n_c mod N`` (ties: the lower group). So the shares add up to
+    ``total`` exactly and none exceeds its group's size: a group whose remainder is nonzero
+    has ``floor(total * n_c / N) < n_c``.
 
     Args:
-        d: the vector's length (>= 1).
-        chunk: coordinates per chunk (>= 1; the last chunk holds what is left).
-        total: the selections to share out, in [0, d].
+        total: the selections, in [0, N].
+        sizes: int64 sizes of the groups (>= 0), N = their sum >= 1.
 
     Returns:
-        An int64 tensor with one quota per chunk (``ceil(d / chunk)`` of them).
+        int64 shares, one per group.
 
     Raises:
-        ValueError: ``chunk`` < 1, or ``total`` outside [0, d].
+        ValueError: ``total`` outside [0, N].
     """
-    if chunk < 1:
-        raise ValueError(f"chunk={chunk} is invalid: it must be an integer >= 1")
-    if not 0 <= total <= d:
-        raise ValueError(f"total={total} is invalid: it must be in [0, d={d}]")
-    chunks = -(-d // chunk)
-    lengths = torch.full((chunks,), chunk, dtype=torch.int64)
-    lengths[-1] = d - chunk * (chunks - 1)
-    shares = total * lengths  # exact integers: d * total fits int64 for any model
-    quotas = shares // d
+    n = int(sizes.sum())
+    if not 0 <= total <= n:
+        raise ValueError(f"total={total} is invalid: it must be in [0, {n}]")
+    exact = total * sizes.to(torch.int64)  # exact integers: d * total fits int64
+    quotas = exact // n
     left = total - int(quotas.sum())
     if left:
-        by_remainder = torch.argsort(-(shares % d), stable=True)  # ties: the lower chunk
+        by_remainder = torch.argsort(-(exact % n), stable=True)  # ties: the lower group
         quotas[by_remainder[:left]] += 1
     return quotas
 
@@ -64,7 +63,8 @@ def grouped_topk_indices(
 
     Args:
         values: 1-D scores (typically ``|estimate|`` or ``|exact sum|``).
-        groups: the group of each entry, int64, nondecreasing, in ``[0, len(quotas))``.
+        groups: the group of each entry (an integer tensor, any order), in
+            ``[0, len(quotas))``.
         quotas: how many to keep per group (int64).
 
     Returns:

@@ -47,7 +47,7 @@ import torch
 
 from gssgd._select import topk_indices
 from gssgd.aggregators.base import Aggregator
-from gssgd.aggregators.chunked import chunk_quotas, grouped_topk_indices
+from gssgd.aggregators.chunked import grouped_topk_indices, shares
 from gssgd.aggregators.guard import CollapseGuard, SketchCollapseError, audit_interval
 from gssgd.aggregators.options import GSOptions
 from gssgd.aggregators.sketch_feedback import SketchFeedback
@@ -226,20 +226,23 @@ class GlobalSketchSGD(Aggregator):
     def _largest(self, scores: torch.Tensor, coords: torch.Tensor | None, total: int
                  ) -> torch.Tensor:
         """Positions into ``scores`` of its ``total`` largest (ties: the lower position); with
-        ``chunk`` C, each chunk of C coordinates its share of ``total``
-        (:func:`~gssgd.aggregators.chunked.chunk_quotas`), sorted.
+        ``chunk`` C, each chunk of C coordinates takes its share of ``total``, in proportion
+        to how many of ``coords`` it holds (:func:`~gssgd.aggregators.chunked.shares`: all
+        d, its length), sorted.
 
         Args:
             scores: 1-D, one score per coordinate of ``coords``.
-            coords: the coordinate (in [0, d), ascending) of each score; None: all d.
-            total: how many to select.
+            coords: the coordinate (in [0, d)) of each score; None: all d.
+            total: how many to select, at most ``scores.numel()``.
         """
         chunk = self.options.chunk
         if not chunk:
             return topk_indices(scores, total)
         if coords is None:
             coords = torch.arange(self.d, device=scores.device)
-        return grouped_topk_indices(scores, coords // chunk, chunk_quotas(self.d, chunk, total))
+        groups = coords.to(torch.int64) // chunk
+        sizes = torch.bincount(groups, minlength=-(-self.d // chunk))
+        return grouped_topk_indices(scores, groups, shares(total, sizes))
 
     def _recover_and_update(
         self, accumulated: torch.Tensor, summed: Any, k: int, num_candidates: int,

@@ -525,11 +525,13 @@ class GSOptions(SketchedOptions):
             exact round (``exact=True``). A sketch the guard has grown, or a step with no
             kept set, sketches. The collapse guard audits and counts sketching steps only.
         chunk: C >= 1: select by chunk of C consecutive coordinates, as DeMo and SparseLoCo
-            do (:mod:`gssgd.aggregators.chunked`): the m*k candidates and the k delivered
-            are shared out over the chunks in proportion to their lengths, and each chunk
-            takes its largest; the guard then measures against the exact vector's top k
-            chosen the same way. 0 (default): one selection over the whole vector. Needs
-            the exact round.
+            do (:mod:`gssgd.aggregators.chunked`): the m*k candidates are shared out over
+            the chunks in proportion to their lengths, the k delivered in proportion to the
+            candidates each holds, and each chunk takes its largest; the guard then
+            measures against the exact vector's top k chosen the same way. At most k
+            chunks (C >= ceil(d / k)): with more, the lower chunks would take every share
+            and the rest never move. 0 (default): one selection over the whole vector.
+            Needs the exact round.
 
     ``allreduce`` left None takes :func:`sketch_default_shape`'s value too.
     """
@@ -540,6 +542,21 @@ class GSOptions(SketchedOptions):
     reuse: int = 1
     chunk: int = 0
     shape_fields: ClassVar[tuple[str, ...]] = SketchedOptions.shape_fields + ("allreduce",)
+
+    def resolved(self, d: int, k: int, world_size: int | None = None) -> GSOptions:
+        """:meth:`SketchedOptions.resolved`, and ``chunk`` checked against ``d`` and ``k``.
+
+        Raises:
+            ValueError: more chunks than k (each must get a share of every step's k).
+        """
+        chunks = -(-d // self.chunk) if self.chunk else 0
+        if chunks > k:
+            raise _bad("chunk", self.chunk,
+                       f"it cuts d={d} into {chunks} chunks, more than the k={k} coordinates "
+                       "a step delivers, so the lower chunks would take every share and the "
+                       "rest would never move",
+                       f"Use chunk >= ceil(d / k) = {-(-d // k)}, or a higher density.")
+        return super().resolved(d, k, world_size)  # type: ignore[return-value]
 
     def __post_init__(self) -> None:
         super().__post_init__()

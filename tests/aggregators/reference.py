@@ -176,15 +176,14 @@ def ref_topk(values: np.ndarray, k: int) -> np.ndarray:
     return order[:k]
 
 
-def ref_chunk_quotas(d: int, chunk: int, total: int) -> list[int]:
-    """Largest-remainder shares of ``total`` over chunks of ``chunk`` coordinates (the last
-    shorter), in proportion to their lengths; ties to the lower chunk (exact fractions)."""
+def ref_shares(total: int, sizes: list[int]) -> list[int]:
+    """Largest-remainder shares of ``total`` in proportion to ``sizes``; ties to the lower
+    group (exact fractions)."""
     from fractions import Fraction
 
-    lengths = [min(chunk, d - start) for start in range(0, d, chunk)]
-    exact = [Fraction(total * n, d) for n in lengths]
+    exact = [Fraction(total * n, sum(sizes)) for n in sizes]
     quotas = [int(x) for x in exact]  # floor: the shares are >= 0
-    by_remainder = sorted(range(len(lengths)), key=lambda c: (-(exact[c] - quotas[c]), c))
+    by_remainder = sorted(range(len(sizes)), key=lambda c: (-(exact[c] - quotas[c]), c))
     for c in by_remainder[: total - sum(quotas)]:
         quotas[c] += 1
     return quotas
@@ -193,12 +192,14 @@ def ref_chunk_quotas(d: int, chunk: int, total: int) -> list[int]:
 def ref_chunked_topk(values: np.ndarray, coords: np.ndarray, chunk: int, total: int,
                      d: int) -> np.ndarray:
     """Positions of each chunk's share of the ``total`` largest ``values`` (``coords``: the
-    coordinate of each value), chunk by chunk with :func:`ref_topk`, sorted."""
+    coordinate of each value; a chunk's share in proportion to how many of ``coords`` it
+    holds), chunk by chunk with :func:`ref_topk`, sorted."""
+    members = [np.flatnonzero(coords // chunk == c) for c in range(-(-d // chunk))]
     chosen = []
-    for c, quota in enumerate(ref_chunk_quotas(d, chunk, total)):
-        inside = np.flatnonzero(coords // chunk == c)
-        if quota and inside.size:
-            chosen.extend(inside[ref_topk(values[inside], min(quota, inside.size))])
+    for inside, quota in zip(members, ref_shares(total, [m.size for m in members]),
+                             strict=True):
+        if quota:
+            chosen.extend(inside[ref_topk(values[inside], quota)])
     return np.sort(np.array(chosen, dtype=np.int64))
 
 
