@@ -26,8 +26,9 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-from gssgd.bench.report import splice_markdown  # noqa: E402
-from gssgd.cli.compare import busier_bytes  # noqa: E402
+from lib.report import busier_bytes, markdown_table, splice_markdown  # noqa: E402  (scripts/)
+
+from gssgd.cli.compare import ACCURACY_MARGIN  # noqa: E402
 
 README = ROOT / "README.md"
 #: Each page, and the tables it quotes.
@@ -66,17 +67,15 @@ def main_job_table(by_workers: dict[int, dict[str, dict[str, Any]]]) -> str:
     head = ["method"]
     for p in counts:
         head += [f"P = {p}: accuracy", "busiest link / step (B)", "bytes to dense − 0.5 pt"]
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    rows = []
     for method in by_workers[counts[0]]:
-        label = LABELS.get(method, method)
-        if method == "powersgd":
-            label += ", rank 2"
+        label = LABELS.get(method, method) + (", rank 2" if method == "powersgd" else "")
         cells = [label]
         for p in counts:
             results = by_workers[p]
             cells += main_job_cell(results[method], results["dense"])
-        lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines)
+        rows.append(cells)
+    return markdown_table(head, rows)
 
 
 def level_label(name: str) -> str:
@@ -99,7 +98,7 @@ def level_label(name: str) -> str:
     return ", ".join([method + lr, *density, *warmup])
 
 
-def fair_rows(dataset: str, summary: dict[str, Any]) -> list[str]:
+def fair_rows(dataset: str, summary: dict[str, Any]) -> list[list[str]]:
     """The fair comparison's rows for one image set: per worker count, the fewest bytes to
     dense − 0.5 point (method and level), gs's best and the ratio, and the seeds."""
     rows = []
@@ -110,7 +109,7 @@ def fair_rows(dataset: str, summary: dict[str, Any]) -> list[str]:
         if best is None:
             closest = max((n for n in table if not n.startswith("dense")),
                           key=lambda n: table[n]["accuracy"])
-            target = table[dense_name]["accuracy"] - 0.005
+            target = table[dense_name]["accuracy"] - ACCURACY_MARGIN
             winner = (f"none reached {100 * target:.2f} % in 400 steps (closest: "
                       f"{level_label(closest)}, {100 * table[closest]['accuracy']:.2f} %)")
             gs_cell = "not reached"
@@ -121,18 +120,16 @@ def fair_rows(dataset: str, summary: dict[str, Any]) -> list[str]:
                 f"{megabytes(table[gs]['bytes_to_dense_minus_half_point'])} "
                 f"({t['gs_over_best_rival_bytes']:.2f}×)")
         seeds = table[dense_name]["seeds"]
-        rows.append(f"| {dataset} | {p} | {winner} | {gs_cell} | {megabytes(dense_bytes)} "
-                    f"| {seeds} |")
+        rows.append([dataset, p, winner, gs_cell, megabytes(dense_bytes), str(seeds)])
     return rows
 
 
 def fair_table(summaries: dict[str, dict[str, Any]]) -> str:
     """The fair comparison's table over every image set."""
-    lines = ["| image set | workers | fewest bytes to dense − 0.5 pt | gs-SGD (× the fewest) "
-             "| dense | seeds |", "|---|---|---|---|---|---|"]
-    for dataset, summary in summaries.items():
-        lines += fair_rows(dataset, summary)
-    return "\n".join(lines)
+    head = ["image set", "workers", "fewest bytes to dense − 0.5 pt", "gs-SGD (× the fewest)",
+            "dense", "seeds"]
+    return markdown_table(head, [row for dataset, summary in summaries.items()
+                                 for row in fair_rows(dataset, summary)])
 
 
 def blocks() -> dict[str, str]:

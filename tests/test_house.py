@@ -78,7 +78,15 @@ MAX_DOCS_FILES, MAX_DOCS_BYTES = 149, 4_000_000
 
 
 def _docs_files() -> list[Path]:
-    """The files docs/ ships: not the API reference's local build (docs/api/_build)."""
+    """The files docs/ ships: git's list in a checkout (so a stray local file or the API
+    reference's local build does not count), else every file but docs/api/_build."""
+    import subprocess
+
+    listed = subprocess.run(["git", "ls-files", "docs"], cwd=DOCS.parent, capture_output=True,
+                            text=True, check=False)
+    if listed.returncode == 0 and listed.stdout.strip():
+        return [DOCS.parent / line for line in listed.stdout.splitlines()
+                if (DOCS.parent / line).is_file()]
     return [p for p in DOCS.rglob("*") if p.is_file() and "_build" not in p.parts
             and "__pycache__" not in p.parts]
 

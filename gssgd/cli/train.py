@@ -281,10 +281,8 @@ def _aggregation_flags(parser: argparse.ArgumentParser) -> None:
                      help=f"{_applies('reuse')}: sketch only every R-th step; the steps between "
                      "fetch the exact sums at the last sketched candidates, sending no table "
                      "(Ok-Topk's reuse; default 1: sketch every step)")
-    agg.add_argument("--chunk", type=int, default=None, metavar="C",
-                     help=f"{_applies('chunk')}: select by chunk of C consecutive coordinates, "
-                     "each chunk its share of the candidates and of k, as DeMo and SparseLoCo "
-                     "do (default 0: one selection over the whole model)")
+    agg.add_argument("--chunk", type=int, default=None, metavar="C", help=f"{_applies('chunk')}: "
+                     "select each chunk of C coordinates' share (DeMo, SparseLoCo; default 0: off)")
     agg.add_argument("--powersgd-rank", type=int, default=None,
                      help=f"{_applies('powersgd_rank')}: matrix approximation rank (default 2)")
     agg.add_argument("--start-iter", type=int, default=None,
