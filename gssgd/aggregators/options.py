@@ -531,7 +531,9 @@ class GSOptions(SketchedOptions):
             measures against the exact vector's top k chosen the same way. At most k
             chunks (C >= ceil(d / k)): with more, the lower chunks would take every share
             and the rest never move. 0 (default): one selection over the whole vector.
-            Needs the exact round.
+            Needs the exact round. Measured on the character LSTM at 16 workers and
+            density 0.001 (docs/study.md): chunks of 4,096 and 1,024 made gs diverge;
+            DeMo and SparseLoCo select 1.56 % of each chunk.
 
     ``allreduce`` left None takes :func:`sketch_default_shape`'s value too.
     """
