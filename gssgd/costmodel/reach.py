@@ -111,9 +111,11 @@ WEAK_REACH: dict[int, dict[str, tuple[int, float, float | None]]] = {
         "dense": (3, 0.0, 1.0),
         "gs-c16-m8-h-pf8@0.001": (3, -0.35, 1.6),
         "gs-c16-m8-h-pf8@0.003": (3, -0.07, 1.28),
+        "gtopk@0.01": (3, -0.46, 1.67),
         "powersgd-r1": (3, -0.57, None),
         "powersgd-r2": (3, 0.01, 1.31),
         "powersgd-r4": (3, -0.3, 1.6),
+        "sketched@0.001": (3, -0.22, 1.42),
         "topk@0.001": (3, -0.46, 1.71),
     },
     64: {
