@@ -160,7 +160,7 @@ def plot(cells: list[dict], path: Path) -> None:
     axes[0].set_ylabel("speed-up of gs (>1: gs faster)")
     axes[0].legend(fontsize=7)
     fig.tight_layout()
-    save_png(fig, path, shrink=True)
+    save_png(fig, path)
 
 
 def main() -> None:

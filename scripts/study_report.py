@@ -341,7 +341,7 @@ def plot_group(rows: list[dict], path: Path, title: str, text: bool = False) -> 
     axes[2].set_yscale("log")
     axes[1].legend(fontsize=7)
     fig.tight_layout()
-    save_png(fig, path, shrink=True)
+    save_png(fig, path)
 
 
 def plot_sweep(rows: list[dict], path: Path) -> None:
@@ -375,7 +375,7 @@ def plot_sweep(rows: list[dict], path: Path) -> None:
         title="accuracy vs compression compute",
     )
     fig.tight_layout()
-    save_png(fig, path, shrink=True)
+    save_png(fig, path)
 
 
 # ----------------------------------------------------------------------------- parts
