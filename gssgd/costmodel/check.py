@@ -137,6 +137,13 @@ def _traffic(spec: MethodSpec, world_size: int) -> Traffic:
 
 
 @functools.lru_cache(maxsize=4096)
+def _pattern(spec: MethodSpec) -> str:
+    """``pattern_of`` a spec (cached: it reads two traffic formulas, asked for every point
+    of every fit)."""
+    return pattern_of(spec)
+
+
+@functools.lru_cache(maxsize=4096)
 def rounds_of(spec: MethodSpec, world_size: int) -> Rounds:
     """Split ``spec``'s rounds at ``world_size`` into collective and driven ones.
 
@@ -148,7 +155,7 @@ def rounds_of(spec: MethodSpec, world_size: int) -> Rounds:
         The split; ``total`` equals the traffic's rounds.
     """
     total = _traffic(spec, world_size).rounds
-    if pattern_of(spec) not in DRIVEN_PATTERNS:
+    if _pattern(spec) not in DRIVEN_PATTERNS:
         return Rounds(collective=total, driven=0)
     cls = get_method(spec.aggregator).aggregator
     assert cls is not None
@@ -226,7 +233,7 @@ class CellModel:
         software = m.compute_share * self.base.beta0 * (t.critical_bytes + t.header_bytes)
         if m.rate_bps is None:
             return software
-        wire = self.wire_bytes(m, t) * 8.0 / (self.eta(pattern_of(m.spec)) * m.rate_bps)
+        wire = self.wire_bytes(m, t) * 8.0 / (self.eta(_pattern(m.spec)) * m.rate_bps)
         return max(software, wire)
 
     def predict(self, m: Measurement) -> float:
@@ -356,7 +363,7 @@ def _pattern_efficiency(model: CellModel, measurements: Sequence[Measurement]) -
         wire = model.wire_bytes(m, t) * 8.0 / m.rate_bps
         comm = m.seconds_per_step - m.seconds_compute - model.latency(m)
         if comm > 0 and wire >= _WIRE_SHARE * comm:
-            ratios[pattern_of(m.spec)].append(wire / comm)
+            ratios[_pattern(m.spec)].append(wire / comm)
     return {p: statistics.median(r) for p, r in ratios.items() if r}
 
 
