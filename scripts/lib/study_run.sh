@@ -30,13 +30,15 @@ execute() {  # execute NAME DONE_FILE COMMAND...
     return 0
 }
 
-# study_train NAME ARGS...: one `gssgd train` run of the simulated CNN grids
+# study_train NAME ARGS...: one `gssgd train` run of the simulated grids
 # (scripts/fair_frontier.sh, scripts/local_steps_study.sh) into $DIR/P$P/s$seed/NAME, with
-# DATASET, STEPS, P, seed and batch (samples a worker) set; skipped once done.
+# DATASET, STEPS, P, seed and batch (samples a worker) set, MODEL (default cnn) and
+# EVAL_EVERY (default 100) optional; skipped once done.
 study_train() {
     local name=$1; shift
     execute "P$P-s$seed-$name" "$DIR/P$P/s$seed/$name/summary.json" \
-        .venv/bin/gssgd train --simulate --dataset "$DATASET" --model cnn --steps "$STEPS" \
-        --eval-every 100 --workers "$P" --global-batch $((P * batch)) --seed "$seed" \
+        .venv/bin/gssgd train --simulate --dataset "$DATASET" --model "${MODEL:-cnn}" \
+        --steps "$STEPS" --eval-every "${EVAL_EVERY:-100}" --workers "$P" \
+        --global-batch $((P * batch)) --seed "$seed" \
         --no-progress --overwrite "$@" --out "$DIR/P$P/s$seed/$name"
 }

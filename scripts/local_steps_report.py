@@ -1,0 +1,267 @@
+"""Summarise scripts/local_steps_study.sh: each run's final metric against the bytes its
+busiest link carried over the whole run, and issue #37's targets.
+
+    .venv/bin/python scripts/local_steps_report.py [RUNS_DIR] [OUT_DIR]
+    .venv/bin/python scripts/local_steps_report.py runs/local-steps/lm docs/results/local-steps-lm
+
+Reads RUNS_DIR/P<P>/s<seed>/<name>/ (the study's names: ``dense`` or ``dense-lr*``,
+per-step ``METHOD-dD``, ``diloco-HH``, outer steps ``METHOD-HH-dD``) and writes OUT_DIR:
+summary.json, summary.md (a table per P) and local_steps_P<P>.png (the final metric against
+the busiest link's bytes over the run, log scale, the seeds' min–max as a bar).
+
+The metric is the test loss for the character models (shakespeare) and the test accuracy
+otherwise. The targets (issue #37), judged per P on the seeds' means:
+
+- **gs outer vs DiLoCo**: at some H, a gs outer level ends within 2 % of DiLoCo's loss at
+  that H (0.5 point of accuracy for an image model) with at most a tenth of its bytes;
+- **gs outer vs local Top-k outer**: at some H, a gs outer level ends at or below the best
+  local-Top-k outer level's metric there with at most half that level's bytes;
+- **local steps vs dense**: some local-steps run ends within 5 % of dense DDP's loss (2
+  points of accuracy) with at least 300× fewer bytes through the busiest link.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from lib.report import (  # noqa: E402
+    ACCURACY,
+    LOSS,
+    Metric,
+    busier_totals,
+    figure,
+    fmt_bytes,
+    group,
+    markdown_table,
+    read_runs,
+    save_png,
+    seed_band,
+    worker_dirs,
+    write_summary,
+)
+
+#: ``diloco-H30``, ``gs-H30-d0.05``, ``topk-d0.01``, ``dense``, ``dense-lr0.05``.
+NAME = re.compile(r"^(?P<method>[a-z0-9]+)(?:-H(?P<h>\d+))?(?:-d(?P<d>[0-9.]+))?(?:-lr[0-9.]+)?$")
+
+
+def parse(name: str) -> dict[str, Any]:
+    """A run's setting from its name: method, H (None: every step) and density."""
+    m = NAME.match(name)
+    if m is None:
+        raise ValueError(f"run name {name!r} is not one of the study's (see the module doc)")
+    h = m["h"]
+    return {
+        "method": m["method"],
+        "h": int(h) if h else None,
+        "density": float(m["d"]) if m["d"] else None,
+    }
+
+
+def metric_for(summary: dict[str, Any]) -> Metric:
+    """Test loss for the character models, test accuracy for the image ones."""
+    return LOSS if summary["dataset"] == "shakespeare" else ACCURACY
+
+
+def rows_of(runs: list[Any], metric: Metric) -> list[dict[str, Any]]:
+    """One row per setting: its seeds' band and the busiest link's bytes over the run."""
+    rows = []
+    for name, seeds in group(runs, lambda r: r.name).items():
+        band = seed_band([r.summary[f"final_test_{metric.key}"] for r in seeds])
+        total = seed_band([busier_totals(r.records)[-1] for r in seeds]).mean
+        rows.append(
+            {
+                "name": name,
+                **parse(name),
+                "seeds": len(seeds),
+                "mean": band.mean,
+                "low": band.low,
+                "high": band.high,
+                "bytes_total": total,
+                "steps": seeds[0].summary["steps"],
+            }
+        )
+    return rows
+
+
+def within(metric: Metric, value: float, reference: float, margin: float) -> bool:
+    """Whether ``value`` is within ``margin`` of ``reference`` (a fraction of a loss, or
+    points of accuracy as a fraction)."""
+    if metric.higher_is_better:
+        return value >= reference - margin
+    return value <= reference * (1 + margin)
+
+
+def _best(rows: list[dict[str, Any]], metric: Metric) -> dict[str, Any]:
+    """The row with the best mean."""
+    return min(rows, key=lambda r: r["mean"] * (-1 if metric.higher_is_better else 1))
+
+
+def targets(rows: list[dict[str, Any]], metric: Metric) -> dict[str, Any]:
+    """Issue #37's three targets on one P's rows (module doc). Each lists the comparisons
+    that decide it, ``[run, reference, gap to it (% of loss or points), bytes over its
+    bytes, met]``, and ``met`` (any of them); a target whose runs are missing is left out."""
+    by = {r["name"]: r for r in rows}
+    loss = not metric.higher_is_better
+    gs_outer = [r for r in rows if r["method"] == "gs" and r["h"]]
+    out: dict[str, Any] = {}
+
+    def judge(
+        key: str,
+        pairs: list[tuple[dict, dict]],
+        margin: float | None,
+        ratio: float,
+        better: bool = False,
+    ) -> None:
+        found = []
+        for run, ref in pairs:
+            share = run["bytes_total"] / ref["bytes_total"]
+            close = (
+                metric.at_least_as_good(run["mean"], ref["mean"])
+                if better
+                else within(metric, run["mean"], ref["mean"], margin or 0.0)
+            )
+            found.append(
+                [
+                    run["name"],
+                    ref["name"],
+                    round(metric.gap(run["mean"], ref["mean"]), 3),
+                    round(share, 5),
+                    close and share <= ratio,
+                ]
+            )
+        if found:
+            out[key] = {"met": any(f[4] for f in found), "pairs": found}
+
+    judge(
+        "gs_outer_vs_diloco",
+        [(g, by[f"diloco-H{g['h']}"]) for g in gs_outer if f"diloco-H{g['h']}" in by],
+        0.02 if loss else 0.005,
+        1 / 10,
+    )
+    topk_best = {}
+    for h, topks in group(
+        [r for r in rows if r["method"] == "topk" and r["h"]], lambda r: r["h"]
+    ).items():
+        topk_best[h] = _best(topks, metric)
+    judge(
+        "gs_outer_vs_topk_outer",
+        [(g, topk_best[g["h"]]) for g in gs_outer if g["h"] in topk_best],
+        None,
+        1 / 2,
+        better=True,
+    )
+    dense = next((r for r in rows if r["method"] == "dense" and not r["h"]), None)
+    if dense:
+        judge(
+            "local_vs_dense", [(r, dense) for r in rows if r["h"]], 0.05 if loss else 0.02, 1 / 300
+        )
+    return out
+
+
+def _gap(metric: Metric, run: dict[str, Any], other: dict[str, Any] | None) -> str:
+    """``run``'s gap to ``other`` as a table shows it (``–`` without one)."""
+    if other is None or other is run:
+        return "–"
+    unit = " pt" if metric.higher_is_better else " %"
+    return f"{metric.gap(run['mean'], other['mean']):+.1f}{unit}"
+
+
+def table(rows: list[dict[str, Any]], metric: Metric) -> str:
+    """The P's markdown table: every setting, its gap to dense and to DiLoCo at its H."""
+    by = {r["name"]: r for r in rows}
+    dense = next((r for r in rows if r["method"] == "dense" and not r["h"]), None)
+    body = []
+    for r in sorted(rows, key=lambda r: (r["h"] or 0, r["method"] != "dense", r["name"])):
+        ref = by.get(f"diloco-H{r['h']}") if r["h"] else None
+        body.append(
+            [
+                r["name"],
+                str(r["h"] or 1),
+                str(r["seeds"]),
+                f"{metric.show(r['mean'])} ({metric.number(r['low'])}–{metric.number(r['high'])})",
+                _gap(metric, r, dense),
+                _gap(metric, r, ref),
+                fmt_bytes(r["bytes_total"]),
+                f"{dense['bytes_total'] / r['bytes_total']:,.0f}×" if dense else "–",
+            ]
+        )
+    return markdown_table(
+        [
+            "run",
+            "H",
+            "seeds",
+            f"test {metric.key} (min–max)",
+            "vs dense",
+            "vs DiLoCo, same H",
+            "busiest link, whole run",
+            "fewer bytes than dense",
+        ],
+        body,
+    )
+
+
+def plot(rows: list[dict[str, Any]], metric: Metric, p: int, path: Path) -> None:
+    """The final metric against the busiest link's bytes over the run, one mark a setting."""
+    fig, ax = figure(figsize=(7.5, 4.8))
+    colours = {
+        "dense": "black",
+        "diloco": "tab:green",
+        "gs": "tab:blue",
+        "topk": "tab:orange",
+        "gtopk": "tab:red",
+        "powersgd": "tab:purple",
+    }
+    scale = 100 if metric.higher_is_better else 1
+    for r in rows:
+        marker = "s" if not r["h"] else "o"
+        colour = colours.get(r["method"], "grey")
+        ax.errorbar(
+            [r["bytes_total"]],
+            [scale * r["mean"]],
+            yerr=[[scale * (r["mean"] - r["low"])], [scale * (r["high"] - r["mean"])]],
+            fmt=marker,
+            color=colour,
+            capsize=2,
+        )
+        ax.annotate(
+            r["name"],
+            (r["bytes_total"], scale * r["mean"]),
+            fontsize=7,
+            xytext=(3, 3),
+            textcoords="offset points",
+        )
+    ax.set_xscale("log")
+    ax.set_xlabel("bytes through the busiest worker's link, whole run")
+    ax.set_ylabel(f"final test {metric.key}" + (" (%)" if metric.higher_is_better else ""))
+    ax.set_title(f"P = {p}: squares train every step, circles take local steps")
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    save_png(fig, path)
+
+
+def main(runs_dir: Path, out: Path) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    summary: dict[str, Any] = {}
+    parts = []
+    for p, folder in worker_dirs(runs_dir):
+        runs = read_runs(folder, "s*/*")
+        if not runs:
+            continue
+        metric = metric_for(runs[0].summary)
+        rows = rows_of(runs, metric)
+        summary[f"P{p}"] = {"metric": metric.key, "rows": rows, "targets": targets(rows, metric)}
+        parts.append(f"### P = {p}\n\n{table(rows, metric)}\n")
+        plot(rows, metric, p, out / f"local_steps_P{p}.png")
+    write_summary(out, summary, "\n".join(parts))
+
+
+if __name__ == "__main__":
+    args = sys.argv[1:]
+    main(
+        Path(args[0]) if args else Path("runs/local-steps/lm"),
+        Path(args[1]) if len(args) > 1 else Path("docs/results/local-steps-lm"),
+    )
