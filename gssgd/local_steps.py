@@ -22,7 +22,10 @@ An outer step, on every rank alike:
 1. ``delta_p = anchor - theta_p`` (float32), the weights' change since the anchor (the
    weights every rank held after the last outer step);
 2. ``update = aggregator.step(delta_p)``: the average over ranks of what the method
-   delivers, the rest kept in this rank's residual (error feedback);
+   delivers, the rest kept in this rank's residual (error feedback); with ``error_decay``
+   beta < 1 the residual is decayed first, ``e = beta * e + delta_p`` is what the method
+   compresses (SparseLoCo's error feedback, which stands in for the outer momentum: use it
+   with ``outer_momentum=0``);
 3. the outer optimizer steps the anchor with ``update`` as its gradient;
 4. every rank's weights are set to the new anchor (floating buffers, such as batch norm's
    running statistics, are averaged densely).
@@ -85,6 +88,9 @@ class LocalSteps:
         outer_lr: the outer optimizer's learning rate (> 0; DiLoCo's 0.7).
         outer_momentum: its momentum in [0, 1) (DiLoCo's 0.9); 0 is plain SGD.
         nesterov: Nesterov momentum (DiLoCo's), when ``outer_momentum`` > 0.
+        error_decay: beta in (0, 1]: the residual's decay before each outer step adds the
+            pseudo-gradient to it (1: classic error feedback; SparseLoCo decays it, with
+            plain SGD outside: ``outer_momentum=0``). Only for methods with a residual.
         group: the process group (None: the default one), or a simulated rank
             (:class:`gssgd.simulated.SimulatedRank`).
         broadcast: start every rank from rank 0's weights and buffers (as DDP does); False
@@ -107,11 +113,14 @@ class LocalSteps:
         outer_lr: float = DILOCO_OUTER_LR,
         outer_momentum: float = DILOCO_OUTER_MOMENTUM,
         nesterov: bool = True,
+        error_decay: float = 1.0,
         group: Any = None,
         broadcast: bool = True,
         **options: Any,
     ) -> None:
         _check_settings(method, local_steps, outer_lr, outer_momentum)
+        _check_error_decay(method, error_decay, options)
+        self.error_decay = float(error_decay)
         if isinstance(model, torch.nn.Module):
             self.params = [p for p in model.parameters() if p.requires_grad]
             self.buffers = [b for b in model.buffers() if b.dtype.is_floating_point]
@@ -168,6 +177,11 @@ class LocalSteps:
         collective: a simulated world's ranks take turns inside one thread, whose grad
         mode they share.)"""
         delta = (self.anchor - self._flat_params()).detach()
+        residual = self.aggregator.residual
+        if self.error_decay != 1.0 and residual is not None:
+            # the method compresses e + delta': delta' = delta - (1 - beta) e gives beta e + delta,
+            # and a skipped step leaves e as it was
+            delta = delta.sub(residual.to(delta.dtype), alpha=1.0 - self.error_decay)
         update = self.aggregator.step(delta)
         stats = self.aggregator.last_stats
         sent, received = stats.bytes_sent, stats.bytes_received
@@ -244,6 +258,18 @@ def _write(tensors: list[torch.Tensor], flat: torch.Tensor) -> None:
         for t in tensors:
             t.copy_(flat[offset : offset + t.numel()].view_as(t))
             offset += t.numel()
+
+
+def _check_error_decay(method: str, beta: object, options: dict[str, Any]) -> None:
+    """``error_decay`` must be in (0, 1], and below 1 only where a residual is kept."""
+    if isinstance(beta, bool) or not isinstance(beta, int | float) or not 0 < beta <= 1:
+        raise ValueError(f"error_decay={beta!r} must be in (0, 1] (1: classic error feedback; "
+                         "SparseLoCo decays the residual, e.g. 0.95).")
+    fetch = options.get("feedback") == "fetchsgd"
+    if beta != 1 and (fetch or not AGGREGATORS[method].has_residual):
+        which = f"method={method!r}" + (" with feedback='fetchsgd'" if fetch else "")
+        raise ValueError(f"error_decay={beta!r} decays the residual, but {which} keeps none; "
+                         "use error_decay=1 or a method with error feedback (topk, gs).")
 
 
 def _check_settings(method: str, local_steps: object, outer_lr: object,

@@ -22,6 +22,8 @@ H = 4
 OUTER = 3
 LR_IN, LR_OUT, MU = 0.01, 0.7, 0.9
 COMPRESSED = ("topk", "gtopk", "gs", "sketched", "powersgd")
+#: SparseLoCo's residual decay, on the methods it is tested with
+DECAY, DECAYED = 0.5, ("topk", "gs")
 
 
 def _model() -> torch.nn.Module:
@@ -104,9 +106,14 @@ def _train(rank: int, world: int, method: str, steps: int, state: dict | None = 
         return updates[-1]
 
     ls.aggregator.step = recorded  # type: ignore[method-assign]
+    raw, held = [], []  # each outer step's pseudo-gradient and the residual it found
     for t in range(start, steps):
         _inner(model, opt, rank, t)
         before = ls.bytes_sent
+        if (t + 1) % H == 0:
+            raw.append((ls.anchor - ls._flat_params()).detach().clone())
+            e = ls.aggregator.residual
+            held.append(torch.zeros(ls.d) if e is None else e.clone())
         if ls.step():
             sent.append((ls.bytes_sent - before, ls.last_stats.bytes_sent))
         else:
@@ -115,7 +122,7 @@ def _train(rank: int, world: int, method: str, steps: int, state: dict | None = 
     return {
         "weights": torch.cat([_flat(list(model.parameters())),
                               _flat([b for b in model.buffers() if b.dtype.is_floating_point])]),
-        "deltas": deltas, "updates": updates, "sent": sent,
+        "deltas": deltas, "updates": updates, "sent": sent, "raw": raw, "held": held,
         "residual": None if residual is None else residual.clone(),
         "state": {"model": copy.deepcopy(model.state_dict()), "opt": copy.deepcopy(opt.state_dict()),
                   "ls": copy.deepcopy(ls.state_dict())},
@@ -149,6 +156,11 @@ def _nonfinite(rank: int, world: int) -> dict[str, Any]:
             "skipped": ls.skipped, "warned": [str(w.message) for w in caught]}
 
 
+def _decayed(rank: int, world: int, method: str) -> dict[str, Any]:
+    """The outer step with SparseLoCo's error feedback: the residual decayed by DECAY."""
+    return _train(rank, world, method, H * OUTER, error_decay=DECAY)
+
+
 def _bad(rank: int, world: int, kwargs: dict[str, Any]) -> None:
     LocalSteps(_model(), **kwargs)
 
@@ -159,12 +171,15 @@ BAD = {
     "lr": {"local_steps": 2, "outer_lr": -1.0},
     "momentum": {"local_steps": 2, "outer_momentum": 1.0},
     "method": {"local_steps": 2, "method": "nope"},
+    "decay0": {"local_steps": 2, "method": "topk", "density": 0.1, "error_decay": 0.0},
+    "decay_dense": {"local_steps": 2, "error_decay": 0.5},
 }
 
 
 def _everything(rank: int, world: int) -> dict:
     runs: dict[Any, tuple] = {"by_hand": (_diloco_by_hand, ())}
     runs.update({m: (_train, (m, H * OUTER)) for m in ("dense", *COMPRESSED)})
+    runs.update({("decay", m): (_decayed, (m,)) for m in DECAYED})
     runs.update({("resumed", m): (_resumed, (m,)) for m in ("dense", "gs")})
     runs.update({("bad", n): (_bad, (kw,)) for n, kw in BAD.items()})
     runs["nonfinite"] = (_nonfinite, ())
@@ -228,11 +243,34 @@ def test_bytes_are_counted_on_outer_steps_only(method: str) -> None:
     ("lr", "outer_lr=-1.0 must be a number > 0"),
     ("momentum", "outer_momentum=1.0 must be in [0, 1)"),
     ("method", "method='nope' is not a gssgd method"),
+    ("decay0", "error_decay=0.0 must be in (0, 1]"),
+    ("decay_dense", "error_decay=0.5 decays the residual, but method='dense' keeps none"),
 ])
 def test_bad_settings_are_clear_errors_on_every_rank(name: str, says: str) -> None:
     for res in results():
         err = res[("bad", name)]
         assert err["__type__"] == "ValueError" and says in err["__error__"], err
+
+
+@pytest.mark.parametrize("method", DECAYED)
+def test_a_decayed_residual_is_beta_e_plus_the_pseudo_gradient_less_what_was_sent(
+    method: str,
+) -> None:
+    """SparseLoCo's error feedback, at every outer step t, summed over ranks:
+    sum_p e_p(t) = DECAY * sum_p e_p(t-1) + sum_p delta_p(t) - P * update(t)."""
+    ranks = [r[("decay", method)] for r in results()]
+    for rank in ranks:
+        assert "__error__" not in rank, rank
+    for t in range(OUTER):
+        before = sum(r["held"][t].double() for r in ranks)
+        after = (sum(r["held"][t + 1].double() for r in ranks) if t + 1 < OUTER
+                 else sum(r["residual"].double() for r in ranks))
+        want = DECAY * before + sum(r["raw"][t].double() for r in ranks)
+        want -= WORLD * ranks[0]["updates"][t].double()
+        assert before.abs().max() > 1e-4 or t == 0  # the decay acts on something
+        torch.testing.assert_close(after, want, rtol=1e-5, atol=1e-6)
+    # the run differs from classic error feedback's from the second outer step on
+    assert not torch.equal(ranks[0]["weights"], results()[0][method]["weights"])
 
 
 def test_a_non_finite_pseudo_gradient_on_one_rank_skips_the_outer_step_on_every_rank() -> None:

@@ -123,6 +123,11 @@ def _local_step_flags(parser: argparse.ArgumentParser) -> None:
     local.add_argument("--outer-momentum", type=float, default=None,
                        help=f"the outer step's Nesterov momentum (default "
                        f"{DILOCO_OUTER_MOMENTUM}, DiLoCo's)")
+    local.add_argument("--outer-error-decay", type=float, default=None, metavar="BETA",
+                       help="decay the outer step's residual by BETA before each "
+                       "pseudo-gradient joins it (default 1: classic error feedback); "
+                       "SparseLoCo's recipe: --outer-error-decay 0.95 --outer-momentum 0 "
+                       "--outer-lr 1 with --method topk")
 
 
 def _applies(name: str) -> str:

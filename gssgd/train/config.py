@@ -235,6 +235,7 @@ class TrainConfig:
     local_steps: int | None = None  # H inner steps with no communication per outer step
     outer_lr: float | None = None  # the outer Nesterov step's lr (default DiLoCo's 0.7)
     outer_momentum: float | None = None  # its momentum (default DiLoCo's 0.9)
+    outer_error_decay: float | None = None  # the residual's decay per outer step (default 1)
     # -- output
     out: str | None = None  # run directory; None: runs/<method>-<dataset>-<time>
     eval_every: int = 100  # evaluate every N steps and after the last (0: after the last only)
@@ -418,7 +419,7 @@ class TrainConfig:
         Raises:
             ValueError: a bad H or outer setting, or a flag local steps do not take."""
         if self.local_steps is None:
-            for name in ("outer_lr", "outer_momentum"):
+            for name in ("outer_lr", "outer_momentum", "outer_error_decay"):
                 if getattr(self, name) is not None:
                     raise _bad(name, getattr(self, name), "it sets the outer step of local "
                                "steps", "Add --local-steps H, or drop it.")
@@ -432,6 +433,15 @@ class TrainConfig:
                     f"DiLoCo's: {DILOCO_OUTER_LR}.")
         _check_real("outer_momentum", self.outer_momentum, "in [0, 1)", lambda v: 0 <= v < 1,
                     f"DiLoCo's: {DILOCO_OUTER_MOMENTUM}.")
+        if self.outer_error_decay is None:
+            self.outer_error_decay = 1.0
+        _check_real("outer_error_decay", self.outer_error_decay, "in (0, 1]",
+                    lambda v: 0 < v <= 1, "1 is classic error feedback; SparseLoCo's "
+                    "decays it (with --outer-momentum 0).")
+        if self.outer_error_decay != 1 and self.method == "dense":
+            raise _bad("outer_error_decay", self.outer_error_decay, "it decays the outer "
+                       "step's residual, and dense keeps none",
+                       "Use a sparse method (topk, gs) or drop it.")
         if get_method(self.method).aggregator is None:
             raise _bad("method", self.method, "local steps aggregate the pseudo-gradient "
                        "with a gssgd method", "Use dense (DiLoCo's outer step) or a sparse one.")

@@ -96,11 +96,12 @@ def hook_step_stats(s: StepStats) -> dict[str, Any]:
 def local_steps_for(cfg: TrainConfig, model: torch.nn.Module, group: Any = None,
                     broadcast: bool = True) -> LocalSteps:
     """The run's :class:`~gssgd.local_steps.LocalSteps` (``--local-steps``, ``--outer-lr``,
-    ``--outer-momentum``, the method and its options), on ``group`` (a simulated rank, or
-    None: the default group)."""
+    ``--outer-momentum``, ``--outer-error-decay``, the method and its options), on ``group``
+    (a simulated rank, or None: the default group)."""
     assert cfg.local_steps and cfg.outer_lr is not None and cfg.outer_momentum is not None
     return LocalSteps(model, cfg.method, local_steps=cfg.local_steps, density=cfg.density,
-                      outer_lr=cfg.outer_lr, outer_momentum=cfg.outer_momentum, group=group,
+                      outer_lr=cfg.outer_lr, outer_momentum=cfg.outer_momentum,
+                      error_decay=cfg.outer_error_decay or 1.0, group=group,
                       broadcast=broadcast, **cfg.aggregator_options())
 
 
