@@ -44,12 +44,17 @@ from lib.report import (  # noqa: E402
     write_summary,
 )
 
-#: ``diloco-H30``, ``gs-H30-d0.05``, ``topk-d0.01``, ``dense``, ``dense-lr0.05``.
-NAME = re.compile(r"^(?P<method>[a-z0-9]+)(?:-H(?P<h>\d+))?(?:-d(?P<d>[0-9.]+))?(?:-lr[0-9.]+)?$")
+#: ``diloco-H30``, ``gs-H30-d0.05``, ``topk-H30-d0.05-slc`` (an outer recipe),
+#: ``topk-d0.01``, ``dense``, ``dense-lr0.05``.
+NAME = re.compile(
+    r"^(?P<method>[a-z0-9]+)(?:-H(?P<h>\d+))?(?:-d(?P<d>[0-9.]+[0-9]))?(?:-lr[0-9.]+)?"
+    r"(?:-(?P<recipe>[a-z]+))?$"
+)
 
 
 def parse(name: str) -> dict[str, Any]:
-    """A run's setting from its name: method, H (None: every step) and density."""
+    """A run's setting from its name: method, H (None: every step), density and the outer
+    recipe (``nesterov`` unless the name ends in another, ``slc``)."""
     m = NAME.match(name)
     if m is None:
         raise ValueError(f"run name {name!r} is not one of the study's (see the module doc)")
@@ -58,6 +63,7 @@ def parse(name: str) -> dict[str, Any]:
         "method": m["method"],
         "h": int(h) if h else None,
         "density": float(m["d"]) if m["d"] else None,
+        "recipe": m["recipe"] or "nesterov",
     }
 
 

@@ -21,9 +21,14 @@
 #   diloco-HH          local steps, H of HS (default "10 30"), the outer step dense (DiLoCo)
 #   METHOD-HH-dD       local steps with METHOD (OUTER_METHODS, default "topk gs") as the
 #                      outer step at each density D of OUTER_DENSITIES (default "0.01 0.05")
-#                      for H in OUTER_HS (default: HS)
-# Inner steps: the recipe above (the inner optimizer trains alone); outer step: Nesterov at
-# DiLoCo's lr 0.7 and momentum 0.9, error feedback, no density warm-up.
+#                      for H in OUTER_HS (default: HS), for each OUTER_RECIPES (default
+#                      "nesterov"; "slc" adds the suffix -slc):
+#     nesterov         DiLoCo's outer step: Nesterov at lr 0.7, momentum 0.9, classic error
+#                      feedback
+#     slc              SparseLoCo's: the residual decayed by 0.95 before each
+#                      pseudo-gradient joins it (the decayed error feedback stands in for the
+#                      outer momentum), plain SGD at lr 1 outside
+# Inner steps: the recipe above (the inner optimizer trains alone); no density warm-up.
 # Raw runs go to runs/local-steps/DATASET (cnn) or runs/local-steps/MODEL (git-ignored).
 set -u
 cd "$(dirname "$0")/.."
@@ -45,6 +50,7 @@ HS=${HS:-"10 30"}
 OUTER_HS=${OUTER_HS:-$HS}
 OUTER_METHODS=${OUTER_METHODS:-"topk gs"}
 OUTER_DENSITIES=${OUTER_DENSITIES:-"0.01 0.05"}
+OUTER_RECIPES=${OUTER_RECIPES:-nesterov}
 for P in $PS; do
   if [ "$MODEL" = cnn ]; then batch=${BATCH:-$(( P >= 64 ? 8 : 16 ))}; else batch=${BATCH:-8}; fi
   for seed in $SEEDS; do
@@ -57,10 +63,18 @@ for P in $PS; do
     for H in $HS; do
       run "diloco-H$H" --method dense --local-steps "$H"
     done
-    for H in $OUTER_HS; do
-      for method in $OUTER_METHODS; do
-        for density in $OUTER_DENSITIES; do
-          run "$method-H$H-d$density" --method "$method" --density "$density" --local-steps "$H"
+    for recipe in $OUTER_RECIPES; do
+      case $recipe in
+        nesterov) suffix=""; outer=() ;;
+        slc) suffix=-slc; outer=(--outer-error-decay 0.95 --outer-momentum 0 --outer-lr 1) ;;
+        *) echo "unknown outer recipe $recipe"; exit 2 ;;
+      esac
+      for H in $OUTER_HS; do
+        for method in $OUTER_METHODS; do
+          for density in $OUTER_DENSITIES; do
+            run "$method-H$H-d$density$suffix" --method "$method" --density "$density" \
+              --local-steps "$H" "${outer[@]}"
+          done
         done
       done
     done

@@ -31,11 +31,12 @@ def row(name: str, mean: float, total: float) -> dict[str, Any]:
 @pytest.mark.parametrize(
     ("name", "setting"),
     [
-        ("dense", {"method": "dense", "h": None, "density": None}),
-        ("dense-lr0.05", {"method": "dense", "h": None, "density": None}),
-        ("topk-d0.01", {"method": "topk", "h": None, "density": 0.01}),
-        ("diloco-H30", {"method": "diloco", "h": 30, "density": None}),
-        ("gs-H100-d0.05", {"method": "gs", "h": 100, "density": 0.05}),
+        ("dense", {"method": "dense", "h": None, "density": None, "recipe": "nesterov"}),
+        ("dense-lr0.05", {"method": "dense", "h": None, "density": None, "recipe": "nesterov"}),
+        ("topk-d0.01", {"method": "topk", "h": None, "density": 0.01, "recipe": "nesterov"}),
+        ("diloco-H30", {"method": "diloco", "h": 30, "density": None, "recipe": "nesterov"}),
+        ("gs-H100-d0.05", {"method": "gs", "h": 100, "density": 0.05, "recipe": "nesterov"}),
+        ("topk-H30-d0.05-slc", {"method": "topk", "h": 30, "density": 0.05, "recipe": "slc"}),
     ],
 )
 def test_names_give_the_setting(name: str, setting: dict) -> None:
