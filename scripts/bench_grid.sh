@@ -9,8 +9,8 @@
 #
 # Each cell's raw output (workers/ with the per-rank records, run.log with the run's
 # stdout+stderr) lands in $RAW/comm_P<P>_d<d>M_<link>/ (default runs/grid, ignored by git);
-# its summary (results.json, table.txt with the compress / communicate / decompress split;
-# its plot comm.png stays in $RAW) is then copied to $DOCS/comm_P<P>_d<d>M_<link>/ (default
+# its summary (results.json; its table.txt with the compress / communicate / decompress
+# split and its plot comm.png stay in $RAW) is then copied to $DOCS/comm_P<P>_d<d>M_<link>/ (default
 # docs/results/grid) by scripts/publish_results.sh. A cell whose summary exists in $DOCS is skipped, so the grid
 # can be stopped and started again; delete a cell's folder under $DOCS to measure it again.
 # Larger vectors get fewer timed steps (a dense step of d = 25M takes ~12 s at 100 Mbit/s).
@@ -40,7 +40,7 @@ for d in $DS; do
             if "$GSSGD" bench comm --workers "$p" --d "$d" --density 0.001 --link "$link" \
                 "${steps[@]}" --out "$RAW/$cell" > "$RAW/$cell.log" 2>&1; then
                 mv "$RAW/$cell.log" "$RAW/$cell/run.log"
-                PLOTS=0 scripts/publish_results.sh "$RAW/$cell" "$DOCS/$cell"
+                PLOTS=0 TABLES=0 scripts/publish_results.sh "$RAW/$cell" "$DOCS/$cell"
             else
                 echo "FAIL  $cell: see $RAW/$cell.log"
             fi

@@ -2,8 +2,8 @@
 """Tables and a plot of the aggregation grid (scripts/bench_grid.sh) for docs/benchmarks.md.
 
 Reads ``<grid>/comm_P<P>_d<d>M_<link>/results.json`` (written by ``gssgd bench comm``; the
-grid script keeps each raw run under ``runs/grid/`` and copies its results.json, table.txt
-and comm.png to ``docs/results/grid/``) and prints three markdown tables, every figure
+grid script keeps each raw run under ``runs/grid/`` and copies its results.json to
+``docs/results/grid/``) and prints three markdown tables, every figure
 taken from one run (one cell):
 
 * gs-SGD's speed-up against every baseline (the other method's time / gs's time);

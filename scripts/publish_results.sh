@@ -10,8 +10,9 @@
 # records), per-method training folders (metrics.jsonl, summary.json, config.json, logs/),
 # run.log. The plots are sized for the web (scripts/lib/report.py's shrink_png), so the
 # committed docs stay small.
-# PLOTS=0 leaves the plots behind too (the aggregation grid's per-cell plots: grid.png
-# summarises them, and docs/ stays under its size budget).
+# PLOTS=0 leaves the plots behind too, TABLES=0 the table.txt (the aggregation grid's
+# cells: grid.png and scripts/grid_report.py's tables summarise them, a cell's table is
+# gssgd.bench.report.comm_table of its results.json, and docs/ stays under its budget).
 set -euo pipefail
 if [ $# -ne 2 ]; then
     echo "usage: $0 RAW_DIR DOCS_DIR" >&2
@@ -34,7 +35,10 @@ mkdir -p "$dst"
 copied=0
 for f in "$raw"/results.json "$raw"/table.txt "$raw"/model.json "$raw"/tables.txt "$raw"/*.png; do
     [ -f "$f" ] || continue
-    case $f in *.png) [ "${PLOTS:-1}" = 0 ] && continue ;; esac
+    case $f in
+        *.png) [ "${PLOTS:-1}" = 0 ] && continue ;;
+        */table.txt) [ "${TABLES:-1}" = 0 ] && continue ;;
+    esac
     cp "$f" "$dst/"
     copied=$((copied + 1))
     case $f in
