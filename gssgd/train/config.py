@@ -93,13 +93,14 @@ METHOD_SETTINGS: tuple[str, ...] = (
     "freeze_variance_after",
     "adam_variance",
     "adam_unseen",
+    "outer_error_decay",
 )
 #: Method-specific TrainConfig fields that are neither options nor hook settings, and the
 #: methods that take them.
 _ONLY_FOR: dict[str, tuple[str, ...]] = {"overlap": STREAMING_METHODS}
 #: Method-specific TrainConfig fields that apply to the methods taking another option.
 _APPLIES_LIKE = {"freeze_variance_after": "feedback", "adam_variance": "feedback",
-                 "adam_unseen": "feedback"}
+                 "adam_unseen": "feedback", "outer_error_decay": "feedback"}
 
 
 def flag(name: str) -> str:
@@ -235,7 +236,7 @@ class TrainConfig:
     local_steps: int | None = None  # H inner steps with no communication per outer step
     outer_lr: float | None = None  # the outer Nesterov step's lr (default DiLoCo's 0.7)
     outer_momentum: float | None = None  # its momentum (default DiLoCo's 0.9)
-    outer_error_decay: float | None = None  # the residual's decay per outer step (default 1)
+    outer_error_decay: float | None = None  # the residual's decay per outer step (None: 1)
     # -- output
     out: str | None = None  # run directory; None: runs/<method>-<dataset>-<time>
     eval_every: int = 100  # evaluate every N steps and after the last (0: after the last only)
@@ -433,15 +434,10 @@ class TrainConfig:
                     f"DiLoCo's: {DILOCO_OUTER_LR}.")
         _check_real("outer_momentum", self.outer_momentum, "in [0, 1)", lambda v: 0 <= v < 1,
                     f"DiLoCo's: {DILOCO_OUTER_MOMENTUM}.")
-        if self.outer_error_decay is None:
-            self.outer_error_decay = 1.0
-        _check_real("outer_error_decay", self.outer_error_decay, "in (0, 1]",
-                    lambda v: 0 < v <= 1, "1 is classic error feedback; SparseLoCo's "
-                    "decays it (with --outer-momentum 0).")
-        if self.outer_error_decay != 1 and self.method == "dense":
-            raise _bad("outer_error_decay", self.outer_error_decay, "it decays the outer "
-                       "step's residual, and dense keeps none",
-                       "Use a sparse method (topk, gs) or drop it.")
+        if self.outer_error_decay is not None:  # None: 1, classic error feedback
+            _check_real("outer_error_decay", self.outer_error_decay, "in (0, 1]",
+                        lambda v: 0 < v <= 1, "1 is classic error feedback; SparseLoCo's "
+                        "decays it (with --outer-momentum 0).")
         if get_method(self.method).aggregator is None:
             raise _bad("method", self.method, "local steps aggregate the pseudo-gradient "
                        "with a gssgd method", "Use dense (DiLoCo's outer step) or a sparse one.")
