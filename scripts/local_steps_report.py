@@ -15,7 +15,8 @@ otherwise. The targets (issue #37), judged per P on the seeds' means:
 - **gs outer vs DiLoCo**: at some H, a gs outer level ends within 2 % of DiLoCo's loss at
   that H (0.5 point of accuracy for an image model) with at most a tenth of its bytes;
 - **gs outer vs local Top-k outer**: at some H, a gs outer level ends at or below the best
-  local-Top-k outer level's metric there with at most half that level's bytes;
+  local-Top-k outer level's metric there with at most half that level's bytes (once local
+  Top-k has run SparseLoCo's rule, ``-slc``, only at the H where it has);
 - **local steps vs dense**: some local-steps run ends within 5 % of dense DDP's loss (2
   points of accuracy) with at least 300× fewer bytes through the busiest link.
 """
@@ -148,11 +149,13 @@ def targets(rows: list[dict[str, Any]], metric: Metric) -> dict[str, Any]:
         0.02 if loss else 0.005,
         1 / 10,
     )
-    topk_best = {}
-    for h, topks in group(
-        [r for r in rows if r["method"] == "topk" and r["h"]], lambda r: r["h"]
-    ).items():
-        topk_best[h] = _best(topks, metric)
+    topks = [r for r in rows if r["method"] == "topk" and r["h"]]
+    if any(r["recipe"] == "slc" for r in topks):
+        # judge gs only at the H where local Top-k ran its authors' rule (SparseLoCo's):
+        # under DiLoCo's outer momentum it trained far worse, a rival not at its best
+        ran = {r["h"] for r in topks if r["recipe"] == "slc"}
+        topks = [r for r in topks if r["h"] in ran]
+    topk_best = {h: _best(at_h, metric) for h, at_h in group(topks, lambda r: r["h"]).items()}
     judge(
         "gs_outer_vs_topk_outer",
         [(g, topk_best[g["h"]]) for g in gs_outer if g["h"] in topk_best],

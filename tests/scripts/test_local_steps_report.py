@@ -95,3 +95,16 @@ def test_local_steps_meet_dense_with_300x_fewer_bytes_and_accuracy_in_points() -
     assert report.targets(rows, ACCURACY)["local_vs_dense"]["met"]  # 1.9 points, 300x
     rows[1]["mean"] = 0.959  # 2.1 points below
     assert not report.targets(rows, ACCURACY)["local_vs_dense"]["met"]
+
+
+def test_gs_is_judged_against_local_top_k_at_its_authors_rule_where_it_ran() -> None:
+    """gs at H = 10 beats local Top-k under DiLoCo's outer rule there, but local Top-k ran
+    SparseLoCo's rule at H = 30 only: H = 10 is not judged, and at H = 30 gs loses."""
+    rows = study(gs_loss=2.08) + [
+        row("topk-H10-d0.05", 2.50, 20.0),
+        row("gs-H10-d0.05", 2.20, 5.0),
+        row("topk-H30-d0.05-slc", 2.00, 20.0),
+    ]
+    got = report.targets(rows, LOSS)["gs_outer_vs_topk_outer"]
+    assert [p[1] for p in got["pairs"]] == ["topk-H30-d0.05-slc"]
+    assert not got["met"]
