@@ -19,6 +19,7 @@ from gssgd.costmodel.advice import (
 )
 from gssgd.costmodel.cluster import Link, parse_latency, parse_link
 from gssgd.costmodel.devices import CPU_FWDBWD_S, DEVICES, get_device
+from gssgd.costmodel.lm_reach import LANGUAGE_MODELS, language_model_advice
 from gssgd.costmodel.reach import REACH_WHERE
 from gssgd.methods import SPARSE_WARMUP_STEPS, parse_methods
 
@@ -125,7 +126,7 @@ def model_params(name: str) -> int:
             f"unknown model {name!r}; shipped models are {', '.join(MODELS)} "
             "(or give --params N instead)"
         )
-    if name in ("lm", "gpt"):
+    if name in LANGUAGE_MODELS:
         ids = torch.arange(200) % _STANDIN_VOCAB
         chars = [chr(32 + i) for i in range(_STANDIN_VOCAB)]
         data: ImageData | TextData = TextData(train=ids, test=ids, vocab=chars, name="stand-in")
@@ -199,7 +200,10 @@ def _run(args: argparse.Namespace) -> None:
         run_steps=_count("--steps", args.steps, 1) or DEFAULT_RUN_STEPS,
     )
     if args.json:
-        json.dump(advice.as_dict(), sys.stdout, indent=1)
+        out = advice.as_dict()
+        if args.model in LANGUAGE_MODELS:
+            out["language_model"] = language_model_advice(advice.workers).strip()
+        json.dump(out, sys.stdout, indent=1)
         sys.stdout.write("\n")
     else:
         print(render(advice, model=args.model))
@@ -255,6 +259,8 @@ def render(advice: Advice, model: str | None = None) -> str:
             f"matrix, needs the layer shapes): rank {rank} {advice.powersgd.describe()}; "
             f"try gssgd train --method powersgd --powersgd-rank {rank}"
         )
+    if model in LANGUAGE_MODELS:
+        lines.append(language_model_advice(advice.workers))
     lines += [
         f"  options:   {_describe(rec.spec, rec.options())}",
         f"  train:     {advice.train_command()} ...",
