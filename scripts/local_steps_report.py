@@ -213,40 +213,52 @@ def table(rows: list[dict[str, Any]], metric: Metric) -> str:
     )
 
 
+#: How far from dense the plot's axis reaches (a fraction of dense's loss, or points of
+#: accuracy); runs beyond it are drawn on the edge with their value.
+PLOT_REACH = 0.3
+
+
 def plot(rows: list[dict[str, Any]], metric: Metric, p: int, path: Path) -> None:
-    """The final metric against the busiest link's bytes over the run, one mark a setting."""
-    fig, ax = figure(figsize=(7.5, 4.8))
-    colours = {
-        "dense": "black",
-        "diloco": "tab:green",
-        "gs": "tab:blue",
-        "topk": "tab:orange",
-        "gtopk": "tab:red",
-        "powersgd": "tab:purple",
-    }
+    """The final metric against the busiest link's bytes over the run, one mark a setting:
+    squares train every step, circles take local steps (filled: SparseLoCo's outer rule,
+    hollow: DiLoCo's), labelled ``H<H> d<density>``; the seeds' min–max as a bar."""
+    fig, ax = figure(figsize=(8, 5))
+    colours = {"dense": "black", "diloco": "tab:green", "gs": "tab:blue",
+               "topk": "tab:orange", "gtopk": "tab:red", "powersgd": "tab:purple"}  # fmt: skip
     scale = 100 if metric.higher_is_better else 1
+    dense = next((r for r in rows if r["method"] == "dense" and not r["h"]), None)
+    edge = None
+    if dense is not None:
+        edge = scale * (dense["mean"] - PLOT_REACH if metric.higher_is_better
+                        else dense["mean"] * (1 + PLOT_REACH))  # fmt: skip
+    seen = set()
     for r in rows:
-        marker = "s" if not r["h"] else "o"
         colour = colours.get(r["method"], "grey")
-        ax.errorbar(
-            [r["bytes_total"]],
-            [scale * r["mean"]],
-            yerr=[[scale * (r["mean"] - r["low"])], [scale * (r["high"] - r["mean"])]],
-            fmt=marker,
-            color=colour,
-            capsize=2,
-        )
-        ax.annotate(
-            r["name"],
-            (r["bytes_total"], scale * r["mean"]),
-            fontsize=7,
-            xytext=(3, 3),
-            textcoords="offset points",
-        )
+        y = scale * r["mean"]
+        beyond = edge is not None and not metric.at_least_as_good(y / scale, edge / scale)
+        seen.add(r["method"])
+        hollow = r["h"] and r["method"] != "diloco" and r["recipe"] != "slc"
+        ax.errorbar([r["bytes_total"]], [edge if beyond else y],
+                    yerr=None if beyond else [[y - scale * r["low"]], [scale * r["high"] - y]],
+                    fmt=("^" if beyond else "o") if r["h"] else "s", color=colour, capsize=2,
+                    mfc="white" if hollow else colour)  # fmt: skip
+        name = "every step" if not r["h"] else f"H{r['h']}"
+        name += f" d{r['density']:g}" if r["density"] else ""
+        name += f" ({metric.number(r['mean'])})" if beyond else ""
+        ax.annotate(name, (r["bytes_total"], edge if beyond else y), fontsize=6.5,
+                    xytext=(4, -3), textcoords="offset points")  # fmt: skip
     ax.set_xscale("log")
+    if edge is not None:
+        low = min(scale * r["low"] for r in rows)
+        ax.set_ylim(*sorted((low - 0.02 * abs(low), edge + 0.01 * abs(edge))))
     ax.set_xlabel("bytes through the busiest worker's link, whole run")
     ax.set_ylabel(f"final test {metric.key}" + (" (%)" if metric.higher_is_better else ""))
-    ax.set_title(f"P = {p}: squares train every step, circles take local steps")
+    ax.set_title(f"P = {p}: squares every step; circles local steps (hollow: DiLoCo's outer "
+                 "rule, filled: SparseLoCo's); triangles off the scale", fontsize=9)
+    from matplotlib.lines import Line2D
+
+    ax.legend(handles=[Line2D([], [], marker="o", ls="", color=colours.get(m, "grey"), label=m)
+                       for m in colours if m in seen], fontsize=8, loc="upper right")
     ax.grid(alpha=0.3)
     fig.tight_layout()
     save_png(fig, path)
