@@ -23,6 +23,7 @@ otherwise. The targets (issue #37), judged per P on the seeds' means:
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import sys
 from pathlib import Path
@@ -94,12 +95,9 @@ def rows_of(runs: list[Any], metric: Metric) -> list[dict[str, Any]]:
     return rows
 
 
-def within(metric: Metric, value: float, reference: float, margin: float) -> bool:
-    """Whether ``value`` is within ``margin`` of ``reference`` (a fraction of a loss, or
-    points of accuracy as a fraction)."""
-    if metric.higher_is_better:
-        return value >= reference - margin
-    return value <= reference * (1 + margin)
+def _dense(rows: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """Per-step dense's row (the reference), or None."""
+    return next((r for r in rows if r["method"] == "dense" and not r["h"]), None)
 
 
 def _best(rows: list[dict[str, Any]], metric: Metric) -> dict[str, Any]:
@@ -116,28 +114,21 @@ def targets(rows: list[dict[str, Any]], metric: Metric) -> dict[str, Any]:
     gs_outer = [r for r in rows if r["method"] == "gs" and r["h"]]
     out: dict[str, Any] = {}
 
-    def judge(
-        key: str,
-        pairs: list[tuple[dict, dict]],
-        margin: float | None,
-        ratio: float,
-        better: bool = False,
-    ) -> None:
+    def judge(key: str, pairs: list[tuple[dict, dict]], margin: float, ratio: float) -> None:
+        """Each run against its reference: within ``margin`` of it (the metric's own
+        measure: a fraction of a loss, points of accuracy; 0: at least as good) with at
+        most ``ratio`` of its bytes."""
+        close = dataclasses.replace(metric, margin=margin)
         found = []
         for run, ref in pairs:
             share = run["bytes_total"] / ref["bytes_total"]
-            close = (
-                metric.at_least_as_good(run["mean"], ref["mean"])
-                if better
-                else within(metric, run["mean"], ref["mean"], margin or 0.0)
-            )
             found.append(
                 [
                     run["name"],
                     ref["name"],
                     round(metric.gap(run["mean"], ref["mean"]), 3),
                     round(share, 5),
-                    close and share <= ratio,
+                    close.reaches(run["mean"], ref["mean"]) and share <= ratio,
                 ]
             )
         if found:
@@ -159,11 +150,10 @@ def targets(rows: list[dict[str, Any]], metric: Metric) -> dict[str, Any]:
     judge(
         "gs_outer_vs_topk_outer",
         [(g, topk_best[g["h"]]) for g in gs_outer if g["h"] in topk_best],
-        None,
+        0.0,
         1 / 2,
-        better=True,
     )
-    dense = next((r for r in rows if r["method"] == "dense" and not r["h"]), None)
+    dense = _dense(rows)
     if dense:
         judge(
             "local_vs_dense", [(r, dense) for r in rows if r["h"]], 0.05 if loss else 0.02, 1 / 300
@@ -182,7 +172,7 @@ def _gap(metric: Metric, run: dict[str, Any], other: dict[str, Any] | None) -> s
 def table(rows: list[dict[str, Any]], metric: Metric) -> str:
     """The P's markdown table: every setting, its gap to dense and to DiLoCo at its H."""
     by = {r["name"]: r for r in rows}
-    dense = next((r for r in rows if r["method"] == "dense" and not r["h"]), None)
+    dense = _dense(rows)
     body = []
     for r in sorted(rows, key=lambda r: (r["h"] or 0, r["method"] != "dense", r["name"])):
         ref = by.get(f"diloco-H{r['h']}") if r["h"] else None
@@ -226,7 +216,7 @@ def plot(rows: list[dict[str, Any]], metric: Metric, p: int, path: Path) -> None
     colours = {"dense": "black", "diloco": "tab:green", "gs": "tab:blue",
                "topk": "tab:orange", "gtopk": "tab:red", "powersgd": "tab:purple"}  # fmt: skip
     scale = 100 if metric.higher_is_better else 1
-    dense = next((r for r in rows if r["method"] == "dense" and not r["h"]), None)
+    dense = _dense(rows)
     edge = None
     if dense is not None:
         edge = scale * (dense["mean"] - PLOT_REACH if metric.higher_is_better
@@ -253,12 +243,22 @@ def plot(rows: list[dict[str, Any]], metric: Metric, p: int, path: Path) -> None
         ax.set_ylim(*sorted((low - 0.02 * abs(low), edge + 0.01 * abs(edge))))
     ax.set_xlabel("bytes through the busiest worker's link, whole run")
     ax.set_ylabel(f"final test {metric.key}" + (" (%)" if metric.higher_is_better else ""))
-    ax.set_title(f"P = {p}: squares every step; circles local steps (hollow: DiLoCo's outer "
-                 "rule, filled: SparseLoCo's); triangles off the scale", fontsize=9)
+    ax.set_title(
+        f"P = {p}: squares every step; circles local steps (hollow: DiLoCo's outer "
+        "rule, filled: SparseLoCo's); triangles off the scale",
+        fontsize=9,
+    )
     from matplotlib.lines import Line2D
 
-    ax.legend(handles=[Line2D([], [], marker="o", ls="", color=colours.get(m, "grey"), label=m)
-                       for m in colours if m in seen], fontsize=8, loc="upper right")
+    ax.legend(
+        handles=[
+            Line2D([], [], marker="o", ls="", color=colours.get(m, "grey"), label=m)
+            for m in colours
+            if m in seen
+        ],
+        fontsize=8,
+        loc="upper right",
+    )
     ax.grid(alpha=0.3)
     fig.tight_layout()
     save_png(fig, path)

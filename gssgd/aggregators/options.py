@@ -531,9 +531,11 @@ class GSOptions(SketchedOptions):
             measures against the exact vector's top k chosen the same way. At most k
             chunks (C >= ceil(d / k)): with more, the lower chunks would take every share
             and the rest never move. 0 (default): one selection over the whole vector.
-            Needs the exact round. Measured on the character LSTM at 16 workers and
-            density 0.001 (docs/study.md): chunks of 4,096 and 1,024 made gs diverge;
-            DeMo and SparseLoCo select 1.56 % of each chunk.
+            Needs the exact round. Measured on the character LSTM at 16 workers
+            (docs/study.md): at density 0.001 chunks of 4,096 and 1,024 made gs diverge;
+            at 0.01 (DeMo and SparseLoCo select 1.56 % of each chunk) chunks of 4,096
+            trained but ended behind one global selection (+6.1 against +5.2 % above
+            dense).
 
     ``allreduce`` left None takes :func:`sketch_default_shape`'s value too.
     """
