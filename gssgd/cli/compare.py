@@ -33,15 +33,16 @@ from gssgd.train.metrics import METRICS_FILE, read_metrics, write_json
 
 __all__ = ["DEFAULTS", "add_parser", "run"]
 
-#: compare's defaults where they differ from train's: the README's main job, sized to
-#: finish in about five minutes on a 2-core machine (MNIST, CNN, 4 workers, 6 methods), at
-#: a density that compresses (0.1 %: a sparse method sends about 1/1000 of the gradient);
-#: PowerSGD at its default rank 2, the all-reduce compressor the others are judged against.
+#: compare's defaults where they differ from train's: the README's main job, sized so that
+#: it and its P = 16 part finish in six minutes on a 2-core machine (MNIST, CNN, 4 workers,
+#: 6 methods, 300 steps: about 2 minutes), at a density that compresses (0.1 %: a sparse
+#: method sends about 1/1000 of the gradient); PowerSGD at its default rank 2, the
+#: all-reduce compressor the others are judged against.
 DEFAULTS: dict[str, Any] = {
     "methods": "dense,topk,gtopk,sketched,gs,powersgd",
     "density": 0.001,
     "dataset": "mnist",
-    "steps": 400,
+    "steps": 300,
     "batch_size": 32,
     "eval_every": 100,
 }
@@ -81,8 +82,8 @@ same hook as the compressors; ddp-allreduce is DDP's own).
 Method-specific flags (--rows, --density, ...) go to the methods that take them.
 The defaults are the main job: MNIST, CNN, 4 workers, six methods, density 0.001 (PowerSGD
 at rank 2), each method at its recipe (dense and PowerSGD: SGD momentum 0.9, lr 0.05;
-sparse: plain SGD with error feedback, lr 0.2, 100 density warm-up steps), about five
-minutes on a 2-core machine.
+sparse: plain SGD with error feedback, lr 0.2, 100 density warm-up steps), 300 steps,
+about two minutes on a 2-core machine.
 On a language model (--model lm or gpt, the default for text) dense trains with SGD momentum
 0.9 at lr 0.8 and the sparse methods with plain SGD at lr 1.6 and DGC's momentum 0.9 inside
 the aggregator; --optimizer adamw trains dense with AdamW and the sparse methods with 1-bit
@@ -96,7 +97,7 @@ gaps to dense are still opening there (on the character GPT they peak near steps
 
 EPILOG = """\
 examples:
-  gssgd compare                                               # the main job (~5 min)
+  gssgd compare                                               # the main job (~2 min)
   gssgd compare --methods dense,topk,gtopk,sketched,gs --dataset digits --workers 2 \\
                 --steps 50 --out runs/quick
   gssgd compare --methods dense,gs --density 0.001 --rows 7 --out runs/gs-vs-dense
