@@ -10,8 +10,8 @@ recipe for gssgd's hook:
    whole-model residual follows the parameter order (a resume then needs no dense step).
 2. Register the hook state for checkpointing. Each rank has its *own* residual, while
    ``accelerator.save_state`` writes a registered object once (from the main process), and
-   every rank loads that one file. :class:`EveryRankHookState` therefore gathers all
-   ranks' states into the saved object and hands each rank its own on load:
+   every rank loads that one file. :class:`gssgd.ddp.EveryRankHookState` therefore gathers
+   all ranks' states into the saved object and hands each rank its own on load:
    ``accelerator.register_for_checkpointing(EveryRankHookState(state))``, before
    ``accelerator.load_state``.
 3. Gradient accumulation: ``with accelerator.accumulate(model):`` runs the micro-batches
@@ -36,66 +36,14 @@ from __future__ import annotations
 import argparse
 import gc
 from pathlib import Path
-from typing import Any
 
 import torch
-import torch.distributed as dist
 from accelerate import Accelerator
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader, TensorDataset
 
-from gssgd.ddp import HookState, comm_hook
-
-
-class EveryRankHookState:
-    """A :class:`~gssgd.ddp.HookState` as ``accelerator.register_for_checkpointing`` needs it.
-
-    ``state_dict()`` (called on every rank by ``save_state``) gathers every rank's hook
-    state; ``load_state_dict()`` (every rank loads the main process's file) picks this
-    rank's. Tensors travel on the CPU.
-
-    Args:
-        state: this rank's hook state.
-    """
-
-    def __init__(self, state: HookState) -> None:
-        self.state = state
-
-    def state_dict(self) -> dict[str, Any]:
-        """``{"world_size": P, "ranks": [rank 0's HookState.state_dict(), ...]}``."""
-        mine = _to_cpu(self.state.state_dict())
-        if not dist.is_initialized():
-            return {"world_size": 1, "ranks": [mine]}
-        ranks: list[Any] = [None] * dist.get_world_size()
-        dist.all_gather_object(ranks, mine)
-        return {"world_size": len(ranks), "ranks": ranks}
-
-    def load_state_dict(self, sd: dict[str, Any]) -> None:
-        """Load this rank's part of :meth:`state_dict`.
-
-        Raises:
-            ValueError: the checkpoint was saved with another number of processes.
-        """
-        world = dist.get_world_size() if dist.is_initialized() else 1
-        if sd["world_size"] != world:
-            raise ValueError(
-                f"the hook state was saved by {sd['world_size']} processes, but {world} are "
-                f"running; resume with {sd['world_size']} processes (accelerate launch "
-                f"--num_processes {sd['world_size']}, or torchrun --nproc_per_node "
-                f"{sd['world_size']}): each process owns its residual."
-            )
-        self.state.load_state_dict(sd["ranks"][dist.get_rank() if world > 1 else 0])
-
-
-def _to_cpu(tree: Any) -> Any:
-    if isinstance(tree, torch.Tensor):
-        return tree.detach().cpu()
-    if isinstance(tree, dict):
-        return {k: _to_cpu(v) for k, v in tree.items()}
-    if isinstance(tree, list):
-        return [_to_cpu(v) for v in tree]
-    return tree
+from gssgd.ddp import EveryRankHookState, HookState, comm_hook
 
 
 class Progress:
@@ -143,8 +91,7 @@ def main(argv: list[str] | None = None) -> None:
     model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
 
     # The hook: on the DDP module Accelerate made (one process: no DDP, no hook).
-    state = HookState(args.method, density=args.density, whole_model=True,
-                      model=accelerator.unwrap_model(model))
+    state = HookState(args.method, density=args.density, model=accelerator.unwrap_model(model))
     if isinstance(model, DistributedDataParallel):
         model.register_comm_hook(state, comm_hook)
     progress = Progress()
@@ -172,7 +119,7 @@ def main(argv: list[str] | None = None) -> None:
 
     args.out.mkdir(parents=True, exist_ok=True)
     params = [p.detach().cpu().clone() for p in accelerator.unwrap_model(model).parameters()]
-    final = {"params": params, "hook": _to_cpu(state.state_dict()), "step": progress.step,
+    final = {"params": params, "hook": state.state_dict(), "step": progress.step,
              "started_at": started_at}
     torch.save(final, args.out / f"final_rank{accelerator.process_index}.pt")
     # Leave as a torchrun script should: DDP's reducer holds the process group in a

@@ -147,7 +147,7 @@ class _NotDDP(torch.nn.Linear):
     [
         (torch.nn.Linear(2, 2), "gs", {}, r"model=Linear is invalid: it must be the "
          r"DistributedDataParallel model"),
-        (_NotDDP(2, 2), "dense", {}, r"method='dense' is invalid here: it never compresses"),
+        (_NotDDP(2, 2), "dense", {}, r"method='dense' is invalid for compressed_adamw: it never compresses"),
         (_NotDDP(2, 2), "gs", {"feedback": "ef", "start_iter": 5},
          r"feedback='ef', start_iter=5: compressed_adamw sets start_iter=freeze_step"),
     ],

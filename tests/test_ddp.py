@@ -209,7 +209,8 @@ def test_state_dict_loads_with_weights_only() -> None:
     buf.seek(0)
     loaded = torch.load(buf, weights_only=True)
     assert loaded["method"] == "gs" and loaded["whole_model"] is True
-    assert set(loaded) == {"iter", "method", "whole_model", "buckets", "layouts"}
+    assert set(loaded) == {"iter", "method", "whole_model", "buckets", "layouts", "world_size",
+                           "rank", "density", "options", "totals"}
     assert loaded["buckets"][0]["residual"].shape == (sum(param_numels()),)
     assert [pos for pos, _ in loaded["layouts"][0]] == list(range(8))  # model order
 
@@ -291,8 +292,12 @@ def test_construction_does_not_touch_the_process_group() -> None:
     state = HookState("gs", start_iter=5, whole_model=True, rows=5, k=100)
     assert (state.method, state.start_iter, state.whole_model) == ("gs", 5, True)
     assert state.options == {"rows": 5, "k": 100} and state.iter == 0
-    assert state.state_dict() == {"iter": 0, "method": "gs", "whole_model": True,
-                                  "buckets": {}, "layouts": {}}
+    sd = state.state_dict()
+    assert {k: sd[k] for k in ("iter", "method", "whole_model", "buckets", "layouts",
+                               "world_size", "rank", "options")} == {
+        "iter": 0, "method": "gs", "whole_model": True, "buckets": {}, "layouts": {},
+        "world_size": 1, "rank": 0, "options": {"rows": 5, "k": 100}}
+    assert sd["totals"]["iterations"] == 0
 
 
 def test_loading_another_methods_state_names_both() -> None:

@@ -8,6 +8,7 @@ rank) and keeps its error feedback inside; ``agg.last_stats`` says what the step
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 import torch.distributed as dist
 
@@ -16,11 +17,35 @@ from gssgd.aggregators.options import resolve_k
 from gssgd.comm import world_size_of
 from gssgd.sketch import HashCache
 
-__all__ = ["AGGREGATORS", "Aggregator", "StepStats", "make_aggregator", "build_options"]
+__all__ = [
+    "AGGREGATORS", "Aggregator", "StepStats", "build_options", "canonical_options",
+    "make_aggregator",
+]
 
 #: Method name -> aggregator class: the aggregator view of the method registry
 #: (:data:`gssgd.methods.METHODS`), which fills it as methods are registered.
 AGGREGATORS: dict[str, type[Aggregator]] = {}
+
+
+def canonical_options(name: str, options: dict[str, Any]) -> dict[str, Any]:
+    """``options`` with every alias of method ``name``'s options (``Options.aliases``, e.g.
+    PowerSGD's ``matrix_approximation_rank``) replaced by the option's own name.
+
+    Raises:
+        ValueError: an unknown method, or an option given under both names.
+    """
+    if name not in AGGREGATORS:
+        raise ValueError(f"unknown method {name!r}; valid methods: {', '.join(AGGREGATORS)}.")
+    out = dict(options)
+    for alias, field_name in AGGREGATORS[name].Options.aliases.items():
+        if alias in out:
+            if field_name in out:
+                raise ValueError(
+                    f"{alias}={out[alias]!r} and {field_name}={out[field_name]!r} name the "
+                    f"same option of {name!r}; give one of them."
+                )
+            out[field_name] = out.pop(alias)
+    return out
 
 
 def build_options(
@@ -51,6 +76,7 @@ def build_options(
         k = d
     else:
         k = resolve_k(d, density, k_given)  # type: ignore[arg-type]
+    options = canonical_options(name, options)
     valid = [f.name for f in dataclasses.fields(cls.Options)]
     unknown = sorted(set(options) - set(valid))
     if unknown:

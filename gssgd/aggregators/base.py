@@ -115,6 +115,10 @@ class Aggregator:
     #: (its k is d: the update is dense): dense, which sends every coordinate, and
     #: PowerSGD, whose rank sets its message.
     sends_all: ClassVar[bool] = False
+    #: False for a method that averages the gradient exactly (dense): nothing to pair an
+    #: optimizer recipe with, no error feedback. True for every compressor, PowerSGD
+    #: included.
+    compresses: ClassVar[bool] = True
     #: True for a method that compresses each tensor of the vector by its shape (PowerSGD):
     #: its options have a ``shapes`` field, which the DDP hook and ``gssgd train`` fill with
     #: the parameters' shapes in the vector's order.
@@ -391,10 +395,12 @@ class Aggregator:
         return summed.to(dtype).mul_(self.world_size)
 
     def _keep_residual(self, accumulated: torch.Tensor, delivered: torch.Tensor) -> None:
-        """``e = a`` with ``a[delivered] = 0`` (and momentum stopping ``u[delivered] = 0``)."""
+        """``e = a`` with ``a[delivered] = 0`` (and, with ``momentum_masking``, momentum
+        stopping ``u[delivered] = 0``)."""
         accumulated[delivered] = 0
         self.residual = accumulated
-        if self.momentum_buffer is not None and self._feedback == "ef":  # the local u only
+        masking = getattr(self.options, "momentum_masking", True)
+        if self.momentum_buffer is not None and self._feedback == "ef" and masking:  # local u
             self.momentum_buffer[delivered] = 0
 
     @contextmanager

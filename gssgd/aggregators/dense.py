@@ -30,6 +30,7 @@ class DenseAllReduce(Aggregator):
     Options = DenseOptions
     has_residual = False
     sends_all = True
+    compresses = False
     options: DenseOptions
 
     @classmethod

@@ -16,6 +16,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
+from typing import ClassVar
 
 import torch
 
@@ -118,7 +119,20 @@ class PowerSGDOptions(CommonOptions):
         shapes: the shapes of the tensors the vector concatenates, in order (their sizes
             must add up to d). The DDP hook and ``gssgd train`` pass the parameters' shapes;
             None: :func:`default_shapes`.
+        feedback: ``"ef"`` (default): PyTorch's error feedback on ``e + g``; ``"onebit"``:
+            1-bit Adam's recipe (:func:`gssgd.ddp.compressed_adamw`): compress
+            ``e + momentum * m + (1 - momentum) * g`` with ``m`` the last step's update,
+            keep ``e = a - update`` and return the new shared momentum ``m``.
+
+    PyTorch's name for the rank, ``matrix_approximation_rank``, is accepted as well
+    (:attr:`aliases`).
     """
+
+    #: Other names of options (PyTorch's ``PowerSGDState`` names), accepted by
+    #: :func:`gssgd.make_aggregator` and the DDP hook.
+    aliases: ClassVar[dict[str, str]] = {"matrix_approximation_rank": "rank"}
+    #: the ``feedback`` modes this method implements
+    feedbacks: ClassVar[tuple[str, ...]] = ("ef", "onebit")
 
     rank: int = DEFAULT_POWERSGD_RANK
     warm_start: bool = True
@@ -127,9 +141,14 @@ class PowerSGDOptions(CommonOptions):
     seed: int = 0
     momentum: float = 0.0
     shapes: tuple[Shape, ...] | None = None
+    feedback: str = "ef"
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        if self.feedback not in self.feedbacks:
+            raise _bad("feedback", self.feedback, f"PowerSGD takes {' or '.join(self.feedbacks)}",
+                       "Use 'ef' (PyTorch's error feedback) or 'onebit' with "
+                       "gssgd.ddp.compressed_adamw.")
         if not _is_int(self.rank) or self.rank < 1:
             raise _bad("rank", self.rank, "it must be an integer >= 1 (each matrix then uses "
                        "min(rank, rows, cols))", "Start with rank=1 or 2 and double it while "

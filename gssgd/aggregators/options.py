@@ -183,6 +183,7 @@ class CommonOptions:
 
     nonfinite: str = "skip"
     max_consecutive_skips: int = 100
+    aliases: ClassVar[dict[str, str]] = {}  #: other names of options (alias -> name)
 
     def __post_init__(self) -> None:
         if self.nonfinite not in NONFINITE_MODES:
@@ -231,16 +232,15 @@ class DenseOptions(CommonOptions):
             )
 
 
-#: What ``feedback`` accepts (:class:`TopkOptions`): classic error feedback, EF21(-SGDM),
-#: the aggregator's global momentum with masking, 1-bit Adam's compressed momentum, or
-#: FetchSGD's sketch-space momentum and error (the sketching methods only:
-#: :class:`SketchedOptions`).
+#: What ``feedback`` accepts (:class:`TopkOptions`; "fetchsgd" the sketching methods only).
 FEEDBACKS: tuple[str, ...] = ("ef", "ef21", "global", "onebit", "fetchsgd")
 #: The feedback modes that keep the momentum themselves (the optimizer must not add its own).
 OWN_MOMENTUM_FEEDBACKS: tuple[str, ...] = ("global", "onebit", "fetchsgd")
 
 
-def _check_momentum(value: float) -> None:
+def _check_momentum(value: float, masking: bool = True) -> None:
+    if not isinstance(masking, bool):
+        raise _bad("momentum_masking", masking, "it must be True or False", "")
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < 1:
         raise _bad(
             "momentum",
@@ -257,9 +257,11 @@ class TopkOptions(CommonOptions):
     The training-recipe tools of Deep Gradient Compression (Lin et al., ICLR 2018):
 
     Attributes:
-        momentum: local momentum with momentum stopping ("momentum correction" and
-            "momentum factor masking": velocity kept per rank, zeroed where delivered);
-            0 = off. Use it instead of the optimizer's momentum, never both.
+        momentum: local momentum ("momentum correction": velocity kept per rank, zeroed
+            where delivered unless ``momentum_masking=False``); 0 = off. Not with the
+            optimizer's momentum.
+        momentum_masking: DGC's masking (True): zero a delivered coordinate's velocity;
+            False: momentum SGD exactly at density 1 (:func:`gssgd.ddp.compressed_sgd`).
         warmup_steps: density warm-up: the first ``warmup_steps`` aggregation steps send
             exponentially fewer coordinates, from ``warmup_density`` down to the target
             (:class:`~gssgd.aggregators.schedule.DensityWarmup`); 0 = off.
@@ -308,6 +310,7 @@ class TopkOptions(CommonOptions):
     """
 
     momentum: float = 0.0
+    momentum_masking: bool = True
     warmup_steps: int = 0
     warmup_density: float = 0.25
     local_clip: float | None = None
@@ -317,7 +320,7 @@ class TopkOptions(CommonOptions):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        _check_momentum(self.momentum)
+        _check_momentum(self.momentum, self.momentum_masking)
         if self.feedback not in self.feedbacks:
             sketching = "" if "fetchsgd" in self.feedbacks else (
                 " ('fetchsgd' needs a sketching method: sketched or gs)")

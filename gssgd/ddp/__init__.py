@@ -74,9 +74,13 @@ Modules (each imports only those above it in this list):
 """
 
 from gssgd.ddp.adamw import CompressedAdamW, compressed_adamw
+from gssgd.ddp.every_rank import EveryRankHookState
 from gssgd.ddp.hook import comm_hook
+from gssgd.ddp.paired import PairedRun
 from gssgd.ddp.settings import OVERLAP_MODES, STREAMING_METHODS, HookSettings, check_overlap
+from gssgd.ddp.sgd import CompressedSGD, compressed_sgd, momentum_placement
 from gssgd.ddp.state import HookState
+from gssgd.ddp.stats import RunningTotals
 from gssgd.ddp.stream import OVERLAP_LOG_ENV, OverlapStats, StreamingGS, stream_hook, stream_traffic
 
 __all__ = [
@@ -84,13 +88,19 @@ __all__ = [
     "OVERLAP_MODES",
     "STREAMING_METHODS",
     "CompressedAdamW",
+    "CompressedSGD",
+    "EveryRankHookState",
     "HookSettings",
     "HookState",
     "OverlapStats",
+    "PairedRun",
+    "RunningTotals",
     "StreamingGS",
     "check_overlap",
     "comm_hook",
     "compressed_adamw",
+    "compressed_sgd",
+    "momentum_placement",
     "stream_hook",
     "stream_traffic",
 ]

@@ -43,8 +43,10 @@ from torch import nn
 
 from gssgd.aggregators import AGGREGATORS
 from gssgd.ddp.hook import comm_hook
+from gssgd.ddp.paired import PairedRun, check_one_call
 from gssgd.ddp.recipe import compresses, pair_adamw
 from gssgd.ddp.state import HookState
+from gssgd.log import logger
 from gssgd.optim import FrozenVarianceAdamW, dense_steps_for
 
 __all__ = ["CompressedAdamW", "compressed_adamw"]
@@ -54,39 +56,19 @@ _RECIPE_OPTIONS = ("feedback", "momentum", "start_iter")
 
 
 @dataclass
-class CompressedAdamW:
-    """What :func:`compressed_adamw` returns: the optimizer to step and the registered hook.
+class CompressedAdamW(PairedRun):
+    """What :func:`compressed_adamw` returns (a :class:`~gssgd.ddp.paired.PairedRun`).
 
     Attributes:
         optimizer: the :class:`~gssgd.optim.FrozenVarianceAdamW` to step (also through a
             ``GradScaler``: ``scaler.step(run.optimizer)``) and to give an LR scheduler.
-        hook: the :class:`~gssgd.ddp.HookState` registered on the model (its
-            ``last_stats`` hold the bytes of the last iteration).
+        hook: the :class:`~gssgd.ddp.HookState` registered on the model.
     """
 
     optimizer: FrozenVarianceAdamW
-    hook: HookState
 
-    def state_dict(self) -> dict[str, Any]:
-        """This rank's state: ``{"optimizer": ..., "hook": ...}``. The hook's residuals
-        differ between ranks, so save one file per rank."""
-        return {"optimizer": self.optimizer.state_dict(), "hook": self.hook.state_dict()}
-
-    def load_state_dict(self, sd: dict[str, Any]) -> None:
-        """Restore :meth:`state_dict` output (this rank's), before the first step.
-
-        Raises:
-            ValueError: ``sd`` lacks the ``optimizer`` or ``hook`` key, or its hook state
-                is for another method or mode.
-        """
-        if not isinstance(sd, dict) or not {"optimizer", "hook"} <= set(sd):
-            raise ValueError(
-                "not a CompressedAdamW state_dict: it needs the keys optimizer and hook; "
-                "pass what CompressedAdamW.state_dict() returned."
-            )
-        self.optimizer.load_state_dict(sd["optimizer"])
-        self.hook.load_state_dict(sd["hook"])
-        self.optimizer.follow(self.hook)
+    def _loaded(self) -> None:
+        self.optimizer.follow(self.hook)  # the loaded hook's phase
 
 
 def compressed_adamw(
@@ -115,14 +97,14 @@ def compressed_adamw(
     ``feedback="onebit"`` and ``momentum=betas[0]``; (3) check they match and make the
     optimizer follow the hook's phase; (4) register the hook on ``model``.
 
-    Tuning: ``freeze_step`` dense steps settle the variance before it freezes (150 of a
-    1,500-step run measured well on the character LSTM and GPT; a tenth of the run is a
-    fair start); lr, betas and weight decay as for dense AdamW (at density 0.01 the sparse
-    methods ended 1.2-3.1 % above dense AdamW's loss on the character LSTM, three seeds).
+    Tuning: ``freeze_step`` dense steps settle the variance before it freezes (a tenth of
+    the run; 150 of 1,500 on the character LSTM and GPT, where at density 0.01 the sparse
+    methods ended 1.2-3.1 % above dense AdamW); lr, betas, weight decay as for dense AdamW.
 
     Args:
-        model: the ``DistributedDataParallel`` model (the hook is registered on it).
-        method: the compressing method, one of :data:`gssgd.AGGREGATORS` but "dense".
+        model: the DDP model (the hook is registered on it).
+        method: any compressing method whose options offer ``feedback="onebit"`` (every
+            built-in one but dense, PowerSGD included).
         lr, betas, eps, weight_decay: AdamW's settings (decoupled weight decay).
         freeze_step: dense AdamW steps before the variance freezes (>= 1); also the hook's
             first compressed iteration.
@@ -130,10 +112,9 @@ def compressed_adamw(
         unseen: what a coordinate with no variance at the freeze does
             (:data:`gssgd.optim.UNSEEN_RULES`; default: its variance keeps moving).
         density: the fraction of coordinates sent per step (or ``k=`` in ``options``).
-        whole_model: one global selection over the model (True, as the papers) or one per
-            DDP bucket.
+        whole_model: one global selection over the model (True) or one per DDP bucket.
         scaler: the run's ``torch.amp.GradScaler`` under float16 autocast, or None.
-        overlap: ``"stream"`` for gs: the sketch is all-reduced while backward runs.
+        overlap: ``"stream"`` for gs: the sketch is all-reduced during backward.
         total_steps: the run's length, if known: a run no longer than ``freeze_step`` is
             dense throughout, and warns.
         params: what the optimizer updates (parameters or param groups); default
@@ -151,7 +132,9 @@ def compressed_adamw(
             the recipe sets is given, or any setting out of range (the optimizer's and the
             hook's own checks; the message names the value and the valid range).
     """
-    _check_arguments(model, method, options)
+    check_one_call("compressed_adamw", model, method, options, _RECIPE_OPTIONS,
+                   "start_iter=freeze_step, feedback='onebit' and momentum=betas[0] (choose "
+                   "freeze_step and betas instead)", _refusal)
     optimizer = FrozenVarianceAdamW(
         model.parameters() if params is None else params, lr=lr, betas=betas, eps=eps,
         weight_decay=weight_decay, freeze_step=freeze_step, variance=variance, unseen=unseen,
@@ -165,35 +148,22 @@ def compressed_adamw(
     if total_steps is not None and total_steps <= freeze_step:
         _warn_all_dense(total_steps, freeze_step)
     model.register_comm_hook(hook, comm_hook)
+    logger.info("gssgd: compressed_adamw: %s, %d dense AdamW steps, then the variance %s",
+                method, freeze_step, variance)
     return CompressedAdamW(optimizer, hook)
 
 
-def _check_arguments(model: nn.Module, method: str, options: dict[str, Any]) -> None:
-    """What :func:`compressed_adamw` refuses before it builds anything.
-
-    Raises:
-        ValueError: not a DDP model, a method that never compresses, or an option the
-            recipe sets itself.
-    """
-    if not hasattr(model, "register_comm_hook"):
-        raise ValueError(
-            f"model={type(model).__name__} is invalid: it must be the "
-            "DistributedDataParallel model the hook is registered on; wrap it first: "
-            "compressed_adamw(DistributedDataParallel(net), ...)."
-        )
-    if method in AGGREGATORS and not compresses(method):
-        raise ValueError(
-            f"method={method!r} is invalid here: it never compresses, so there is nothing to "
-            "pair AdamW with. Use torch.optim.AdamW with it, or a compressing method "
-            f"({', '.join(m for m in AGGREGATORS if compresses(m))})."
-        )
-    given = sorted(set(options) & set(_RECIPE_OPTIONS))
-    if given:
-        raise ValueError(
-            f"{', '.join(f'{k}={options[k]!r}' for k in given)}: compressed_adamw sets "
-            "start_iter=freeze_step, feedback='onebit' and momentum=betas[0] itself. Drop "
-            "them (choose freeze_step and betas instead)."
-        )
+def _refusal(method: str) -> str | None:
+    """Why 1-bit Adam's recipe cannot serve ``method``, or None."""
+    if not compresses(method):
+        return ("it never compresses, so there is no compressed momentum to pair AdamW with. "
+                "Use torch.optim.AdamW with it, or a compressing method "
+                f"({', '.join(m for m in AGGREGATORS if compresses(m))}).")
+    if "onebit" not in getattr(AGGREGATORS[method].Options, "feedbacks", ()):
+        return ("it has no 'onebit' error feedback, which 1-bit Adam's recipe compresses the "
+                "momentum with. Use torch.optim.AdamW with it (warned: AdamW on an error-fed "
+                "update trains worse), or give the method feedback='onebit'.")
+    return None
 
 
 def _warn_all_dense(total_steps: int, freeze_step: int) -> None:

@@ -10,7 +10,6 @@ scaler on top. Nothing here imports those modules, so imports only point down.
 
 from __future__ import annotations
 
-import dataclasses
 import time
 import warnings
 import weakref
@@ -25,12 +24,13 @@ from gssgd.aggregators.base import all_finite
 from gssgd.amp import LossScaleFollower
 from gssgd.comm import Communicator, new_future
 from gssgd.ddp.settings import HookSettings
+from gssgd.ddp.stats import IterationStats, RunningTotals
+from gssgd.log import logger
 
 __all__ = [
     "ITERATION_KINDS",
     "WHOLE_MODEL",
     "HookCore",
-    "IterationStats",
     "Layout",
     "Pending",
     "hook_for",
@@ -81,31 +81,6 @@ class Pending:
     future: torch.futures.Future[torch.Tensor] | None
 
 
-class IterationStats:
-    """Sums the StepStats of one iteration's aggregator steps and dense all-reduces (the
-    delivered fraction weighted by bucket size, the audited recall the lowest)."""
-
-    def __init__(self) -> None:
-        self.total = StepStats()
-        self._fraction_sum = 0.0
-        self._fraction_weight = 0
-
-    def add(self, stats: StepStats) -> None:
-        t = self.total
-        for f in dataclasses.fields(StepStats):
-            if f.name not in ("skipped", "delivered_fraction", "audited_recall"):
-                setattr(t, f.name, getattr(t, f.name) + getattr(stats, f.name))
-        t.skipped = t.skipped or stats.skipped
-        if stats.audited_recall is not None:  # the worst audited bucket
-            seen = t.audited_recall
-            t.audited_recall = stats.audited_recall if seen is None else min(
-                seen, stats.audited_recall)
-        if stats.delivered_fraction is not None:
-            self._fraction_sum += stats.delivered_fraction * stats.d
-            self._fraction_weight += stats.d
-            t.delivered_fraction = self._fraction_sum / self._fraction_weight
-
-
 class HookCore:
     """The settings and runtime state of a hook, and the pieces every mode shares.
 
@@ -114,6 +89,8 @@ class HookCore:
         group: the process group (None: the default group).
         iter: the number of DDP iterations this state has seen (saved in checkpoints).
         last_stats: the summed :class:`~gssgd.StepStats` of the last iteration.
+        totals: :class:`~gssgd.ddp.totals.RunningTotals`, every iteration's statistics
+            summed since the run began (saved in checkpoints).
     """
 
     settings: HookSettings
@@ -143,6 +120,8 @@ class HookCore:
         self._params: dict[int, weakref.ref[torch.Tensor]] = {}  # the buckets' parameters
         self._params_known = False  # set once an iteration has noted every bucket's
         self._ended_at = 0  # when, over every hook of the process, it last ended an iteration
+        self.totals = RunningTotals()  # every iteration's statistics, summed (saved)
+        self._saved_world: tuple[int, int] | None = None  # (world size, rank) of a loaded state
 
     # ------------------------------------------------------------------ settings
     @property
@@ -245,9 +224,15 @@ class HookCore:
         self._stats = None
         self.last_skipped, self._skipping = frozenset(self._skipping), set()
         skipped = self.last_stats.skipped and self.last_skipped >= self._params.keys()
-        self.last_iteration = (  # "skipped" only when every vector was
+        before, self.last_iteration = self.last_iteration, (  # "skipped": every vector was
             "dense" if not compressed else "skipped" if skipped else "compressed"
         )
+        self.totals.add(self.last_stats, self.last_iteration)
+        if compressed and before in ("none", "dense"):
+            logger.info("gssgd: iteration %d: %s compresses from here on (%s after %d dense "
+                        "iterations); %d B sent this iteration", self.iter, self.method,
+                        "whole model" if self.whole_model else "per bucket",
+                        self.totals.dense_iterations, self.last_stats.bytes_sent)
         self.iter += 1
         self._session_iters += 1
         self._params_known = bool(self._params)
@@ -256,6 +241,28 @@ class HookCore:
         _HOOKS.add(self)
         if self.last_stats.skipped and not self._warned_skip:
             self._warn_skipped()
+
+    def _check_saved_world(self) -> None:
+        """A loaded state must run in the world it was saved in: each rank's residual is its
+        own, so another world size or rank would silently drop or misplace them.
+
+        Raises:
+            ValueError: the process group's size or this process's rank differs from the
+                loaded state's; the message says what was saved and what is running.
+        """
+        if self._saved_world is None or not dist.is_available() or not dist.is_initialized():
+            return
+        saved_world, saved_rank = self._saved_world
+        world, rank = dist.get_world_size(self.group), dist.get_rank(self.group)
+        if (world, rank) != (saved_world, saved_rank):
+            raise ValueError(
+                f"this hook state was saved by rank {saved_rank} of {saved_world} processes, "
+                f"but it is loaded by rank {rank} of {world}: each rank's error-feedback "
+                "residual is its own, so it cannot move to another world size or rank. "
+                f"Resume with {saved_world} processes (torchrun --nproc_per_node "
+                f"{saved_world}), each loading its own file, or start without the hook state."
+            )
+        self._saved_world = None  # checked once
 
     def _warn_skipped(self) -> None:
         """The first step this hook skipped for a non-finite gradient without a scaler:

@@ -71,6 +71,7 @@ def comm_hook(state: HookState, bucket: dist.GradBucket) -> torch.futures.Future
 
 def _route(state: HookState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
     """:func:`comm_hook`'s steps 1-4 for one bucket."""
+    state._check_saved_world()  # a loaded state runs in the world it was saved in
     state._follow_loss_scale()  # residuals in the scaler's current units (once an iteration)
     state._note_parameters(bucket)  # which optimizer steps on this hook's gradients
     if state.overlap == "stream":

@@ -22,10 +22,11 @@ while a compressing state is alive and warns about the first bad combination it 
   whose step size does not shrink with the gradient, the character LSTM diverged; under
   momentum SGD it ended 32 % above dense's loss at the same learning rate, against 5 %
   with the classic error feedback.
-* SGD momentum on the classic error-fed update at density 0.001 or below: on the MNIST CNN
-  it cost gTop-k 21 points and gs 3 (plain SGD at lr 0.2 is that model's recipe), while on
-  the character LSTM DGC's momentum inside the hook did better still; the warning says
-  both.
+* SGD momentum on the classic error-fed update, at any density: on the MNIST CNN at
+  density 0.001 it cost gTop-k 21 points and gs 3; on the character LSTM DGC's momentum
+  inside the hook did better; on small CNNs at 0.01 the hook's momentum helped local Top-k
+  and not gs (docs/study.md, "One call per optimizer"). The warning says so and names
+  :func:`gssgd.ddp.compressed_sgd`, which builds the pair at the same learning rate.
 * AdamW (or Adam) on the classic error-fed update: on the character LSTM at density 0.01
   it ended 4.9-7.1 % above dense AdamW, where 1-bit Adam's recipe
   (:class:`~gssgd.optim.FrozenVarianceAdamW` with ``feedback="onebit"``) ended 1.2-3.1 %
@@ -35,9 +36,6 @@ while a compressing state is alive and warns about the first bad combination it 
   ``"onebit"`` other than :class:`~gssgd.optim.FrozenVarianceAdamW`: those modes keep the
   momentum themselves, so the optimizer would apply it a second time.
 
-Momentum SGD on the classic error-fed update at density 0.01 trains well on the LSTM (2.4-4.6 %
-above dense's loss at dense's learning rate) and gets no warning; DGC's local momentum
-with plain SGD did better (1.7-2.7 %, three seeds).
 """
 
 from __future__ import annotations
@@ -57,15 +55,14 @@ from gssgd.optim import FrozenVarianceAdamW
 if TYPE_CHECKING:
     from gssgd.ddp.core import HookCore
 
-__all__ = ["adamw_mismatch", "compresses", "pair_adamw", "recipe_advice", "watch"]
+__all__ = [
+    "adamw_mismatch", "compresses", "pair_adamw", "recipe_advice", "sparse", "watch",
+]
 
 #: The compressing hook states alive in this process (for the recipe warning).
-_SPARSE_STATES: weakref.WeakSet[HookCore] = weakref.WeakSet()
+_COMPRESSING_STATES: weakref.WeakSet[HookCore] = weakref.WeakSet()
 _warned = False
 _recipe_hook: list[Any] = []  # the one registered optimizer pre-hook (its handle)
-#: At or below this density, momentum SGD on the classic error-fed update measured badly
-#: on the image CNN.
-LOW_DENSITY = 0.001
 
 
 def _optimizer_kind(optimizer: torch.optim.Optimizer) -> tuple[str, float]:
@@ -125,32 +122,42 @@ def recipe_advice(optimizer: torch.optim.Optimizer, method: str, options: dict[s
         )
     if kind == "adam" and feedback == "ef" and not isinstance(optimizer, FrozenVarianceAdamW):
         return (
-            f"gssgd: {name} steps on the sparse method {method!r}'s error-fed update. On a "
+            f"gssgd: {name} steps on the error-fed update of the method {method!r}. On a "
             "character LSTM at density 0.01 that ended 4.9-7.1 % above dense AdamW's loss; "
-            "1-bit Adam's recipe ended 1.2-3.1 % above: gssgd.optim.FrozenVarianceAdamW("
-            "params, ..., freeze_step=N) with HookState(..., start_iter=N, "
-            "feedback='onebit', momentum=beta1) (N dense steps, 150 there); see "
-            "docs/study.md, 'Keep your optimizer'."
+            "1-bit Adam's recipe ended 1.2-3.1 % above. Build the optimizer and the hook "
+            "with one call, which sets that recipe up: gssgd.ddp.compressed_adamw(ddp_model, "
+            f"{method!r}, lr=..., weight_decay=..., freeze_step=N) (N dense AdamW steps "
+            "first, a tenth of the run); see docs/guide.md, 'Recipes by model family and optimizer'."
         )
-    low = (density if density is not None else DEFAULT_DENSITY) <= LOW_DENSITY
-    if kind == "momentum" and feedback == "ef" and low and not inner:
+    if kind == "momentum" and feedback == "ef" and not inner and sparse(method):
+        shown = DEFAULT_DENSITY if density is None else density
         return (
-            f"gssgd: {name} has momentum={value} on top of the sparse method {method!r} at "
-            f"density {density}. Measured at density 0.001: on the MNIST CNN (P = 4, 400 "
-            "steps) momentum 0.9 cost gTop-k 21 points and gs 3 against plain SGD at lr 0.2 "
-            "(its recipe there); on a character LSTM DGC's momentum inside the hook did "
-            "better (HookState(..., momentum=0.9) with plain SGD at dense's learning rate: "
-            "Top-k 4.5 % above dense's loss against 7.8 %). If your model trains well "
-            "without momentum, use plain SGD (momentum=0) with a larger learning rate; see "
-            "docs/study.md, 'Keep your optimizer'."
+            f"gssgd: {name} has momentum={value} on top of the error-fed update of the "
+            f"sparse method {method!r} (density {shown}): the optimizer's momentum keeps "
+            "pushing each delivered burst of residual. Measured: on the MNIST CNN at density "
+            "0.001 it cost gTop-k 21 points and gs 3 against plain SGD; on the character "
+            "LSTM the momentum inside the hook (DGC's correction) did better; on small CNNs "
+            "at density 0.01 moving it into the hook helped local Top-k, not gs "
+            "(docs/study.md, 'One call per optimizer'). One call puts the momentum where "
+            "each method keeps it, at your learning rate: "
+            f"gssgd.ddp.compressed_sgd(ddp_model, {method!r}, lr=..., momentum={value}); or "
+            f"by hand: HookState({method!r}, ..., momentum={value}) with "
+            "torch.optim.SGD(momentum=0). See docs/guide.md, 'Recipes by model family and optimizer'."
         )
     return None
 
 
 def compresses(method: str) -> bool:
-    """Whether the hook's ``method`` is an aggregator that compresses (not one that sends
-    every coordinate, as dense does)."""
-    return method in AGGREGATORS and not AGGREGATORS[method].sends_all
+    """Whether the hook's ``method`` is an aggregator that compresses (every one but dense,
+    which averages exactly: :attr:`~gssgd.Aggregator.compresses`)."""
+    return method in AGGREGATORS and AGGREGATORS[method].compresses
+
+
+def sparse(method: str) -> bool:
+    """Whether the hook's ``method`` sends k of d coordinates with error feedback (the
+    methods the optimizer warnings are about; PowerSGD's update is dense and low-rank, and
+    takes the optimizer's momentum as its paper does)."""
+    return compresses(method) and not AGGREGATORS[method].sends_all
 
 
 def adamw_mismatch(optimizer: FrozenVarianceAdamW, state: HookCore) -> str | None:
@@ -234,12 +241,16 @@ def _before_step(optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> No
 
 
 def _warn_recipe(optimizer: torch.optim.Optimizer) -> None:
-    """Warn once per process about the first alive sparse state whose combination with
-    ``optimizer`` measured badly."""
+    """Warn once per process about the combination of ``optimizer`` with the compressing
+    hook it steps on (the one holding its parameters; before any hook has run, the first
+    alive state with advice)."""
     global _warned
-    if _warned or not _SPARSE_STATES:
+    if _warned or not _COMPRESSING_STATES:
         return
-    for state in list(_SPARSE_STATES):
+    params = [p for g in optimizer.param_groups for p in g["params"]]
+    own = hook_for(params)  # the hook whose gradients this optimizer steps on, if it ran
+    states = [own] if own in _COMPRESSING_STATES else list(_COMPRESSING_STATES)
+    for state in states:
         advice = recipe_advice(optimizer, state.method, state.options, state.density)
         if advice is not None:
             _warned = True
@@ -255,4 +266,4 @@ def watch(state: HookCore) -> None:
     if not _recipe_hook:
         _recipe_hook.append(register_optimizer_step_pre_hook(_before_step))
     if compresses(state.method):
-        _SPARSE_STATES.add(state)
+        _COMPRESSING_STATES.add(state)

@@ -3,12 +3,15 @@ touched, and the values of ``overlap=`` (:data:`OVERLAP_MODES`, :func:`check_ove
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
-from gssgd.aggregators import AGGREGATORS, build_options
+from gssgd.aggregators import AGGREGATORS, build_options, canonical_options
 
-__all__ = ["OVERLAP_MODES", "STREAMING_METHODS", "HookSettings", "check_overlap", "is_int"]
+__all__ = [
+    "OVERLAP_MODES", "STREAMING_METHODS", "HookSettings", "check_overlap", "is_int",
+    "own_options",
+]
 
 #: The values of ``HookState(..., overlap=)`` and ``gssgd train --overlap``.
 OVERLAP_MODES: tuple[str, ...] = ("none", "stream")
@@ -19,6 +22,16 @@ STREAMING_METHODS: tuple[str, ...] = ("gs",)
 def is_int(value: object) -> bool:
     """An ``int`` that is not a ``bool``."""
     return isinstance(value, int) and not isinstance(value, bool)
+
+
+def own_options(method: str) -> str:
+    """The options ``method`` takes, for an error message (its options' fields, ``k`` for a
+    sparse method, and the aliases), e.g. ``"rank, warm_start, ..."``."""
+    cls = AGGREGATORS[method]
+    names = [f.name for f in fields(cls.Options) if f.name != "shapes"]
+    names += [] if cls.sends_all else ["k", "density"]
+    names += [f"{alias} (= {name})" for alias, name in cls.Options.aliases.items()]
+    return ", ".join(names)
 
 
 def check_overlap(overlap: object, method: str, whole_model: bool, options: dict) -> None:
@@ -116,6 +129,15 @@ class HookSettings:
         if not isinstance(self.whole_model, bool):
             raise ValueError(
                 f"whole_model={self.whole_model!r} is invalid: it must be True or False."
+            )
+        # PyTorch's names (matrix_approximation_rank) become the method's own
+        object.__setattr__(self, "options", canonical_options(self.method, self.options))
+        if self.density is not None and AGGREGATORS[self.method].sends_all:
+            raise ValueError(
+                f"density={self.density!r} does not apply to {self.method!r}: it "
+                + ("sends every coordinate" if not AGGREGATORS[self.method].compresses else
+                   "sets its message by its own options, not a density")
+                + f". Drop density=; {self.method!r} takes {own_options(self.method)}."
             )
         k = self.options.get("k")
         if k is not None and (not is_int(k) or k < 1):

@@ -17,6 +17,8 @@ from gssgd.amp import scaler_options
 from gssgd.ddp import recipe
 from gssgd.ddp.core import HookCore
 from gssgd.ddp.settings import HookSettings, is_int
+from gssgd.ddp.stats import RunningTotals
+from gssgd.log import logger
 
 __all__ = ["HookState"]
 
@@ -45,11 +47,16 @@ class HookState(HookCore):
 
     Args:
         method: one of :data:`gssgd.AGGREGATORS`: "dense", "topk", "gtopk", "sketched", "gs",
-            "powersgd" (PowerSGD: ``rank=`` instead of a density; the hook gives it each
-            vector's parameter shapes).
-        density: fraction of each vector sent, in (0, 1]; default 0.01 (ignored by dense).
+            "powersgd" (PowerSGD: ``rank=``, or PyTorch's name ``matrix_approximation_rank=``,
+            instead of a density; the hook gives it each vector's parameter shapes).
+        density: fraction of each vector sent, in (0, 1]; default 0.01. Only the methods
+            that send k coordinates take it (dense and PowerSGD refuse it).
         start_iter: the first compressed iteration, >= 1 (default 2).
-        whole_model: one vector for the whole model (True) or one per bucket (False).
+        whole_model: one vector for the whole model (True: one global selection, as the
+            papers) or one per bucket (False). Default: True when ``model=`` is given
+            (its parameter order fixes the vector's, so checkpoints survive a new bucket
+            layout), else False; ``HookState("gs", density=0.01, model=ddp_model)`` is the
+            usual call.
         group: process group; None means the default group.
         model: the model whose parameter order fixes the whole-model order (the DDP
             module or the module it wraps); same as calling :meth:`bind` later.
@@ -110,13 +117,15 @@ class HookState(HookCore):
         method: str,
         density: float | None = None,
         start_iter: int = 2,
-        whole_model: bool = False,
+        whole_model: bool | None = None,
         group: dist.ProcessGroup | None = None,
         model: nn.Module | None = None,
         scaler: torch.amp.GradScaler | None = None,
         overlap: str = "none",
         **options: Any,
     ) -> None:
+        if whole_model is None:  # the papers' global selection wherever its order is known
+            whole_model = model is not None
         settings = HookSettings(method, density, start_iter, whole_model, dict(options), overlap)
         self._start(settings, group, model, scaler)
 
@@ -193,13 +202,22 @@ class HookState(HookCore):
             a dict with ``"iter"``, ``"method"``, ``"whole_model"``, ``"buckets"`` (bucket
             index -> its aggregator's state_dict) and ``"layouts"`` (bucket index ->
             ``[[position, numel], ...]``; whole-model mode: index 0),
+            the world it was saved in (``"world_size"``, ``"rank"``; a state saved with
+            no process group says 1 and 0), the settings (``"density"``, ``"options"``),
+            the running ``"totals"`` (:class:`~gssgd.ddp.stats.RunningTotals`),
             and ``"loss_scale"`` (the GradScaler scale the residuals are in) under a scaler.
             Only tensors, ints, floats, strings, bools, dicts and lists, so
             ``torch.load(..., weights_only=True)`` reads it.
         """
         buckets = {i: dict(sd) for i, sd in self._saved.items()}
         buckets.update({i: agg.state_dict() for i, agg in self._aggregators.items()})
+        world, rank = self._world()
         return {
+            "world_size": world,
+            "rank": rank,
+            "density": self.density,
+            "options": self._recorded_options(),
+            "totals": self.totals.state_dict(),
             # "overlap" only when streaming: absent means "none" (and older checkpoints)
             **({"overlap": self.overlap} if self.overlap != "none" else {}),
             "iter": self.iter,
@@ -220,7 +238,9 @@ class HookState(HookCore):
             sd: a state saved by a HookState of the same method and mode.
 
         Raises:
-            ValueError: another method or mode, or a malformed state.
+            ValueError: another method, mode, density or options, another world size or rank
+                (checked here when the process group is up, else at the first bucket), or a
+                malformed state.
         """
         if not isinstance(sd, dict) or not {"iter", "method", "whole_model", "buckets"} <= set(sd):
             raise ValueError(
@@ -246,6 +266,7 @@ class HookState(HookCore):
             )
         if not is_int(sd["iter"]) or sd["iter"] < 0:
             raise ValueError(f"iter={sd['iter']!r} in the state is invalid: it must be >= 0.")
+        self._check_saved_settings(sd)
         layouts = sd.get("layouts", {})
         self.iter = sd["iter"]
         self._aggregators = {}
@@ -259,6 +280,51 @@ class HookState(HookCore):
         self._stats = None
         scale = sd.get("loss_scale")
         self._loss_scale.scale = None if scale is None else float(scale)
+        self.totals = RunningTotals.from_state_dict(sd.get("totals"))
+        # a state saved before the world was recorded cannot be checked
+        self._saved_world = (int(sd["world_size"]), int(sd["rank"])) if "world_size" in sd else None
+        self._check_saved_world()  # now if the process group is up, else at the first bucket
+        logger.info("gssgd: loaded the %s hook state of iteration %d (%d B sent so far)",
+                    self.method, self.iter, self.totals.bytes_sent)
+
+    #: Options that may change between a save and its resume (they shape no saved state).
+    _RESUME_MAY_CHANGE = ("nonfinite", "max_consecutive_skips")
+
+    def _recorded_options(self) -> dict[str, Any]:
+        """The options as ``state_dict()`` records them (dtypes by name, so the state stays
+        plain data)."""
+        return {k: str(v) if isinstance(v, torch.dtype) else v
+                for k, v in self.settings.options.items()}
+
+    def _check_saved_settings(self, sd: dict[str, Any]) -> None:
+        """The density and options a state was saved with must be this state's (a state
+        saved before they were recorded is not checked).
+
+        Raises:
+            ValueError: naming each setting that differs, saved and current.
+        """
+        if "options" not in sd:
+            return
+        saved, current = dict(sd["options"]), self._recorded_options()
+        differing = [
+            f"{name}: saved {saved.get(name)!r}, running {current.get(name)!r}"
+            for name in sorted(set(saved) | set(current))
+            if name not in self._RESUME_MAY_CHANGE and saved.get(name) != current.get(name)
+        ]
+        if sd.get("density") != self.density:
+            differing.insert(0, f"density: saved {sd.get('density')!r}, running {self.density!r}")
+        if differing:
+            raise ValueError(
+                f"cannot load this {self.method} hook state: it was saved with other settings "
+                f"({'; '.join(differing)}). Build the HookState with the saved settings to "
+                "resume that run, or start without the state."
+            )
+
+    def _world(self) -> tuple[int, int]:
+        """``(world size, rank)`` of this process in the hook's group; (1, 0) without one."""
+        if not dist.is_available() or not dist.is_initialized():
+            return 1, 0
+        return dist.get_world_size(self.group), dist.get_rank(self.group)
 
     def __getstate__(self) -> dict[str, Any]:
         """Settings and :meth:`state_dict`; the process group, the aggregators'

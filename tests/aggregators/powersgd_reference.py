@@ -54,11 +54,14 @@ def reference_powersgd(
     warm_start: bool = True,
     momentum: float = 0.0,
     dtype: torch.dtype = torch.float64,
+    feedback: str = "ef",
 ) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
     """PowerSGD over ``grads[t][p]`` (step t, rank p; 1-D), computed in ``dtype`` (float64
     by default: the exact math, which a float32 run should follow to its rounding).
 
-    Per step: ``a_p = e_p + g_p`` (``e_p + u_p`` with momentum); the dense tensors are
+    Per step: ``a_p = e_p + g_p`` (``e_p + u_p`` with momentum; with ``feedback="onebit"``,
+    1-bit Adam's ``a_p = e_p + momentum * M + (1 - momentum) * g_p``, ``M`` the last
+    step's update, 0 at first); the dense tensors are
     averaged; each compressed matrix's ``Q`` (a standard normal draw from a generator
     seeded with ``seed`` at the first step, or every step without warm start; otherwise
     the last mean ``Q``) is orthonormalised, ``P = orthonormal(sum_p M_p Q)``, ``Q =
@@ -75,8 +78,12 @@ def reference_powersgd(
     gen = torch.Generator().manual_seed(seed)
     queries: list[torch.Tensor] | None = None
     updates = []
+    shared = torch.zeros(d, dtype=dtype)  # 1-bit Adam's M
     for step in grads:
-        if momentum:
+        if feedback == "onebit":
+            acc = [e + momentum * shared + (1 - momentum) * g
+                   for e, g in zip(residuals, step, strict=True)]
+        elif momentum:
             velocity = [momentum * v + g for v, g in zip(velocity, step, strict=True)]
             acc = [e + v for e, v in zip(residuals, velocity, strict=True)]
         else:
@@ -96,5 +103,6 @@ def reference_powersgd(
             means.append(q_mean)
         queries = means
         residuals = [a - update for a in acc]
+        shared = update
         updates.append(update)
     return updates, residuals

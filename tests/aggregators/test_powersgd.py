@@ -35,6 +35,8 @@ CONFIGS: dict[str, dict[str, Any]] = {
     "cold": {"rank": 2, "warm_start": False},  # a fresh draw every step
     "momentum": {"rank": 2, "momentum": 0.9},
     "seeded": {"rank": 2, "seed": 12345},
+    # 1-bit Adam's compressed momentum (compressed_adamw's recipe)
+    "onebit": {"rank": 2, "feedback": "onebit", "momentum": 0.9},
 }
 STEPS = 5
 

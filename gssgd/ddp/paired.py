@@ -1,0 +1,97 @@
+"""What the one-call recipes share: the optimizer and the hook they build together
+(:class:`PairedRun`, with one rank's checkpoint of both) and the checks they make before
+building anything (:func:`check_one_call`).
+
+:func:`gssgd.ddp.compressed_sgd` and :func:`gssgd.ddp.compressed_adamw` each put the
+optimizer's and the hook's settings where the method needs them, so the pair cannot
+mismatch; both return a :class:`PairedRun`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from gssgd.aggregators import AGGREGATORS
+from gssgd.ddp.state import HookState
+
+__all__ = ["PairedRun", "check_one_call"]
+
+
+@dataclass
+class PairedRun:
+    """An optimizer and the hook registered on the DDP model, built to match.
+
+    Attributes:
+        optimizer: the optimizer to step (also through a ``GradScaler``:
+            ``scaler.step(run.optimizer)``) and to give an LR scheduler.
+        hook: the :class:`~gssgd.ddp.HookState` registered on the model (its ``last_stats``
+            hold the last iteration's bytes, its ``totals`` the run's).
+    """
+
+    optimizer: torch.optim.Optimizer
+    hook: HookState
+
+    def state_dict(self) -> dict[str, Any]:
+        """This rank's state: ``{"optimizer": ..., "hook": ...}``. The hook's residuals
+        differ between ranks, so save one file per rank."""
+        return {"optimizer": self.optimizer.state_dict(), "hook": self.hook.state_dict()}
+
+    def load_state_dict(self, sd: dict[str, Any]) -> None:
+        """Restore :meth:`state_dict` output (this rank's), before the first step.
+
+        Raises:
+            ValueError: ``sd`` lacks the ``optimizer`` or ``hook`` key, or its hook state is
+                for another method, mode, setting or world (:meth:`HookState.load_state_dict`).
+        """
+        if not isinstance(sd, dict) or not {"optimizer", "hook"} <= set(sd):
+            raise ValueError(
+                f"not a {type(self).__name__} state_dict: it needs the keys optimizer and "
+                "hook; pass what state_dict() returned."
+            )
+        self.optimizer.load_state_dict(sd["optimizer"])
+        self.hook.load_state_dict(sd["hook"])
+        self._loaded()
+
+    def _loaded(self) -> None:
+        """What a recipe does after a load (the AdamW recipe re-follows the hook)."""
+
+
+def check_one_call(call: str, model: nn.Module, method: str, options: dict[str, Any],
+                   recipe_options: Iterable[str], sets: str,
+                   refusal: Callable[[str], str | None]) -> None:
+    """What a one-call recipe refuses before it builds anything.
+
+    Args:
+        call: the recipe's name, for the messages (``"compressed_sgd"``).
+        model: what the hook is to be registered on.
+        method: the method asked for.
+        options: the hook options given.
+        recipe_options: the options the recipe sets itself.
+        sets: how the recipe sets them, for the message.
+        refusal: why the recipe cannot serve a registered method (the message's reason
+            and fix), or None where it can.
+
+    Raises:
+        ValueError: not a DDP model, a method the recipe does not serve, or an option the
+            recipe sets itself; each message names the value and the fix.
+    """
+    if not hasattr(model, "register_comm_hook"):
+        raise ValueError(
+            f"model={type(model).__name__} is invalid: it must be the "
+            "DistributedDataParallel model the hook is registered on; wrap it first: "
+            f"{call}(DistributedDataParallel(net), ...)."
+        )
+    why = refusal(method) if method in AGGREGATORS else None
+    if why is not None:
+        raise ValueError(f"method={method!r} is invalid for {call}: {why}")
+    given = sorted(set(options) & set(recipe_options))
+    if given:
+        raise ValueError(
+            f"{', '.join(f'{k}={options[k]!r}' for k in given)}: {call} sets {sets} itself. "
+            "Drop them."
+        )
