@@ -8,7 +8,8 @@ first answer, each between ``<!-- BEGIN name -->`` and ``<!-- END name -->`` mar
 
 - ``main-job``: what the README's first command prints, from its ``results.json`` files
   committed as docs/results/main-job/P4.json (``gssgd compare --out runs/compare``) and
-  P16.json (``gssgd compare --simulate --workers 16 --global-batch 256``).
+  P16.json (``gssgd compare --simulate --workers 16 --global-batch 256 --steps 400
+  --methods dense,topk,gs,powersgd``).
 - ``fair-frontier``: the fair comparison's answer per image set and worker count, from
   ``targets`` in docs/results/fair-frontier-{mnist,fashion-mnist}/summary.json
   (scripts/fair_frontier_report.py).
@@ -73,6 +74,9 @@ def main_job_table(by_workers: dict[int, dict[str, dict[str, Any]]]) -> str:
         cells = [label]
         for p in counts:
             results = by_workers[p]
+            if method not in results:  # the P = 16 part runs a subset
+                cells += ["not run", "", ""]
+                continue
             cells += main_job_cell(results[method], results["dense"])
         rows.append(cells)
     return markdown_table(head, rows)

@@ -1,7 +1,7 @@
 """The README in its own words: its DDP scripts run, its tables quote the committed summaries.
 
-The SGD script is the README's block that registers ``HookState``; the AdamW script is that
-script with the lines from ``state = HookState(`` to ``torch.save(state`` replaced by the
+The SGD script is the README's block that calls ``compressed_sgd``; the AdamW script is that
+script with the lines from ``run = compressed_sgd(`` to ``torch.save(run`` replaced by the
 README's ``compressed_adamw`` block, as the README tells the reader to do. Each runs on 2
 gloo processes launched as ``torchrun`` would (``RANK``, ``WORLD_SIZE``, ``MASTER_ADDR``,
 ``MASTER_PORT``), must print its losses falling well below chance and save each rank's state.
@@ -45,8 +45,8 @@ def sgd_script(text: str) -> str:
 def adamw_script(text: str) -> str:
     """The SGD script with its hook-and-loop lines replaced by the AdamW block."""
     sgd, adamw = sgd_script(text), the_block(python_blocks(text), "compressed_adamw(")
-    start = sgd.index("state = HookState(")
-    end_line = sgd.index("torch.save(state")
+    start = sgd.index("run = compressed_sgd(")
+    end_line = sgd.index("torch.save(run")
     end = sgd.index("\n", end_line) + 1
     return sgd[:start] + adamw + sgd[end:]
 
@@ -87,7 +87,7 @@ def test_the_readme_ddp_script_trains_on_two_gloo_processes(which: str, tmp_path
     chance = math.log(4)  # four classes
     assert seen[-1] < 0.2 * chance, f"the README's {which} script did not train: {lines}"
     saved = sorted(p.name for p in tmp_path.glob("*.rank*.pt"))
-    assert saved == ([f"hook.rank{r}.pt" for r in range(2)] if which == "sgd"
+    assert saved == ([f"sgd.rank{r}.pt" for r in range(2)] if which == "sgd"
                      else [f"adamw.rank{r}.pt" for r in range(2)])
     state = torch.load(tmp_path / saved[1], weights_only=False)
     assert state, "a rank saved an empty state"
@@ -95,7 +95,7 @@ def test_the_readme_ddp_script_trains_on_two_gloo_processes(which: str, tmp_path
 
 def test_the_adamw_block_replaces_exactly_the_hook_and_the_loop() -> None:
     script = adamw_script(README.read_text())
-    assert "HookState(" not in script.split("from gssgd.ddp import HookState")[1]
+    assert "compressed_sgd(" not in script.split("from gssgd.ddp import compressed_sgd")[1]
     assert "compressed_adamw(" in script and "dist.destroy_process_group()" in script
 
 
