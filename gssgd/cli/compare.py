@@ -35,14 +35,14 @@ __all__ = ["DEFAULTS", "add_parser", "run"]
 
 #: compare's defaults where they differ from train's: the README's main job, sized so that
 #: it and its P = 16 part finish in six minutes on a 2-core machine (MNIST, CNN, 4 workers,
-#: 6 methods, 300 steps: about 2 minutes), at a density that compresses (0.1 %: a sparse
+#: 6 methods, 250 steps: about 2 minutes), at a density that compresses (0.1 %: a sparse
 #: method sends about 1/1000 of the gradient); PowerSGD at its default rank 2, the
 #: all-reduce compressor the others are judged against.
 DEFAULTS: dict[str, Any] = {
     "methods": "dense,topk,gtopk,sketched,gs,powersgd",
     "density": 0.001,
     "dataset": "mnist",
-    "steps": 300,
+    "steps": 250,
     "batch_size": 32,
     "eval_every": 100,
 }
@@ -82,7 +82,7 @@ same hook as the compressors; ddp-allreduce is DDP's own).
 Method-specific flags (--rows, --density, ...) go to the methods that take them.
 The defaults are the main job: MNIST, CNN, 4 workers, six methods, density 0.001 (PowerSGD
 at rank 2), each method at its recipe (dense and PowerSGD: SGD momentum 0.9, lr 0.05;
-sparse: plain SGD with error feedback, lr 0.2, 100 density warm-up steps), 300 steps,
+sparse: plain SGD with error feedback, lr 0.2, 100 density warm-up steps), 250 steps,
 about two minutes on a 2-core machine.
 On a language model (--model lm or gpt, the default for text) dense trains with SGD momentum
 0.9 at lr 0.8 and the sparse methods with plain SGD at lr 1.6 and DGC's momentum 0.9 inside
