@@ -8,8 +8,8 @@ first answer, each between ``<!-- BEGIN name -->`` and ``<!-- END name -->`` mar
 
 - ``main-job``: what the README's first command prints, from its ``results.json`` files
   committed as docs/results/main-job/P4.json (``gssgd compare --out runs/compare``) and
-  P16.json (``gssgd compare --simulate --workers 16 --global-batch 256 --steps 350
-  --methods dense,topk,gs,powersgd``).
+  P16.json (``gssgd compare --simulate --workers 16 --global-batch 256 --steps 400
+  --methods dense,gs,powersgd``).
 - ``fair-frontier``: the fair comparison's answer per image set and worker count, from
   ``targets`` in docs/results/fair-frontier-{mnist,fashion-mnist}/summary.json
   (scripts/fair_frontier_report.py).
