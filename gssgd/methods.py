@@ -410,6 +410,10 @@ register_method(
         "powersgd",
         "PowerSGD, rank-r factors of each matrix all-reduced, error feedback",
         PowerSGD,
+        variants=(
+            Variant("powersgd-r1", "PowerSGD at rank 1", {"rank": 1}),
+            Variant("powersgd-r4", "PowerSGD at rank 4", {"rank": 4}),
+        ),
         cost_like="dense",  # until calibrated: a few passes over the vector, like dense's
     )
 )

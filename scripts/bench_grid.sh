@@ -6,6 +6,7 @@
 #   sudo scripts/bench_grid.sh                  # as root: namespaces + tbf (else loopback)
 #   .venv/bin/python scripts/grid_report.py --doc docs/benchmarks.md   # tables + grid.png
 #   RAW=/tmp/grid DOCS=/tmp/grid-docs WORKERS="8" DS="1000000" scripts/bench_grid.sh
+#   METHODS=powersgd,powersgd-r1,powersgd-r4 DOCS=studies/cost_model/runs scripts/bench_grid.sh
 #
 # Each cell's raw output (workers/ with the per-rank records, run.log with the run's
 # stdout+stderr) lands in $RAW/comm_P<P>_d<d>M_<link>/ (default runs/grid, ignored by git);
@@ -22,6 +23,7 @@ DOCS=${DOCS:-docs/results/grid}
 WORKERS=${WORKERS:-"8 4"}
 DS=${DS:-"1000000 10000000 25000000"}
 LINKS=${LINKS:-"100mbit 1gbit"}
+METHODS=${METHODS:-}  # a comma-separated subset of bench comm's methods (default: all)
 mkdir -p "$RAW"
 
 for d in $DS; do
@@ -38,7 +40,8 @@ for d in $DS; do
             fi
             echo "run   $cell ($(date -u +%H:%M:%S))"
             if "$GSSGD" bench comm --workers "$p" --d "$d" --density 0.001 --link "$link" \
-                "${steps[@]}" --out "$RAW/$cell" > "$RAW/$cell.log" 2>&1; then
+                ${METHODS:+--methods "$METHODS"} "${steps[@]}" --out "$RAW/$cell" \
+                > "$RAW/$cell.log" 2>&1; then
                 mv "$RAW/$cell.log" "$RAW/$cell/run.log"
                 PLOTS=0 TABLES=0 scripts/publish_results.sh "$RAW/$cell" "$DOCS/$cell"
             else

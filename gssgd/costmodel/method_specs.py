@@ -89,6 +89,9 @@ class MethodSpec:
         warmup_steps, warmup_density: the density warm-up (sparse methods; 0 steps: none):
             the first ``warmup_steps`` steps send more, from ``warmup_density`` down
             (:class:`gssgd.aggregators.schedule.DensityWarmup`).
+        rank: PowerSGD's rank r (0 for the other methods).
+        shapes: the layer shapes the vector concatenates, for a method that compresses by
+            shape (PowerSGD); None for the others.
     """
 
     name: str
@@ -107,6 +110,8 @@ class MethodSpec:
     seed: int = 0
     warmup_steps: int = 0
     warmup_density: float = 0.25
+    rank: int = 0
+    shapes: tuple[tuple[int, ...], ...] | None = None
 
     @property
     def num_candidates(self) -> int:
@@ -147,6 +152,10 @@ class MethodSpec:
             opts["table_dtype"] = _DTYPE_OF_BYTES[self.table_bytes]
         if "warmup_steps" in names and self.warmup_steps:
             opts.update(warmup_steps=self.warmup_steps, warmup_density=self.warmup_density)
+        if "rank" in names and self.rank:
+            opts["rank"] = self.rank
+        if "shapes" in names and self.shapes is not None:
+            opts["shapes"] = self.shapes
         return opts
 
     def as_dict(self) -> dict[str, Any]:
@@ -167,6 +176,7 @@ def method_spec(
     warmup_steps: int = 0,
     warmup_density: float = 0.25,
     world_size: int | None = None,
+    shapes: tuple[tuple[int, ...], ...] | None = None,
 ) -> MethodSpec:
     """The :class:`MethodSpec` of benchmark method ``name`` for vectors of length ``d``.
 
@@ -187,6 +197,9 @@ def method_spec(
         world_size: the number of workers the method's defaults are resolved for (gs's
             shape depends on it: :func:`gssgd.aggregators.options.sketch_default_shape`);
             None: the small-P defaults.
+        shapes: the model's layer shapes, for a method that compresses by shape
+            (PowerSGD; others ignore them); None: one near-square matrix
+            (:func:`gssgd.aggregators.lowrank.default_shapes`).
 
     Returns:
         The spec, with every size resolved exactly as :func:`gssgd.make_aggregator` would
@@ -201,7 +214,8 @@ def method_spec(
     assert cls is not None
     names = {f.name for f in dataclasses.fields(cls.Options)}
     shape = {"rows": rows, "cols": cols, "candidates": candidates, "seed": seed,
-             "warmup_steps": warmup_steps, "warmup_density": warmup_density}  # fmt: skip
+             "warmup_steps": warmup_steps, "warmup_density": warmup_density,
+             "shapes": shapes}  # fmt: skip
     given = {n: v for n, v in shape.items() if n in names}
     if cls.sends_all:
         resolve_k(d, density, None)  # validates d and density
@@ -227,6 +241,8 @@ def method_spec(
         seed=getattr(opts, "seed", 0),
         warmup_steps=getattr(opts, "warmup_steps", 0),
         warmup_density=getattr(opts, "warmup_density", 0.25),
+        rank=getattr(opts, "rank", 0),
+        shapes=getattr(opts, "shapes", None),
     )
 
 
