@@ -1,26 +1,21 @@
-"""Remake the cluster cost model's held-out check and its win map (docs/benchmarks.md,
+"""Remake the cost model's held-out check record and its win map (docs/benchmarks.md,
 "Where each method wins on a GPU cluster").
 
-Usage (from the repository root; about 1-2 minutes):
+Usage (from the repository root; about a minute):
 
     .venv/bin/python scripts/cost_map.py [--out docs/results/cost_cluster]
 
 Writes to ``--out``:
 
-* ``check.json``: the leave-one-run-out check of :mod:`gssgd.costmodel.check` over the
-  ``gssgd bench comm`` runs made with the current default sketch (docs/results/grid and
-  docs/results/comm_*_default): every point's measured and predicted step, the summary, the
-  recommendation per run, and the model fitted on all runs;
-* ``predictions.json``: every method's predicted step (compute, communication, hidden) and
-  time to dense's accuracy (:mod:`gssgd.costmodel.reach`) for ResNet-50, GPT-2 124M and a
-  1.3B model on H200s, P = 8..1024, 1/10/25/100 Gbit/s links with 20 us latency, density
-  0.001;
+* ``check.json``: every point of the leave-one-run-out check over the runs the stored fit
+  (``gssgd/costmodel/data/fit.json``, ``gssgd advise --calibrate``) was made from: its
+  measured and predicted step; the summary and each method's; the recommendation per run;
+* ``predictions.json``: ``gssgd advise``'s every candidate (PowerSGD at ranks 1, 2 and 4
+  on the layer shapes, local steps) for ResNet-50 (resnet shapes, its measured H200
+  forward + backward), GPT-2 124M and a 1.3B transformer on H200s, P = 8..1024,
+  1/10/25/100 Gbit/s links with 20 us latency, density 0.001: its step, its time to the
+  target and its evidence;
 * ``win_map.md`` (the tables) and ``win_map.png`` (the plot).
-
-The check's summary is what ``gssgd advise`` prints as the model's error
-(:data:`gssgd.costmodel.advice.MEASURED_ERROR`); update it there when this changes (a test
-recomputes it from the runs, :func:`gssgd.costmodel.check.measured_error`, and fails until
-it is).
 """
 
 from __future__ import annotations
@@ -31,25 +26,21 @@ from pathlib import Path
 
 from lib.report import figure, markdown_table, save_png  # this script's folder, scripts/
 
+from gssgd.costmodel import store
 from gssgd.costmodel.advice import advise
-from gssgd.costmodel.anchors import H200_ANCHOR
-from gssgd.costmodel.check import (
-    ADVISE_EXCLUDES,
-    check_runs,
-    fit_cells,
-    held_out_errors,
-    recommendation_check,
-)
+from gssgd.costmodel.architectures import family_of, layer_shapes
+from gssgd.costmodel.check import ADVISE_EXCLUDES, held_out_errors, recommendation_check
 from gssgd.costmodel.cluster import Link, StepTime
-from gssgd.costmodel.devices import get_device
+from gssgd.costmodel.devices import device_record, get_device
 from gssgd.costmodel.fit import error_summary, load_measurements
 
 RESULTS = Path("docs/results")
-#: The models of the map: name -> (parameters, measured fwd+bwd seconds or None: estimated).
-MODELS: dict[str, tuple[int, float | None]] = {
-    "ResNet-50 (25.6M)": (25_557_032, H200_ANCHOR["resnet50_b64_fp32_fwdbwd_ms"] * 1e-3),
-    "GPT-2 (124M)": (124_439_808, None),
-    "1.3B": (1_300_000_000, None),
+#: The models of the map: name -> (parameters, architecture, fwd+bwd seconds or None).
+MODELS: dict[str, tuple[int, str, float | None]] = {
+    "ResNet-50 (25.6M)": (25_557_032, "resnet",
+                          device_record("h200")["fwdbwd_s_per_param"] * 25_557_032),
+    "GPT-2 (124M)": (124_439_808, "transformer", None),
+    "1.3B": (1_300_000_000, "transformer", None),
 }
 WORKERS = (8, 16, 32, 64, 128, 256, 512, 1024)
 RATES = {"1gbit": 10**9, "10gbit": 10**10, "25gbit": 25 * 10**9, "100gbit": 10**11}
@@ -58,11 +49,9 @@ DENSITY = 0.001
 
 
 def run_check(out: Path) -> dict:
-    runs = check_runs(RESULTS)
-    ms = [m for r in runs for m in load_measurements(r)]
-    rows = held_out_errors(ms)
+    runs = [Path(r) for r in store.load("fit.json")["runs"]]
+    rows = held_out_errors([m for r in runs for m in load_measurements(r)])
     recs = recommendation_check(rows)
-    fitted = fit_cells(ms)
     summary = error_summary(rows)
     advised = [r for r in rows if r.measurement.spec.name not in ADVISE_EXCLUDES]
     record = {
@@ -75,30 +64,12 @@ def run_check(out: Path) -> dict:
             {**vars(r), "ratio": r.ratio, "within_10pct": r.within()} for r in recs
         ],
         "points": [
-            {
-                "run": r.measurement.source,
-                "method": r.measurement.spec.name,
-                "workers": r.measurement.world_size,
-                "d": r.measurement.spec.d,
-                "link_bps": r.measurement.rate_bps,
-                "measured": r.measurement.seconds_per_step,
-                "predicted": r.predicted,
-                "rel_error": r.rel_error,
-            }
+            {"run": r.measurement.source, "method": r.measurement.spec.name,
+             "workers": r.measurement.world_size, "d": r.measurement.spec.d,
+             "link_bps": r.measurement.rate_bps, "measured": r.measurement.seconds_per_step,
+             "predicted": r.predicted, "rel_error": r.rel_error}
             for r in rows
         ],
-        "fitted_on_all": {
-            "alpha": fitted.base.alpha,
-            "beta0": fitted.base.beta0,
-            "gamma": fitted.base.gamma,
-            "efficiency": fitted.efficiency,
-            "burst_credit": fitted.burst_credit,
-            "driven_alpha": fitted.driven_alpha,
-            "compute_laws": {
-                name: {"gamma_at_1M": law.gamma, "slope": law.slope}
-                for name, law in fitted.compute.items()
-            },
-        },
     }
     (out / "check.json").write_text(json.dumps(record, indent=1) + "\n")
     print(
@@ -109,42 +80,34 @@ def run_check(out: Path) -> dict:
     for r in recs:
         if not r.within():
             print(f"  miss: {r.run}: ranked {r.recommended} first, {r.ratio:.2f}x {r.fastest}")
-    print(
-        f"fitted on all: efficiency {fitted.efficiency}, burst credit {fitted.burst_credit}, "
-        f"driven round {(fitted.driven_alpha or 0.0) * 1e3:.2f} ms"
-    )
     return record
 
 
 def run_map(out: Path) -> dict:
     device = get_device("h200")
     preds: dict = {}
-    for model, (params, fwdbwd) in MODELS.items():
+    for model, (params, arch, fwdbwd) in MODELS.items():
+        shapes = layer_shapes(arch, params)
         for rate_name, rate in RATES.items():
             for p in WORKERS:
-                a = advise(
-                    params=params,
-                    workers=p,
-                    link=Link(rate, LATENCY_S),
-                    device=device,
-                    density=DENSITY,
-                    fwdbwd_s=fwdbwd,
-                )
+                a = advise(params=params, workers=p, link=Link(rate, LATENCY_S), device=device,
+                           density=DENSITY, fwdbwd_s=fwdbwd, shapes=shapes,
+                           family=family_of(arch=arch))
                 n = a.run_steps
                 dense = next(c for c in a.candidates if c.name == "dense")
+                measured = a.best_measured
                 preds.setdefault(model, {}).setdefault(rate_name, {})[str(p)] = {
                     "winner": a.recommended.name,
+                    "winner_steps_measured": a.recommended.evidence.steps_ratio is not None,
+                    "best_measured": None if measured is None else measured.name,
                     "fastest_step": a.fastest_step.name,
                     "run_steps": n,
                     "speedup_over_dense": _ratio(
                         dense.target_seconds(n), a.recommended.target_seconds(n)
                     ),
                     "methods": {
-                        c.name: {
-                            **_split(c.step),
-                            "to_target": _sig(c.target_seconds(n)),
-                            "reached": None if c.reach is None else c.reach.reached,
-                        }
+                        c.name: {**_split(c.step), "to_target": _sig(c.target_seconds(n)),
+                                 "evidence": c.evidence.describe()}
                         for c in a.candidates
                     },
                 }
@@ -169,26 +132,26 @@ def _ratio(a: float | None, b: float | None) -> float | None:
     return None if a is None or b is None else a / b
 
 
-def _best_gs(cell: dict) -> tuple[str, float]:
-    """The gs variant fastest to dense's accuracy, of those measured to reach it."""
-    gs = {
-        n: m["to_target"]
-        for n, m in cell["methods"].items()
-        if n.startswith("gs") and m["to_target"] is not None
-    }
+def _best_gs(cell: dict) -> tuple[str, float] | None:
+    """The gs variant fastest to the target (None where none has a time to it)."""
+    gs = {n: m["to_target"] for n, m in cell["methods"].items()
+          if n.startswith("gs") and m["to_target"] is not None}
+    if not gs:
+        return None
     name = min(gs, key=gs.__getitem__)
     return name, gs[name]
 
 
 def win_tables(preds: dict) -> str:
-    """Markdown: per model, the winner (and its speedup over dense) at each rate and P, and
-    the best gs variant's step over the winner's."""
+    """Markdown: per model, the winner (its speedup over dense) at each rate and P, marked
+    † where its steps to the target were not measured (then the fastest measured one
+    follows), and the best gs variant's time to the target over the winner's."""
     lines = [
         f"H200 workers, links with {LATENCY_S * 1e6:g} us latency, density {DENSITY}; cell: the "
-        "method fastest to dense's accuracy (`gssgd advise`'s recommendation: predicted step "
-        "times the steps to dense's accuracy the frontier study measured; dense's time over "
-        "its in brackets) / the best gs variant's time to that accuracy over the winner's; "
-        "a * when the fastest step was another method's (gTop-k's: measured short of dense).",
+        "method fastest to the target (`gssgd advise`'s recommendation: predicted step times "
+        "the steps one study measured, dense's where it measured none) and dense's time over "
+        "its; † its steps were not measured, and [the fastest whose were]; / the best gs "
+        "variant's time over the winner's.",
         "",
     ]
     for model, by_rate in preds.items():
@@ -198,11 +161,11 @@ def win_tables(preds: dict) -> str:
             for p in WORKERS:
                 cell = by_p[str(p)]
                 win = cell["methods"][cell["winner"]]["to_target"]
-                _, gs = _best_gs(cell)
-                star = "*" if cell["fastest_step"] != cell["winner"] else ""
-                cells.append(
-                    f"{cell['winner']}{star} ({cell['speedup_over_dense']:.1f}x) / {gs / win:.2f}"
-                )
+                gs = _best_gs(cell)
+                text = f"{cell['winner']} ({cell['speedup_over_dense']:.1f}x)"
+                if not cell["winner_steps_measured"]:
+                    text += f" † [{cell['best_measured'] or 'none'}]"
+                cells.append(text + ("" if gs is None else f" / {gs[1] / win:.2f}"))
             rows.append([rate_name, *cells])
         head = ["link", *(f"P = {p}" for p in WORKERS)]
         lines += [f"**{model}**", "", markdown_table(head, rows), ""]
@@ -255,8 +218,8 @@ def plot(preds: dict, path: Path) -> None:
         bbox_to_anchor=(0.5, 0.0),
     )
     fig.suptitle(
-        "Fastest to dense's accuracy (predicted step x measured steps; H200, 20 us links, "
-        "density 0.001); cell: speedup over dense",
+        "Fastest to the target (predicted step x one study's measured steps; H200, 20 us "
+        "links, density 0.001); cell: speedup over dense",
         fontsize=10,
     )
     fig.subplots_adjust(bottom=0.24, top=0.84, wspace=0.3)

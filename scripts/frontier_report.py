@@ -24,8 +24,8 @@ targets are judged on both.
 "To dense" is judged on the mean curve over seeds (the curve the plots show): the first
 evaluation at which the seeds' mean accuracy (loss) reaches dense's target. The steps to
 it, also as a multiple of dense's own steps to it, are what ``gssgd advise`` multiplies a
-method's predicted step by (:mod:`gssgd.costmodel.reach` holds a copy of the MNIST table,
-made by its ``reach_table`` from this summary.json).
+method's predicted step by (``scripts/write_evidence.py`` writes them, from the fair
+frontier's summary, into gssgd/costmodel/data/evidence/).
 """
 
 from __future__ import annotations

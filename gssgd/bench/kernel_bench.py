@@ -25,7 +25,7 @@ paths run, the kernel's output checked against the torch path's (same table up t
 rounding, same indices, same estimates bit for bit). Without CUDA only the torch path runs,
 timed by ``time.perf_counter``, and the report says so.
 
-The measured H200 numbers of the naive torch implementations (:mod:`gssgd.costmodel.anchors`, torch
+The measured H200 numbers of the naive torch implementations (``gssgd/costmodel/data/h200_anchor.json``, torch
 2.11, 5 rows × 10·k, 2026-11-29) are printed beside the d they were measured at, with the
 issue's targets (:data:`TARGETS_MS`).
 """
@@ -46,7 +46,7 @@ import torch
 from gssgd import kernels
 from gssgd._select import exact_topk_indices, sampled_topk_indices
 from gssgd.aggregators.options import default_candidates, resolve_k
-from gssgd.costmodel.anchors import H200_ANCHOR, RESNET50_D
+from gssgd.costmodel import store
 from gssgd.sketch import CountSketch
 
 __all__ = [
@@ -62,6 +62,12 @@ __all__ = [
     "run_kernel_bench",
     "write_json",
 ]
+
+#: ResNet-50's parameter count, the size the anchors and the step shares are measured at.
+RESNET50_D = 25_557_032
+#: The H200 anchors of 2026-11-29 (naive torch ops): ``data/h200_anchor.json``, sizes by d.
+H200_ANCHOR: dict = {**store.load("h200_anchor.json"), "sizes": {
+    int(d): v for d, v in store.load("h200_anchor.json")["sizes"].items()}}
 
 #: Default sizes: ResNet-50's 25.6M and BERT-base's 110M parameters, and 1M.
 CUDA_SIZES: tuple[int, ...] = (1_000_000, 25_557_032, 110_000_000)

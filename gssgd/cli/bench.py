@@ -6,6 +6,8 @@ subcommand's parser, ``run(args)`` runs it and returns the exit status through
 
 * ``gssgd bench comm`` (:mod:`gssgd.cli.bench_comm`): time one aggregation step of every
   method on P local workers;
+* ``gssgd bench device`` (:mod:`gssgd.cli.bench_device`): measure the device's compute
+  constants of the cost model;
 * ``gssgd bench kernels`` (:mod:`gssgd.cli.bench_kernels`): time the Triton kernels against
   the torch path they replace;
 * ``gssgd bench model`` (:mod:`gssgd.cli.bench_model`): fit the cost model to ``bench comm``
@@ -22,13 +24,14 @@ from __future__ import annotations
 import argparse
 from types import ModuleType
 
-from gssgd.cli import bench_comm, bench_kernels, bench_model, bench_train
+from gssgd.cli import bench_comm, bench_device, bench_kernels, bench_model, bench_train
 
 __all__ = ["SUBCOMMANDS", "add_parser", "run"]
 
 #: Subcommand name -> its module, in the order ``gssgd bench --help`` lists them.
 SUBCOMMANDS: dict[str, ModuleType] = {
     "comm": bench_comm,
+    "device": bench_device,
     "kernels": bench_kernels,
     "model": bench_model,
     "train": bench_train,
@@ -40,6 +43,8 @@ Communication benchmarks and their cost model:
   gssgd bench comm    time one aggregation step of every method on P local workers, on
                       loopback or on emulated rate-limited links (network namespaces;
                       needs root), and write DIR/results.json, table.txt and comm.png
+  gssgd bench device  measure this device's compute constants for the cost model
+                      (top-k, sketching, PowerSGD's products, forward + backward)
   gssgd bench kernels time the Triton kernels (sketch, recovery, query, gather, top-k)
                       against the torch path, with CUDA events, and check their output
   gssgd bench model   fit alpha*rounds + beta*bytes + gamma*d to bench comm results,

@@ -83,11 +83,14 @@ Example:
 
 This package is the cost model, apart from the benchmarks that measure (``gssgd.bench``,
 which imports it, never the reverse). Its modules, lowest first: :mod:`.link_rate` (link
-rates and their tbf shape, shared with the emulation), :mod:`.anchors` and
-:mod:`.compute_law` (measured constants), :mod:`.method_specs` (which method, what it
-sends), :mod:`.predict` (this model's parameters and predictions), :mod:`.fit` (the
-measurements and the fit), :mod:`.devices`, :mod:`.cluster` (a training step on a cluster),
-:mod:`.check` (the held-out check) and :mod:`.advice` (``gssgd advise``). The names below
+rates and their tbf shape, shared with the emulation), :mod:`.store` (the measured data
+files under ``data/``), :mod:`.compute_law`, :mod:`.method_specs` (which method, what it
+sends), :mod:`.architectures` (layer shapes), :mod:`.network` (patterns, rounds and a
+network's constants), :mod:`.predict` (the three-constant model of ``gssgd bench model``),
+:mod:`.fit` (the measurements and that fit), :mod:`.devices`, :mod:`.cluster` (the step
+model itself), :mod:`.check` (its fit on this machine's emulated links and held-out check),
+:mod:`.evidence` (each method's measured steps to the target) and :mod:`.advice`
+(``gssgd advise``). The names below
 are those of ``method_specs``, ``predict`` and ``fit``; ``gssgd bench model``'s tables and
 plots are :mod:`gssgd.bench.model_report`.
 """
@@ -107,20 +110,9 @@ from gssgd.costmodel.fit import (
     _nnls as _nnls,  # not public: the tests reach the fit's solver here
 )
 from gssgd.costmodel.method_specs import DEFAULT_METHODS, VARIANTS, MethodSpec, method_spec, traffic
-from gssgd.costmodel.predict import (
-    DEFAULT_ALPHA,
-    DEFAULT_BETA0,
-    DEFAULT_ETA,
-    DEFAULT_GAMMA,
-    CostModel,
-    Prediction,
-)
+from gssgd.costmodel.predict import CostModel, Prediction
 
 __all__ = [
-    "DEFAULT_ALPHA",
-    "DEFAULT_BETA0",
-    "DEFAULT_ETA",
-    "DEFAULT_GAMMA",
     "DEFAULT_METHODS",
     "VARIANTS",
     "CostModel",

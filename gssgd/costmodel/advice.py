@@ -1,18 +1,25 @@
 """Which method makes a given training job fastest: every candidate's predicted step on the
-cluster cost model (:mod:`gssgd.costmodel.cluster`), times the steps it needs to reach
-dense's accuracy as the frontier study measured them (:mod:`gssgd.costmodel.reach`), the
-fastest to that target, and how to ask for it (a ``gssgd train`` command line and a
-``HookState(...)`` call). A method that steps fastest but was measured short of dense's
-accuracy (gTop-k at density 0.001) is ranked after those that got there.
+cost model (:func:`gssgd.costmodel.cluster.predict_step`, with the device's constants and
+:func:`~gssgd.costmodel.network.cluster_network`), times the steps one study measured it to
+need to reach dense's target (:mod:`gssgd.costmodel.evidence`), the fastest to that target,
+and how to ask for it (a ``gssgd train`` command line and a Python call).
 
-The candidates are the benchmark methods of :data:`gssgd.costmodel.method_specs.VARIANTS`
-(every registered method and variant: dense, dense16, topk, gtopk, sketched, gs and its
-variants), less :data:`gssgd.costmodel.check.ADVISE_EXCLUDES`. A variant's options are
-read from its spec: the aggregator options that differ from its method's defaults.
+The candidates are every benchmark method and variant (dense, dense16, topk, gtopk,
+sketched, gs and its variants, PowerSGD at ranks 1, 2 and 4), gs streamed by the DDP hook,
+and local steps (DiLoCo: dense outer steps every H = 10, 30 or 100 steps), less
+:data:`gssgd.costmodel.check.ADVISE_EXCLUDES`. PowerSGD's message depends on the layer
+shapes, so ``advise`` needs them: a shipped model's (``model_shapes``) or an architecture
+family's at the given size (:func:`gssgd.costmodel.architectures.layer_shapes`).
+
+Ranking (:meth:`Candidate.rank_key`): by the predicted time to the target, where a
+candidate's steps are dense's times its measured ratio; a candidate the study did not
+measure (another family, a P beyond 2x, a density not run) is ranked by its time per step
+alone (dense's steps) and marked so; one measured short of the target comes last.
 
 Example:
     >>> a = advise(params=25_600_000, workers=64, link=Link(10**10, 20e-6),
-    ...            device=get_device("h200"), density=0.001)
+    ...            device=get_device("h200"), density=0.001,
+    ...            shapes=layer_shapes("resnet", 25_600_000), family="image")
     >>> a.recommended.name, a.train_command(), a.hook_call()
 """
 
@@ -26,6 +33,7 @@ from typing import Any
 
 import torch
 
+from gssgd.costmodel import store
 from gssgd.costmodel.check import ADVISE_EXCLUDES
 from gssgd.costmodel.cluster import (
     Link,
@@ -36,16 +44,19 @@ from gssgd.costmodel.cluster import (
     stream_overlap_available,
 )
 from gssgd.costmodel.devices import Device
+from gssgd.costmodel.evidence import Evidence, Study, evidence_for, row_key, study_for
 from gssgd.costmodel.method_specs import VARIANTS, MethodSpec, method_spec
-from gssgd.costmodel.reach import REACH_WHERE, Reach, powersgd_reach, reach
+from gssgd.costmodel.network import Network, cluster_network
 from gssgd.methods import get_method, get_variant
 
 __all__ = [
-    "MEASURED_ERROR",
+    "DEFAULT_RUN_STEPS",
+    "LOCAL_STEPS",
     "Advice",
     "Candidate",
     "advise",
     "candidate_methods",
+    "held_out_error",
     "parse_params",
     "parse_workers",
 ]
@@ -61,6 +72,11 @@ MIN_WORKERS, MAX_WORKERS = 2, 65_536
 DEFAULT_RUN_STEPS = 500
 #: The keys of a warm-up in a spec's options: ``advise`` passes it by ``warmup_steps`` alone.
 _WARMUP_KEYS = ("warmup_steps", "warmup_density")
+#: gs streamed by the DDP hook: name -> (the benchmark variant it is modelled as, its hook
+#: settings); a candidate when the hook can stream.
+STREAM_CANDIDATE = ("gs-stream", "gs-backend", {"overlap": "stream"})
+#: Local steps (DiLoCo: H inner steps, then a dense outer step): name -> H.
+LOCAL_STEPS: dict[str, int] = {"diloco-h10": 10, "diloco-h30": 30, "diloco-h100": 100}
 
 
 def parse_params(text: str) -> int:
@@ -108,79 +124,71 @@ def parse_workers(text: str | int) -> int:
     return value
 
 
-#: The cost model's measured error, from ``scripts/cost_map.py`` (leave one run out over the
-#: 15 ``gssgd bench comm`` runs of docs/results made with the current default sketch; the
-#: full record is docs/results/cost_cluster/check.json): median and largest |relative error|
-#: of the step time, points, and how often the method ranked first was the measured
-#: fastest or within 10 % of it. A copy, rounded, because the runs are not installed with
-#: the package and recomputing takes seconds: tests/costmodel/test_advise.py recomputes it
-#: from the runs (:func:`gssgd.costmodel.check.measured_error`) and fails when it differs.
-MEASURED_ERROR: dict[str, Any] = {
-    "points": 144,
-    "median_abs_rel_error": 0.069,
-    "max_abs_rel_error": 0.481,
-    "runs": 15,
-    "recommended_within_10pct": 14,
-    "where": "this machine's emulated 100 Mbit/s and 1 Gbit/s links and loopback, P = 4 and 8",
-}
+def held_out_error() -> dict[str, Any]:
+    """The cost model's held-out error on this machine's emulated links, as ``gssgd advise
+    --calibrate`` measured it (``fit.json``): points, median and largest ``|relative
+    error|``, each method's, runs, and where."""
+    return dict(store.load("fit.json")["held_out"])
 
 
-#: gs streamed by the DDP hook: the table's regions all-reduced by the backend (a ring)
-#: during backward, then the exact round (also by the ring); a candidate when the hook can
-#: stream. Name -> (the benchmark variant it is modelled as, its hook settings).
-STREAM_CANDIDATE = ("gs-stream", "gs-backend", {"overlap": "stream"})
+def fitted_network() -> Network:
+    """The network fitted on this machine's emulated links (``fit.json``)."""
+    return Network.from_dict(store.load("fit.json")["network"])
 
 
 def candidate_methods() -> tuple[str, ...]:
-    """The methods ``advise`` compares: the benchmark variants (registration order), then
-    ``gs-stream`` when the DDP hook can stream gs."""
+    """The methods ``advise`` compares: the benchmark variants (registration order), gs
+    streamed when the DDP hook can stream it, and local steps."""
     names = tuple(n for n in VARIANTS if n not in ADVISE_EXCLUDES)
-    return names + ((STREAM_CANDIDATE[0],) if stream_overlap_available() else ())
+    stream = (STREAM_CANDIDATE[0],) if stream_overlap_available() else ()
+    return names + stream + tuple(LOCAL_STEPS)
 
 
 @dataclass(frozen=True)
 class Candidate:
-    """One method's predicted step."""
+    """One method's predicted step and its evidence."""
 
     name: str
     spec: MethodSpec
     step: StepTime
+    evidence: Evidence
     settings: dict[str, Any] = field(default_factory=dict)
     warmup: Warmup = Warmup(0, 0, 0, 0.0)
-    reach: Reach | None = None
     #: the workers its method's defaults are resolved for (gs's shape depends on P); None:
     #: the small-P defaults (a streamed gs keeps them)
     default_workers: int | None = None
+    #: local steps: H inner steps between outer steps (None: a per-step method)
+    local_steps: int | None = None
 
     def run_seconds(self, steps: int) -> float:
         """Predicted seconds of a run of ``steps`` steps, its density warm-up included."""
         return steps * self.step.total + (self.warmup.extra_seconds if steps else 0.0)
 
     def target_steps(self, dense_steps: int) -> int | None:
-        """Steps to dense's accuracy target when dense needs ``dense_steps``: the measured
-        multiple of them (:mod:`gssgd.costmodel.reach`); None where not reached or not
-        measured."""
-        if self.reach is None or self.reach.steps_ratio is None:
+        """Steps to dense's target when dense needs ``dense_steps``: the measured multiple
+        of them, or dense's own where the steps were not measured (see the module doc);
+        None where it was measured short of the target."""
+        e = self.evidence
+        if e.measured and not e.reached:
             return None
-        return math.ceil(dense_steps * self.reach.steps_ratio)
+        ratio = e.steps_ratio if e.steps_ratio is not None else 1.0
+        return math.ceil(dense_steps * ratio)
 
     def target_seconds(self, dense_steps: int) -> float | None:
-        """Predicted seconds to dense's accuracy target (:meth:`target_steps`)."""
+        """Predicted seconds to dense's target (:meth:`target_steps`)."""
         steps = self.target_steps(dense_steps)
         return None if steps is None else self.run_seconds(steps)
 
     def target_bytes(self, dense_steps: int) -> float | None:
-        """Bytes the busiest worker sends until dense's accuracy target."""
+        """Bytes the busiest worker sends until dense's target."""
         steps = self.target_steps(dense_steps)
         return None if steps is None else self.warmup.run_bytes_sent(steps)
 
     def rank_key(self, dense_steps: int) -> tuple[int, float]:
-        """Advice order: those measured to reach the target, by the time to it; then those
-        not measured, by the step; then those measured short of it, by the step."""
+        """Advice order: by the time to the target; those measured short of it last, by
+        the step."""
         seconds = self.target_seconds(dense_steps)
-        if seconds is not None:
-            return (0, seconds)
-        return (1 if self.reach is None else 2, self.step.total)
+        return (0, seconds) if seconds is not None else (1, self.step.total)
 
     @property
     def method(self) -> str:
@@ -189,18 +197,21 @@ class Candidate:
 
     def options(self) -> dict[str, Any]:
         """The aggregator options this candidate sets away from its method's defaults at
-        its number of workers (the density warm-up aside: :meth:`Advice.train_command` and :meth:`Advice.hook_call`
-        state it where it differs from theirs)."""
+        its number of workers (the density warm-up and PowerSGD's shapes aside)."""
         base = method_spec(self.spec.aggregator, self.spec.d, k=self.spec.k,
-                           world_size=self.default_workers).aggregator_options()
+                           world_size=self.default_workers,
+                           shapes=self.spec.shapes).aggregator_options()
         mine = self.spec.aggregator_options()
-        changed = {k: v for k, v in mine.items() if base.get(k) != v and k not in _WARMUP_KEYS}
+        changed = {k: v for k, v in mine.items()
+                   if base.get(k) != v and k not in _WARMUP_KEYS and k != "shapes"}
+        if self.method == "powersgd":
+            changed["rank"] = self.spec.rank
         return changed | self.settings
 
 
 @dataclass(frozen=True)
 class Advice:
-    """Every candidate's predicted step and time to the accuracy target, in the order of
+    """Every candidate's predicted step and time to the target, in the order of
     :meth:`Candidate.rank_key` (the first is the recommendation), and the inputs.
     ``run_steps`` is the run length dense needs: the others' times to the target scale it
     by their measured steps ratio."""
@@ -211,19 +222,19 @@ class Advice:
     link: Link
     device: Device
     density: float
+    study: Study | None
+    family: str
     run_steps: int = DEFAULT_RUN_STEPS
 
     @property
-    def powersgd(self) -> Reach | None:
-        """PowerSGD's measured convergence at the nearest P (its lowest rank that reached
-        dense's accuracy): not a candidate, as its step needs the layer shapes, but named
-        beside the advice (:func:`gssgd.costmodel.reach.powersgd_reach`)."""
-        return powersgd_reach(self.workers)
+    def recommended(self) -> Candidate:
+        """The first in order: the fastest to the target."""
+        return self.candidates[0]
 
     @property
-    def recommended(self) -> Candidate:
-        """The first in order: the fastest to dense's accuracy where it was measured."""
-        return self.candidates[0]
+    def best_measured(self) -> Candidate | None:
+        """The first in order whose steps to the target were measured (None: none was)."""
+        return next((c for c in self.candidates if c.evidence.steps_ratio is not None), None)
 
     @property
     def fastest_step(self) -> Candidate:
@@ -234,12 +245,15 @@ class Advice:
         """A ``gssgd train`` command line that runs ``candidate`` (default: the recommended)."""
         c = candidate or self.recommended
         parts = ["gssgd train", f"--method {c.method}", f"--workers {self.workers}"]
+        if c.local_steps:
+            return " ".join(parts + [f"--local-steps {c.local_steps}"])
         if c.spec.k != c.spec.d:
             parts.append(f"--density {self.density:g}")
         if c.spec.warmup_steps != get_method(c.method).recipe_warmup_steps():
             parts.append(f"--warmup-steps {c.spec.warmup_steps}")
         for name, value in c.options().items():
-            flag = "--payload-dtype" if name == "dtype" else "--" + name.replace("_", "-")
+            flag = {"dtype": "--payload-dtype", "rank": "--powersgd-rank"}.get(
+                name, "--" + name.replace("_", "-"))
             if isinstance(value, bool):
                 parts.append(flag if value else "--no-" + flag[2:])
             else:
@@ -247,11 +261,15 @@ class Advice:
         return " ".join(parts)
 
     def hook_call(self, candidate: Candidate | None = None) -> str:
-        """The ``HookState(...)`` call for DDP (default: the recommended candidate)."""
+        """The Python call for a DDP script (default: the recommended candidate): a
+        ``HookState(...)``, or ``LocalSteps(...)`` for local steps."""
         c = candidate or self.recommended
+        if c.local_steps:
+            return f"LocalSteps(model, {c.method!r}, local_steps={c.local_steps})"
         args = [repr(c.method)]
-        if c.spec.k != c.spec.d:  # sparse: selects over the whole model, as the model assumes
-            args += [f"density={self.density:g}", "whole_model=True"]
+        if c.spec.k != c.spec.d:
+            args.append(f"density={self.density:g}")
+        args.append("model=ddp_model")  # whole-model selection in model order
         if c.spec.warmup_steps:  # the hook's own default is no warm-up
             args.append(f"warmup_steps={c.spec.warmup_steps}")
         for name, value in c.options().items():
@@ -264,71 +282,45 @@ class Advice:
         """A JSON-ready record (what ``gssgd advise --json`` prints)."""
         return {
             "inputs": {
-                "params": self.params,
-                "workers": self.workers,
-                "link_bps": self.link.rate_bps,
-                "latency_s": self.link.latency_s,
-                "device": self.device.name,
-                "density": self.density,
-                "run_steps": self.run_steps,
+                "params": self.params, "workers": self.workers, "link_bps": self.link.rate_bps,
+                "latency_s": self.link.latency_s, "device": self.device.name,
+                "density": self.density, "run_steps": self.run_steps, "family": self.family,
             },
             "methods": {c.name: self._method_record(c) for c in self.candidates},
             "fastest_step": self.fastest_step.name,
+            "best_measured": None if self.best_measured is None else self.best_measured.name,
             "recommended": {
                 "name": self.recommended.name,
                 "method": self.recommended.method,
                 "options": _jsonable(self.recommended.options()),
                 "seconds_per_step": self.recommended.step.total,
-                "speedup_over_dense": self.speedup_over("dense"),
                 "train_command": self.train_command(),
-                "hook_call": self.hook_call(),
+                "call": self.hook_call(),
             },
-            "model_error": dict(MEASURED_ERROR),
-            "convergence": REACH_WHERE,
-            "powersgd_not_modelled": None if self.powersgd is None else {
-                "rank": int(self.powersgd.row.removeprefix("powersgd-r")),
-                "measured_at_workers": self.powersgd.workers,
-                "seeds": self.powersgd.seeds,
-                "accuracy_gap_points": self.powersgd.gap_points,
-                "steps_ratio": self.powersgd.steps_ratio,
-            },
+            "evidence": None if self.study is None else {
+                "study": self.study.name, "title": self.study.title,
+                "target": self.study.target, "source": self.study.source},
+            "model_error": held_out_error(),
         }
 
     def _method_record(self, c: Candidate) -> dict[str, Any]:
-        """One candidate's JSON record: its step, its warm-up, and a run of ``run_steps``."""
-        n = self.run_steps
+        """One candidate's JSON record: its step, its warm-up, a run, and its evidence."""
+        n, e = self.run_steps, c.evidence
         return {
             "method": c.method,
             "options": _jsonable(c.options()),
             **c.step.as_dict(),
             "bytes_sent_per_step": c.warmup.step_bytes_sent,
             "warmup": c.warmup.as_dict(),
-            "run": {
-                "steps": n,
-                "seconds": c.run_seconds(n),
-                "bytes_sent": c.warmup.run_bytes_sent(n),
-                "bytes_sent_per_step": c.warmup.run_bytes_sent(n) / n,
-            },
-            "to_target": None
-            if c.reach is None
-            else {
-                "reached": c.reach.reached,
-                "measured_at_workers": c.reach.workers,
-                "seeds": c.reach.seeds,
-                "accuracy_gap_points": c.reach.gap_points,
-                "steps_ratio": c.reach.steps_ratio,
-                "steps": c.target_steps(n),
-                "seconds": c.target_seconds(n),
-                "bytes_sent": c.target_bytes(n),
-            },
+            "run": {"steps": n, "seconds": c.run_seconds(n),
+                    "bytes_sent": c.warmup.run_bytes_sent(n)},
+            "evidence": {"row": e.row, "measured_at_workers": e.workers, "seeds": e.seeds,
+                         "gap": e.gap, "steps_ratio": e.steps_ratio, "reached": e.reached,
+                         "not_measured_because": e.why or None},
+            "to_target": {"steps": c.target_steps(n), "seconds": c.target_seconds(n),
+                          "bytes_sent": c.target_bytes(n),
+                          "steps_measured": e.steps_ratio is not None},
         }
-
-    def speedup_over(self, name: str) -> float | None:
-        """The named candidate's step time over the recommended one's (None if absent)."""
-        for c in self.candidates:
-            if c.name == name:
-                return c.step.total / self.recommended.step.total
-        return None
 
 
 def _plain(value: Any) -> str:
@@ -339,6 +331,44 @@ def _jsonable(options: dict[str, Any]) -> dict[str, Any]:
     return {k: _plain(v) if isinstance(v, torch.dtype) else v for k, v in options.items()}
 
 
+def _local_steps_step(step: StepTime, h: int) -> StepTime:
+    """A DiLoCo step: the inner step's forward and backward every step, the dense outer
+    step's compression and communication once every ``h`` (after the inner steps: nothing
+    hidden)."""
+    return StepTime(fwdbwd=step.fwdbwd, compression=step.compression / h,
+                    latency=step.latency / h, bandwidth=step.bandwidth / h, hidden=0.0,
+                    pattern=step.pattern, overlap="none")
+
+
+def _candidate(name: str, params: int, workers: int, link: Link, device: Device,
+               network: Network, density: float, fwdbwd_s: float | None,
+               warmup_steps: int | None, shapes: Sequence[Sequence[int]] | None,
+               study: Study | None, family: str) -> Candidate:
+    """One candidate's spec, predicted step, warm-up and evidence."""
+    variant, settings, overlap, h = name, {}, None, LOCAL_STEPS.get(name)
+    if name == STREAM_CANDIDATE[0]:
+        _, variant, settings = STREAM_CANDIDATE
+        overlap = "table"
+    elif h:
+        variant = "dense"
+    method, _ = get_variant(variant)  # a clear error for an unknown name
+    warm = method.recipe_warmup_steps() if warmup_steps is None else warmup_steps
+    # gs's default shape depends on P (sketch_default_shape); streaming keeps the small-P
+    # shape (its regions cannot pre-filter: gssgd.ddp.stream)
+    shape_for = None if overlap is not None else workers
+    spec = method_spec(variant, params, density, warmup_steps=warm, world_size=shape_for,
+                       shapes=None if shapes is None else tuple(tuple(s) for s in shapes))
+    step = predict_step(spec, workers, link, device, network, fwdbwd_s=fwdbwd_s,
+                        overlap="none" if h else overlap)
+    warmup = predict_warmup(spec, workers, link, network)
+    if h:
+        step = _local_steps_step(step, h)
+        warmup = Warmup(0, 0, warmup.step_bytes_sent // h, 0.0)
+    row = row_key(spec, density, streamed=overlap is not None, local_steps=h)
+    return Candidate(name, spec, step, evidence_for(study, row, workers, family),
+                     dict(settings), warmup, shape_for, h)
+
+
 def advise(
     *,
     params: int,
@@ -346,16 +376,16 @@ def advise(
     link: Link,
     device: Device,
     density: float = 0.001,
+    shapes: Sequence[Sequence[int]] | None = None,
+    family: str = "image",
     fwdbwd_s: float | None = None,
     methods: Sequence[str] | None = None,
     warmup_steps: int | None = None,
     run_steps: int = DEFAULT_RUN_STEPS,
+    network: Network | None = None,
 ) -> Advice:
-    """Predict every candidate's step and time to dense's accuracy, and rank them
-    (:meth:`Candidate.rank_key`: by the time to the target where the frontier study
-    measured the candidate's convergence, :mod:`gssgd.costmodel.reach`; by the step
-    otherwise). Each candidate also carries its density warm-up's bytes and seconds, and a
-    run's.
+    """Predict every candidate's step and time to dense's target, and rank them (see the
+    module doc).
 
     Args:
         params: the model's parameter count (the gradient length d).
@@ -363,15 +393,19 @@ def advise(
         link: every worker's link.
         device: the workers' device.
         density: fraction of coordinates the sparse methods send.
+        shapes: the model's layer shapes in order, adding up to ``params`` (PowerSGD's
+            message; None: PowerSGD reads the vector as one near-square matrix, which
+            flatters it, so the command line always passes shapes).
+        family: the model's family (:data:`gssgd.costmodel.evidence.FAMILIES`): which study
+            the evidence comes from.
         fwdbwd_s: measured forward + backward seconds of one worker's batch (None: the
             device's per-parameter estimate).
         methods: the candidates (default :func:`candidate_methods`).
         warmup_steps: the density warm-up of the methods that take one; None: ``gssgd
-            train``'s default (:meth:`gssgd.methods.Method.recipe_warmup_steps`: 100 steps
-            for a sparse method), 0: none.
-        run_steps: the run length the per-run figures total over (>= 1): dense's run to
-            its accuracy; a method's time to the target scales it by the method's steps
-            ratio.
+            train``'s default (100 steps for a sparse method), 0: none.
+        run_steps: the run length dense needs to its target (>= 1).
+        network: the network's constants (default: :func:`cluster_network` of the fitted
+            one).
 
     Raises:
         ValueError: a bad size, density, warm-up, run length or method name.
@@ -380,22 +414,10 @@ def advise(
         if value is not None and (isinstance(value, bool) or not isinstance(value, int)
                                   or value < low):  # fmt: skip
             raise ValueError(f"{label}={value!r} must be an integer >= {low}")
+    net = cluster_network(fitted_network()) if network is None else network
+    study = study_for(family)
     names = tuple(methods) if methods is not None else candidate_methods()
-    out = []
-    for name in names:
-        variant, settings, overlap = name, {}, None
-        if name == STREAM_CANDIDATE[0]:
-            _, variant, settings = STREAM_CANDIDATE
-            overlap = "table"
-        method, _ = get_variant(variant)  # a clear error for an unknown name
-        warm = method.recipe_warmup_steps() if warmup_steps is None else warmup_steps
-        # gs's default shape depends on P (sketch_default_shape); streaming keeps the small-P
-        # shape (its regions cannot pre-filter: gssgd.ddp.stream)
-        shape_for = None if overlap is not None else workers
-        spec = method_spec(variant, params, density, warmup_steps=warm, world_size=shape_for)
-        step = predict_step(spec, workers, link, device, fwdbwd_s=fwdbwd_s, overlap=overlap)
-        warmup = predict_warmup(spec, workers, link, device)
-        converged = reach(spec, workers, density, streamed=overlap is not None)
-        out.append(Candidate(name, spec, step, dict(settings), warmup, converged, shape_for))
+    out = [_candidate(n, params, workers, link, device, net, density, fwdbwd_s, warmup_steps,
+                      shapes, study, family) for n in names]
     out.sort(key=lambda c: c.rank_key(run_steps))
-    return Advice(tuple(out), params, workers, link, device, density, run_steps)
+    return Advice(tuple(out), params, workers, link, device, density, study, family, run_steps)

@@ -32,12 +32,18 @@ from __future__ import annotations
 
 import math
 
-__all__ = ["ARCHITECTURES", "layer_shapes"]
+__all__ = ["ARCHITECTURES", "LANGUAGE_MODELS", "family_of", "layer_shapes", "model_shapes"]
 
 Shape = tuple[int, ...]
 
 #: The families ``advise --arch`` knows.
 ARCHITECTURES: tuple[str, ...] = ("transformer", "resnet")
+#: The shipped language models (``gssgd.train.models.TEXT_MODELS``, named here so that
+#: ``advise`` need not import torch to know a family).
+LANGUAGE_MODELS: tuple[str, ...] = ("lm", "gpt")
+#: Stand-in data of the shipped models for their shapes: MNIST-shaped images (1x28x28, 10
+#: classes) for image models, a 65-character vocabulary (Shakespeare's) for text models.
+_STANDIN_VOCAB = 65
 
 #: GPT-2 (small, medium, large, XL) and GPT-3 (XL, 2.7B, 6.7B, 13B, 175B): (layers, width).
 _TRANSFORMERS: tuple[tuple[int, int], ...] = (
@@ -130,3 +136,39 @@ def layer_shapes(arch: str, params: int) -> tuple[Shape, ...]:
             f"smallest here has {_count(shapes):,}); give --params of at least that"
         )
     return tuple(shapes) + (((rest,),) if rest else ())
+
+
+def family_of(model: str | None = None, arch: str | None = None) -> str:
+    """The family (``"image"`` or ``"language"``, :data:`gssgd.costmodel.evidence.FAMILIES`)
+    of a shipped model or an architecture family."""
+    if model is not None:
+        return "language" if model in LANGUAGE_MODELS else "image"
+    return "language" if arch == "transformer" else "image"
+
+
+def model_shapes(name: str) -> tuple[Shape, ...]:
+    """The parameter shapes of the shipped model ``name`` (``gssgd train --model``) on its
+    stand-in data (MNIST-shaped images, or a 65-character vocabulary), in model order.
+
+    Raises:
+        ValueError: an unknown model (the message lists them).
+    """
+    import torch
+
+    from gssgd.train.data_types import ImageData, TextData
+    from gssgd.train.models import MODELS, build_model
+
+    if name not in MODELS:
+        raise ValueError(
+            f"unknown model {name!r}; shipped models are {', '.join(MODELS)} "
+            "(or give --params N with --arch)"
+        )
+    if name in LANGUAGE_MODELS:
+        ids = torch.arange(200) % _STANDIN_VOCAB
+        chars = [chr(32 + i) for i in range(_STANDIN_VOCAB)]
+        data: ImageData | TextData = TextData(train=ids, test=ids, vocab=chars, name="stand-in")
+    else:
+        x, y = torch.zeros(2, 1, 28, 28), torch.arange(2)
+        data = ImageData(x_train=x, y_train=y, x_test=x, y_test=y, num_classes=10,
+                         name="stand-in")
+    return tuple(tuple(p.shape) for p in build_model(name, data).parameters())

@@ -1,50 +1,44 @@
-"""The cost model for GPU (and CPU) clusters: one training step, split into compute,
-communication and the part of communication hidden behind the backward pass.
+"""The cost model: one training step of a method, split into compute, communication and
+the communication hidden behind the backward pass. The same model is fitted on this
+machine's emulated links and checked there on held-out runs (:mod:`gssgd.costmodel.check`),
+and predicts a cluster for ``gssgd advise``.
 
-One step of ``spec`` on ``P`` workers joined by links of rate ``R`` and latency ``a``::
+One step of ``spec`` on ``P`` workers joined by links of rate ``R`` and latency ``a``, on
+a device, through a :class:`~gssgd.costmodel.network.Network` ``net``, with ``s`` workers
+sharing a core (1 on a cluster)::
 
     compute       = forward + backward (measured, or params * device.fwdbwd_s_per_param)
-                  + compression(spec)                 # the device's constants
-    communication = a * rounds                        # latency-bound steps, critical path
-                  + header_bytes * max(s, 8 / (eff[pattern] * R))   # gloo's preambles
-                  + critical_bytes * max(s, 8 / (eff[pattern] * R))
+                  + s * compression(spec)               # the device's constants
+    latency       = (a + net.round_s) * rounds + net.driven_round_s * s * driven_rounds
+    bytes         = critical_bytes + header_bytes - net.burst_credit * bucket(R) * rounds
+    bandwidth     = bytes * max(s * net.software_s_per_byte, 8 / (net.eta[pattern] * R))
     hidden        = device.overlap_efficiency
                   * min(overlappable communication, backward)   # backward = 2/3 of fwd+bwd
-    step          = compute + communication - hidden
+    step          = compute + latency + bandwidth - hidden
 
-* ``rounds``, ``header_bytes`` and ``critical_bytes`` are the method's own
-  :class:`~gssgd.comm.Traffic` (its aggregator's ``traffic`` classmethod through
-  :func:`gssgd.costmodel.method_specs.traffic`): nothing here restates a byte formula.
-  ``header_bytes`` are the 48-byte preambles gloo puts on the busiest link for each
-  message (:data:`gssgd.comm.HEADER_BYTES`, measured): a fixed cost per message, so it is
-  counted in the latency part.
-* ``pattern``: the collective the method's bulk traffic uses, *read from that same formula*
-  by :func:`pattern_of` (how its rounds grow from P = 8 to 16, and whether a rank receives
-  more than it sends): ``ring`` (dense; gs with ``allreduce="backend"``),
-  ``recursive_doubling`` (gs, gTop-k), ``allgather`` (local Top-k) or ``star``
-  (Sketched-SGD). ``eff[pattern]``: the fraction of the nominal rate the pattern's payload
-  reaches. Measured on the emulated links of this machine (tbf-shaped veths, gloo): ring
-  0.90, star 1.0, all-gather 0.9 and recursive doubling about 0.45: a pairwise exchange
-  there moves at half the rate of a ring step (see docs/benchmarks.md; the cause is not
-  established). On a cluster (:data:`CLUSTER_EFFICIENCY`) every pattern is given the ring's
-  0.9: a full-duplex fabric has no reason to halve an exchange; this is an assumption, not a
-  measurement.
-* ``s``: the software's seconds per byte (the CPU's ``beta0``; 0 on a GPU).
+* ``rounds``, ``critical_bytes`` and ``header_bytes`` (gloo's 48-byte preambles, one per
+  message: :data:`gssgd.comm.HEADER_BYTES`) are the method's own
+  :class:`~gssgd.comm.Traffic` (its aggregator's ``traffic`` classmethod): nothing here
+  restates a byte formula. ``driven_rounds``: those a Python loop drives
+  (:func:`~gssgd.costmodel.network.rounds_of`).
+* ``pattern``: the collective the bulk traffic uses, read from that same formula
+  (:func:`~gssgd.costmodel.network.pattern_of`).
+* ``net``: on this machine's emulated links, every constant fitted
+  (:func:`gssgd.costmodel.check.fit_model`); on a cluster
+  (:func:`~gssgd.costmodel.network.cluster_network`), the fitted pattern efficiencies and
+  nothing of the terms that belong to workers sharing two cores over tbf-shaped links.
 * Overlap (:func:`overlap_of`), the documented assumption: a method that sends every
-  coordinate runs as DDP's bucketed all-reduce, which starts while backward still runs, so
-  its communication hides up to the backward time; the compressed methods select over the
-  whole model and communicate after backward, hiding nothing; gs streamed by the DDP hook
-  (``HookState(..., overlap="stream")``: each bucket's region of the table is all-reduced
-  by the backend as soon as the bucket is sketched) hides its table all-reduce (the exact
-  round waits for the candidates, so it does not hide). How much of that backward really
-  hides is the device's ``overlap_efficiency``: all of it on a GPU (NCCL runs on its own
-  engines beside the compute; an assumption, not measured), none on this CPU, where gloo's
-  threads take the cores backward needs (measured end to end, see
-  :data:`gssgd.costmodel.devices.CPU_OVERLAP_EFFICIENCY`).
+  coordinate uncompressed (dense) runs as DDP's bucketed all-reduce, which starts while
+  backward still runs, so its communication hides up to the backward time; the compressed
+  methods, PowerSGD included, run over the whole model (``HookState(..., model=m)``) and
+  communicate after backward, hiding nothing; gs streamed by the DDP hook
+  (``HookState(..., overlap="stream")``) hides its table all-reduce. How much of that
+  backward really hides is the device's ``overlap_efficiency``: all of it on a GPU (an
+  assumption, not measured), none on this CPU (measured).
 
 Example:
     >>> spec = method_spec("gs", d=25_557_032, density=0.001)
-    >>> t = predict_step(spec, 64, Link(10**10, 20e-6), DEVICES["h200"], fwdbwd_s=0.033)
+    >>> t = predict_step(spec, 64, Link(10**10, 20e-6), get_device("h200"), fwdbwd_s=0.033)
     >>> t.total, t.communication, t.hidden
 """
 
@@ -53,36 +47,29 @@ from __future__ import annotations
 import dataclasses
 import math
 import re
-from collections.abc import Mapping
 from dataclasses import dataclass
 
 from gssgd.comm import Traffic
 from gssgd.costmodel.devices import Device
-from gssgd.costmodel.link_rate import parse_link_rate
-from gssgd.costmodel.method_specs import MethodSpec, traffic, warmup_traffic
+from gssgd.costmodel.link_rate import LinkShape, parse_link_rate
+from gssgd.costmodel.method_specs import MethodSpec, warmup_traffic
+from gssgd.costmodel.network import Network, pattern_of, rounds_of, step_traffic
 from gssgd.methods import get_method
 
 __all__ = [
     "BACKWARD_FRACTION",
-    "CLUSTER_EFFICIENCY",
-    "PATTERNS",
     "Link",
     "StepTime",
     "Warmup",
+    "communication_seconds",
     "overlap_of",
     "parse_latency",
     "parse_link",
-    "pattern_of",
     "predict_step",
     "predict_warmup",
     "stream_overlap_available",
 ]
 
-#: The collectives :func:`pattern_of` tells apart ("mixed": none of them alone).
-PATTERNS: tuple[str, ...] = ("ring", "recursive_doubling", "allgather", "star", "mixed")
-#: Fraction of a cluster link's nominal rate each pattern's payload reaches (assumed: the
-#: ring's efficiency on this machine's emulated links, for every pattern).
-CLUSTER_EFFICIENCY: dict[str, float] = dict.fromkeys(PATTERNS, 0.9)
 #: Backward's share of forward + backward (backward computes two products per forward one).
 BACKWARD_FRACTION = 2.0 / 3.0
 
@@ -98,13 +85,15 @@ _MIN_LATENCY_S, _MAX_LATENCY_S = 1e-7, 1.0
 
 @dataclass(frozen=True)
 class Link:
-    """Every worker's link: its rate (bit/s) and its per-message latency (seconds)."""
+    """Every worker's link: its rate (bit/s; None: unlimited, loopback) and its per-message
+    latency (seconds)."""
 
-    rate_bps: int
-    latency_s: float
+    rate_bps: int | None
+    latency_s: float = 0.0
 
     def __str__(self) -> str:
-        return f"{_format_rate(self.rate_bps)}, {_format_seconds(self.latency_s)} latency"
+        rate = "unlimited" if self.rate_bps is None else _format_rate(self.rate_bps)
+        return f"{rate}, {_format_seconds(self.latency_s)} latency"
 
 
 def parse_link(text: str) -> int:
@@ -165,40 +154,6 @@ def _format_seconds(s: float) -> str:
     return f"{s * 1e9:g} ns"
 
 
-# --------------------------------------------------------------------------- patterns
-
-
-def pattern_of(spec: MethodSpec) -> str:
-    """The collective of ``spec``'s bulk traffic, read from its own traffic formula.
-
-    Steps: take the method's :class:`~gssgd.comm.Traffic` at P = 8 and P = 16 and remove its
-    control all-gather (the aggregator's ``control_traffic``); then the rounds left tell the
-    pattern by how they grow: unchanged (a star: one round a phase), by 4/3 (recursive
-    doubling: log2 P), by 30/14 (a ring all-reduce, 2(P-1), or an all-gather, P-1). The last
-    two differ in their bytes: a ring all-reduce sends about ``2n`` whatever P, an all-gather
-    ``(P-1) * n``, which more than doubles from P = 8 to 16 (15/7).
-
-    Returns:
-        One of :data:`PATTERNS`.
-    """
-    cls = get_method(spec.aggregator).aggregator
-    assert cls is not None
-    bulk = {}
-    for p in (8, 16):
-        t, c = traffic(spec, p), cls.control_traffic(p)
-        bulk[p] = (t.rounds - c.rounds, max(t.sent) - max(c.sent))
-    (r8, sent8), (r16, sent16) = bulk[8], bulk[16]
-    if r8 <= 0:
-        return "mixed"
-    if r16 == r8:
-        return "star"
-    if 3 * r16 == 4 * r8:
-        return "recursive_doubling"
-    if 14 * r16 == 30 * r8:
-        return "allgather" if sent16 > 2 * sent8 else "ring"
-    return "mixed"
-
-
 # --------------------------------------------------------------------------- overlap
 
 
@@ -224,7 +179,7 @@ def overlap_of(spec: MethodSpec, *, stream: bool = False) -> str:
     """
     cls = get_method(spec.aggregator).aggregator
     assert cls is not None
-    if cls.sends_all:
+    if cls.sends_all and not cls.compresses:
         return "backward"
     if stream and spec.aggregator == "gs":
         return "table"
@@ -275,28 +230,32 @@ def communication_seconds(
     spec: MethodSpec,
     world_size: int,
     link: Link,
+    network: Network,
     *,
-    efficiency: Mapping[str, float] = CLUSTER_EFFICIENCY,
-    software_s_per_byte: float = 0.0,
+    compute_share: float = 1.0,
+    t: Traffic | None = None,
 ) -> tuple[float, float]:
-    """``(latency, bandwidth)`` seconds of one step's communication (see the module doc)."""
-    kw = {"efficiency": efficiency, "software_s_per_byte": software_s_per_byte}
-    return _seconds_of(traffic(spec, world_size), spec, link, **kw)
+    """``(latency, bandwidth)`` seconds of one step's communication (see the module doc).
 
-
-def _seconds_of(
-    t: Traffic,
-    spec: MethodSpec,
-    link: Link,
-    *,
-    efficiency: Mapping[str, float],
-    software_s_per_byte: float,
-) -> tuple[float, float]:
-    """``(latency, bandwidth)`` seconds of the traffic ``t`` of ``spec``'s pattern: the
-    latency holds the rounds and the messages' preambles, the bandwidth the payload."""
-    eff = efficiency.get(pattern_of(spec), efficiency.get("mixed", 0.9))
-    per_byte = max(software_s_per_byte, 8.0 / (eff * link.rate_bps))
-    return link.latency_s * t.rounds + per_byte * t.header_bytes, per_byte * t.critical_bytes
+    Args:
+        spec: the method; world_size: P.
+        link: every worker's link (rate None: unlimited, the software alone).
+        network: the network's constants.
+        compute_share: workers per core (1 on a cluster).
+        t: the traffic to charge (default: ``spec``'s steady step).
+    """
+    t = step_traffic(spec, world_size) if t is None else t
+    rounds = rounds_of(spec, world_size)
+    scale = t.rounds / rounds.total if rounds.total else 1.0  # a warm-up's summed steps
+    latency = ((link.latency_s + network.round_s) * t.rounds
+               + network.driven_round_s * compute_share * rounds.driven * scale)
+    volume = t.critical_bytes + t.header_bytes
+    software = compute_share * network.software_s_per_byte * volume
+    if link.rate_bps is None:
+        return latency, software
+    credit = network.burst_credit * LinkShape(link.rate_bps).burst_bytes * t.rounds
+    wire = max(0.0, volume - credit) * 8.0 / (network.eta(pattern_of(spec)) * link.rate_bps)
+    return latency, max(software, wire)
 
 
 @dataclass(frozen=True)
@@ -335,18 +294,19 @@ def predict_warmup(
     spec: MethodSpec,
     world_size: int,
     link: Link,
-    device: Device,
+    network: Network,
     *,
-    efficiency: Mapping[str, float] = CLUSTER_EFFICIENCY,
+    compute_share: float = 1.0,
 ) -> Warmup:
     """The bytes and extra seconds of ``spec``'s density warm-up on ``world_size`` workers:
     each warm-up step's own traffic (:func:`~gssgd.costmodel.method_specs.warmup_traffic`)
     against the steady step's."""
     n = spec.warmup_steps
-    warm, steady = warmup_traffic(spec, world_size), traffic(spec, world_size)
-    kw = {"efficiency": efficiency, "software_s_per_byte": device.software_s_per_byte}
-    per_step = sum(_seconds_of(steady, spec, link, **kw))
-    extra = sum(_seconds_of(warm, spec, link, **kw)) - n * per_step
+    warm, steady = warmup_traffic(spec, world_size), step_traffic(spec, world_size)
+    kw = {"compute_share": compute_share}
+    per_step = sum(communication_seconds(spec, world_size, link, network, **kw))
+    extra = sum(communication_seconds(spec, world_size, link, network, t=warm, **kw))
+    extra = extra - n * per_step if n else 0.0
     return Warmup(n, max(warm.sent), max(steady.sent), extra)
 
 
@@ -355,11 +315,12 @@ def predict_step(
     world_size: int,
     link: Link,
     device: Device,
+    network: Network,
     *,
     fwdbwd_s: float | None = None,
     params: int | None = None,
     overlap: str | None = None,
-    efficiency: Mapping[str, float] = CLUSTER_EFFICIENCY,
+    compute_share: float = 1.0,
 ) -> StepTime:
     """One training step of ``spec`` on ``world_size`` workers (see the module doc).
 
@@ -368,34 +329,36 @@ def predict_step(
         world_size: P >= 1.
         link: every worker's link.
         device: the workers' device (compute constants).
+        network: the network's constants (:func:`~gssgd.costmodel.network.cluster_network`
+            for a cluster, the fitted one for this machine's emulated links).
         fwdbwd_s: forward + backward seconds of one worker's batch; None: estimated as
-            ``params * device.fwdbwd_s_per_param``.
+            ``params * device.fwdbwd_s_per_param``; 0 for an aggregation step alone.
         params: the model's parameters for that estimate (default ``spec.d``).
         overlap: ``"backward"``, ``"table"`` or ``"none"``; None: :func:`overlap_of`.
-        efficiency: each pattern's fraction of the nominal rate.
+        compute_share: workers per core (1 on a cluster).
 
     Raises:
-        ValueError: ``world_size`` < 1 or a negative compute time.
+        ValueError: a negative compute time or an unknown overlap.
     """
     if fwdbwd_s is None:
         fwdbwd_s = (spec.d if params is None else params) * device.fwdbwd_s_per_param
     if not (math.isfinite(fwdbwd_s) and fwdbwd_s >= 0):
         raise ValueError(f"fwdbwd_s={fwdbwd_s!r} must be a finite number of seconds >= 0")
-    kw = {"efficiency": efficiency, "software_s_per_byte": device.software_s_per_byte}
-    latency, bandwidth = communication_seconds(spec, world_size, link, **kw)
+    kw = {"compute_share": compute_share}
+    latency, bandwidth = communication_seconds(spec, world_size, link, network, **kw)
     mode = overlap_of(spec) if overlap is None else overlap
     if mode == "backward":
         overlappable = latency + bandwidth
     elif mode == "table":
         table_only = dataclasses.replace(spec, exact=False)  # the table all-reduce alone
-        overlappable = sum(communication_seconds(table_only, world_size, link, **kw))
+        overlappable = sum(communication_seconds(table_only, world_size, link, network, **kw))
     elif mode == "none":
         overlappable = 0.0
     else:
         raise ValueError(f"overlap={mode!r} must be 'backward', 'table' or 'none'")
     return StepTime(
         fwdbwd=fwdbwd_s,
-        compression=device.compression_seconds(spec),
+        compression=device.compression_seconds(spec, compute_share),
         latency=latency,
         bandwidth=bandwidth,
         hidden=device.overlap_efficiency * min(overlappable, BACKWARD_FRACTION * fwdbwd_s),

@@ -6,7 +6,8 @@ more per element as ``d`` grows. :class:`ComputeLaw` states that as a line in lo
 ``gamma * (d / COMPUTE_REF_D) ** slope``, and :func:`fit_compute_law` fits it by least squares
 to measured ``(d, seconds per element per core)`` points. The cost model's held-out check
 (:mod:`gssgd.costmodel.check`) fits one per method on ``gssgd bench comm`` runs, and
-``gssgd advise --device cpu`` (:mod:`gssgd.costmodel.devices`) predicts with the laws of that fit.
+``gssgd advise --device cpu`` (:mod:`gssgd.costmodel.devices`) predicts with the laws of that
+fit (stored in ``gssgd/costmodel/data/fit.json``).
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-__all__ = ["COMPUTE_REF_D", "CPU_COMPUTE", "ComputeLaw", "fit_compute_law"]
+__all__ = ["COMPUTE_REF_D", "ComputeLaw", "fit_compute_law"]
 
 #: The vector size at which :class:`ComputeLaw` states its ``gamma`` (1M elements).
 COMPUTE_REF_D = 10**6
@@ -68,24 +69,3 @@ def fit_compute_law(points: Sequence[tuple[int, float]]) -> ComputeLaw:
         return ComputeLaw(gamma=float(np.exp(y.mean())))
     slope, intercept = np.polyfit(x, y, 1)
     return ComputeLaw(gamma=float(np.exp(intercept)), slope=float(slope))
-
-
-#: This CPU's compression seconds per element on a core of its own, by benchmark name: the
-#: one table of per-method CPU compute constants (:mod:`gssgd.costmodel.devices`' cpu device
-#: uses the laws; :data:`gssgd.costmodel.predict.DEFAULT_GAMMA` is their ``gamma``). The compute
-#: laws of :func:`gssgd.costmodel.check.fit_cells` fitted on all 15 bench comm runs with the
-#: current default sketch (docs/results/grid and docs/results/comm_*_default;
-#: ``scripts/cost_map.py`` writes them to docs/results/cost_cluster/check.json,
-#: ``fitted_on_all.compute_laws``), 2026-11-30, rounded: ``gamma`` at d = 1M and the slope.
-CPU_COMPUTE: dict[str, ComputeLaw] = {
-    "dense": ComputeLaw(1.79e-09, 0.299),
-    "dense16": ComputeLaw(2.15e-09, 0.272),
-    "topk": ComputeLaw(2.17e-08, 0.099),
-    "gtopk": ComputeLaw(2.25e-08, 0.080),
-    "sketched": ComputeLaw(1.32e-08, 0.038),
-    "gs": ComputeLaw(1.42e-08, -0.006),
-    "gs-backend": ComputeLaw(1.40e-08, 0.038),
-    "gs-estimate": ComputeLaw(9.63e-09, 0.051),
-    "gs-small": ComputeLaw(8.13e-09, 0.086),
-    "gs-half": ComputeLaw(1.08e-08, 0.099),
-}

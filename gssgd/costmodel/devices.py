@@ -1,50 +1,44 @@
-"""Per-device compute constants of the cluster cost model: this CPU and an NVIDIA H200.
+"""Per-device compute constants of the cost model, loaded from
+``gssgd/costmodel/data/devices.json`` (each with its source) and, for this machine's CPU,
+from the fit on its emulated runs (``data/fit.json``).
 
-A step of data-parallel training costs, on each worker, the model's forward and backward
-pass plus the method's compression work (error feedback, top-k selection, sketching,
-recovery). :class:`Device` holds what the cost model needs of both:
+A step costs, on each worker, the model's forward and backward pass plus the method's
+compression work. :class:`Device` holds what the cost model needs of both:
 
 * ``fwdbwd_s_per_param``: seconds of forward + backward per model parameter, a rough
-  default for a model given only by its size (``gssgd advise --params``). Compute per
-  parameter depends on the architecture and the batch (a convolution reuses each weight at
-  every pixel, a linear layer once), so a measured figure (``--compute-ms``) is always
-  better.
-* ``compression_seconds(spec)``: the method's compute per step for a vector of ``spec.d``
-  elements. The CPU's figures are the per-method :class:`~gssgd.costmodel.compute_law.ComputeLaw`
-  (seconds per element as a power of ``d``) fitted on this machine's ``gssgd bench comm``
-  runs by the cost model's held-out check (:data:`CPU_COMPUTE`); the GPU's are built from
-  measured primitives (a pass over the vector, ``torch.topk``, a sketch row's ``index_add_``)
-  by what each method does, read from the spec's fields (does it send everything, does it
-  sketch and with how many rows).
+  default for a model given only by its size (a measured ``--compute-ms`` is better:
+  compute per parameter depends on the architecture and the batch).
+* ``compression_seconds(spec)``: the method's compute per step. The CPU's are per-method
+  :class:`~gssgd.costmodel.compute_law.ComputeLaw` s (seconds per element as a power of
+  ``d``) fitted on this machine's ``gssgd bench comm`` runs; a GPU's are built from measured
+  primitives (``gssgd bench device``) by what each method does, read from the spec: a pass
+  over the vector, ``torch.topk``, a sketch row, the sketch's recovery, PowerSGD's products.
 
-Sources:
+Devices (``devices.json``; ``gssgd advise --device``):
 
-* **H200**: :mod:`gssgd.costmodel.anchors`, measured 2026-11-29 on one NVIDIA H200 with torch 2.11,
-  fp32, CUDA events, median of repeated runs, naive (unfused) torch ops at d = 25,557,032
-  (ResNet-50's parameter count), k = d/1000: device copy 4.21 TB/s, one read of the
-  gradient 0.0243 ms, ``torch.topk(g.abs(), k)`` 0.622 ms, a 5-row sketch by ``index_add_``
-  with precomputed int64 hashes 1.915 ms (0.383 ms a row), torchvision ResNet-50 at batch
-  64, 224x224, forward + backward 32.79 ms (fp32).
-* **CPU**: the 2-core x86-64 development VM (torch 2.13.0+cpu, one thread per worker),
-  2026-11-30: compression laws and the software cost per byte from the cluster
-  model's fit (:func:`gssgd.costmodel.check.fit_cells`) on the bench comm runs of
-  ``docs/results``; forward + backward of the wide ResNet (``--model wresnet``, 3.46M
-  parameters, batch 32 of 28x28, one thread) 0.27 s, the faster of two timings taken while
-  other work ran (:data:`CPU_FWDBWD_S`).
+* ``h200``: measured on one NVIDIA H200 (``gssgd bench device``, and
+  ``scripts/gpu_check.sh``'s kernel timings for the sketch and its recovery).
+* ``h100``, ``a100``: derived from the H200's measurement by datasheet ratios (NVIDIA's
+  H100 SXM5, A100 SXM4 80 GB and H200 SXM datasheets, stored beside them): the
+  memory-bound constants (passes, top-k, sketching, recovery, PowerSGD's thin products) by
+  HBM bandwidth, forward + backward by dense TF32 throughput. Not measured.
+* ``cpu``: one core of the 2-core development VM (torch 2.13.0+cpu, gloo): compression laws
+  from the fit, forward + backward of the shipped wide models measured there.
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
-from gssgd.costmodel.anchors import H200_ANCHOR, RESNET50_D
-from gssgd.costmodel.compute_law import CPU_COMPUTE, ComputeLaw
+from gssgd.costmodel import store
+from gssgd.costmodel.compute_law import ComputeLaw
 from gssgd.costmodel.method_specs import MethodSpec
-from gssgd.costmodel.predict import CostModel
 from gssgd.methods import get_method
 
-__all__ = ["CPU_COMPUTE", "CPU_FWDBWD_S", "DEVICES", "Device", "get_device"]
+__all__ = ["DEVICE_NAMES", "Device", "cpu_fwdbwd_seconds", "device_record", "get_device"]
 
 #: Passes over the vector every sparse method makes besides its selection: add the
 #: residual, take |.|, gather the selected values, zero them in the residual, write the
@@ -53,6 +47,9 @@ _SPARSE_PASSES = 5
 #: Passes of a dense step: copy the gradient into the payload, divide the sum by P
 #: (a 16-bit payload adds the cast).
 _DENSE_PASSES = 2
+#: Passes of a PowerSGD step besides its products: add the residual, write the update,
+#: subtract it into the residual.
+_LOWRANK_PASSES = 3
 
 
 @dataclass(frozen=True)
@@ -62,31 +59,30 @@ class Device:
     Attributes:
         name: what ``--device`` takes.
         summary: one line for the reports.
-        fwdbwd_s_per_param: forward + backward seconds per model parameter (a rough default
-            when no measured compute time is given).
-        software_s_per_byte: seconds per byte the software stack needs to move data through a
-            collective (this CPU's ``beta0``: a core moves about 9 Gbit/s through gloo); 0 where
-            the link is the limit (NCCL from GPU memory).
-        pass_s_per_elem: one pass over a float32 vector, per element (GPU constants).
-        topk_s_per_elem: ``torch.topk`` of ``|g|`` at k = d/1000, per element (GPU).
+        fwdbwd_s_per_param: forward + backward seconds per model parameter.
+        pass_s_per_elem: one pass over a float32 vector, per element (GPU).
+        topk_s_per_elem: top-k of ``|g|`` at k = d/1000, per element (GPU).
         sketch_s_per_elem_row: sketching one element into one row (GPU).
-        compute: per-method compression seconds per element as a power of ``d``, by
-            benchmark name (CPU: fitted); empty for a device whose constants are built from
-            the primitives above.
-        overlap_efficiency: the fraction of the communication that could run during
-            backward which backward really hides, 0..1 (1: the communication runs beside
-            the compute on its own engine, as NCCL's copy engines let it on a GPU; 0: it
-            takes the cores backward needs, as gloo does on this CPU).
+        recover_s_per_elem: the sketch's recovery, candidates over d, per element (GPU; 0:
+            priced as a top-k).
+        lowrank_s_per_elem_rank: PowerSGD's products (``M Q``, ``M^T P``, ``P Q^T``), per
+            element of the matrices and unit of rank (GPU).
+        compute: per-method compression laws by benchmark name (CPU: fitted); empty for a
+            device priced from the primitives above.
+        overlap_efficiency: the fraction of the overlappable communication backward really
+            hides, 0..1 (1 on a GPU: NCCL on its own engines, assumed; 0 on this CPU:
+            measured).
         source: where the numbers come from.
     """
 
     name: str
     summary: str
     fwdbwd_s_per_param: float
-    software_s_per_byte: float
     pass_s_per_elem: float = 0.0
     topk_s_per_elem: float = 0.0
     sketch_s_per_elem_row: float = 0.0
+    recover_s_per_elem: float = 0.0
+    lowrank_s_per_elem_rank: float = 0.0
     compute: Mapping[str, ComputeLaw] = field(default_factory=dict)
     overlap_efficiency: float = 1.0
     source: str = ""
@@ -98,92 +94,92 @@ class Device:
                 "(the fraction of overlappable communication that backward hides)"
             )
 
-    def compression_seconds(self, spec: MethodSpec) -> float:
-        """The method's compute per step on this device for ``spec.d`` elements.
+    def compression_seconds(self, spec: MethodSpec, compute_share: float = 1.0) -> float:
+        """The method's compute per step on this device for ``spec.d`` elements, with
+        ``compute_share`` workers per core.
 
-        With fitted per-method laws (``compute``): ``law.per_element(d) * d`` (a method
-        without one takes its aggregator's or its ``cost_like`` method's, as the CPU cost
-        model does).
+        With fitted laws (``compute``): the method's own, else its aggregator's, else its
+        ``cost_like`` method's (a method with none costs as the costliest in the table).
         Otherwise from primitives: a method that sends everything makes its passes (one
-        more for a 16-bit payload's cast); a sparse one adds a ``torch.topk`` over ``d`` (its
-        own selection, or the candidates' from the summed sketch) and, when it sketches,
-        ``rows`` sketch passes.
+        more for a 16-bit payload's cast); PowerSGD its passes and ``rank`` products per
+        element; a sparse one its passes and a top-k over ``d``, and when it sketches,
+        ``rows`` sketch passes and the recovery (or a top-k where none was measured).
         """
         if self.compute:
-            at_d = {name: law.per_element(spec.d) for name, law in self.compute.items()}
-            return CostModel(gamma=at_d).gamma_of(spec) * spec.d
+            return self._law(spec).seconds(spec.d, compute_share)
         cls = get_method(spec.aggregator).aggregator
         assert cls is not None
-        if cls.sends_all:
-            passes = _DENSE_PASSES + (1 if spec.value_bytes < 4 else 0)
-            return passes * self.pass_s_per_elem * spec.d
-        per_elem = _SPARSE_PASSES * self.pass_s_per_elem + self.topk_s_per_elem
-        per_elem += spec.rows * self.sketch_s_per_elem_row
-        return per_elem * spec.d
+        if cls.takes_shapes:
+            per_elem = (_LOWRANK_PASSES * self.pass_s_per_elem
+                        + max(spec.rank, 1) * self.lowrank_s_per_elem_rank)
+        elif cls.sends_all:
+            per_elem = (_DENSE_PASSES + (1 if spec.value_bytes < 4 else 0)) * self.pass_s_per_elem
+        else:
+            per_elem = _SPARSE_PASSES * self.pass_s_per_elem + self.topk_s_per_elem
+            if spec.rows:
+                per_elem += spec.rows * self.sketch_s_per_elem_row
+                per_elem += self.recover_s_per_elem or self.topk_s_per_elem
+        return compute_share * per_elem * spec.d
+
+    def _law(self, spec: MethodSpec) -> ComputeLaw:
+        like = get_method(spec.aggregator).cost_like
+        for key in (spec.name, spec.aggregator, like):
+            if key is not None and key in self.compute:
+                return self.compute[key]
+        return max(self.compute.values(), key=lambda law: law.gamma)
 
 
-def _h200() -> Device:
-    a = {**H200_ANCHOR, **H200_ANCHOR["sizes"][RESNET50_D]}
-    d = RESNET50_D
-    return Device(
-        name="h200",
-        summary="NVIDIA H200 (torch 2.11, fp32, naive torch ops; measured 2026-11-29)",
-        fwdbwd_s_per_param=a["resnet50_b64_fp32_fwdbwd_ms"] * 1e-3 / d,
-        software_s_per_byte=0.0,
-        pass_s_per_elem=a["read_floor_ms"] * 1e-3 / d,
-        topk_s_per_elem=a["topk_ms"] * 1e-3 / d,
-        sketch_s_per_elem_row=a["sketch_precomputed_hash_ms"] * 1e-3 / (5 * d),  # 5 rows
-        source="gssgd.costmodel.anchors (2026-11-29): ResNet-50 b64 fwd+bwd, topk, index_add_ sketch, copy",
-    )
+def device_record(name: str) -> dict[str, Any]:
+    """The device's record in ``devices.json``: measured, or derived from the measured
+    reference by its datasheet ratios (``"derived_from"``).
+
+    Raises:
+        ValueError: an unknown device (the message lists the known ones).
+    """
+    data = store.load("devices.json")
+    devices = data["devices"]
+    if name not in devices:
+        raise ValueError(
+            f"unknown device {name!r}; known devices: {', '.join(devices)} (e.g. --device h200)"
+        )
+    record = dict(devices[name])
+    base_name = record.get("derived_from")
+    if base_name is None:
+        return record
+    base, sheets = devices[base_name], data["datasheets"]
+    memory = sheets[base_name]["hbm_TBps"] / sheets[name]["hbm_TBps"]
+    compute = sheets[base_name]["tf32_dense_TFLOPS"] / sheets[name]["tf32_dense_TFLOPS"]
+    for key in ("pass_s_per_elem", "topk_s_per_elem", "sketch_s_per_elem_row",
+                "recover_s_per_elem", "lowrank_s_per_elem_rank"):
+        record[key] = base.get(key, 0.0) * memory
+    record["fwdbwd_s_per_param"] = base["fwdbwd_s_per_param"] * compute
+    record.setdefault("overlap_efficiency", base.get("overlap_efficiency", 1.0))
+    return record
 
 
-#: CPU software seconds per byte through gloo (a core moves about 12 Gbit/s): the same fit.
-CPU_SOFTWARE_S_PER_BYTE = 6.6e-10
-
-#: CPU forward + backward seconds of the shipped wide models at ``gssgd train``'s default
-#: batch (32 images of 28x28; 32 windows of 64 characters), one thread, on the development
-#: VM (2026-11-30; the faster of two measurements on a machine shared with other work).
-CPU_FWDBWD_S: dict[str, float] = {"wresnet": 0.27, "gpt": 1.34}
-#: CPU forward + backward seconds per parameter, the default for a model given by its size:
-#: ``--model wresnet``'s (3,464,810 parameters).
-CPU_FWDBWD_S_PER_PARAM = CPU_FWDBWD_S["wresnet"] / 3_464_810
-#: How much of DDP's bucketed all-reduce backward hides on this CPU: none. Measured end to
-#: end (``scripts/ttt_study.sh``, wide ResNet, P = 4 on 2 cores, 2026-12-01): dense's step
-#: was its compute plus 1.87 s at 100 Mbit/s and plus 221 ms at 1 Gbit/s, as much as or
-#: more than its whole predicted all-reduce (1.86 s and 194 ms); gloo's threads take the
-#: cores backward runs on. The streamed gs measured the same way: on the
-#: 3.3M-parameter ``gpt`` it was no faster than whole-model gs with the ring (3.10 against
-#: 3.01 s per step, docs/benchmarks.md "Streaming gs").
-CPU_OVERLAP_EFFICIENCY = 0.0
+#: The devices ``gssgd advise --device`` knows (``devices.json``).
+DEVICE_NAMES: tuple[str, ...] = tuple(store.load("devices.json")["devices"])
 
 
-def _cpu(compute: Mapping[str, ComputeLaw] | None = None) -> Device:
-    return Device(
-        name="cpu",
-        summary="one core of the 2-core x86-64 development VM (torch 2.13.0+cpu, gloo)",
-        fwdbwd_s_per_param=CPU_FWDBWD_S_PER_PARAM,
-        software_s_per_byte=CPU_SOFTWARE_S_PER_BYTE,
-        compute=dict(CPU_COMPUTE if compute is None else compute),
-        overlap_efficiency=CPU_OVERLAP_EFFICIENCY,
-        source="the cost model's fit on this machine's bench comm runs (docs/results)",
-    )
+def cpu_fwdbwd_seconds(model: str) -> float | None:
+    """The CPU's measured forward + backward seconds of a shipped model at ``gssgd train``'s
+    default batch, or None where it was not measured."""
+    return device_record("cpu").get("fwdbwd_s", {}).get(model)
 
 
-#: The devices ``gssgd advise --device`` knows, by name.
-DEVICES: dict[str, Device] = {"cpu": _cpu(), "h200": _h200()}
-
-
-def get_device(name: str, compute: Mapping[str, ComputeLaw] | None = None) -> Device:
-    """The named device; for ``"cpu"``, optionally with calibrated compute laws.
+@functools.cache
+def get_device(name: str) -> Device:
+    """The named device (the CPU with the compression laws of the fit on its runs).
 
     Raises:
         ValueError: an unknown name (the message lists the known ones).
     """
     key = name.strip().lower() if isinstance(name, str) else name
-    if key not in DEVICES:
-        raise ValueError(
-            f"unknown device {name!r}; known devices: {', '.join(DEVICES)} (e.g. --device h200)"
-        )
-    if key == "cpu" and compute is not None:
-        return _cpu(compute)
-    return DEVICES[key]
+    record = device_record(key)
+    compute: dict[str, ComputeLaw] = {}
+    if record.get("compute") == "fit":
+        laws = store.load("fit.json")["cpu_compute"]
+        compute = {m: ComputeLaw(law["gamma"], law["slope"]) for m, law in laws.items()}
+    fields_ = {k: v for k, v in record.items()
+               if k in Device.__dataclass_fields__ and k not in ("name", "compute")}
+    return Device(name=key, compute=compute, **fields_)

@@ -113,6 +113,10 @@ class MethodSpec:
     rank: int = 0
     shapes: tuple[tuple[int, ...], ...] | None = None
 
+    def __post_init__(self) -> None:
+        if self.shapes is not None:  # from JSON: lists (a spec is hashed, cached)
+            object.__setattr__(self, "shapes", tuple(tuple(s) for s in self.shapes))
+
     @property
     def num_candidates(self) -> int:
         """``C = min(m * k, d)``: the coordinates whose exact values the second round fetches."""

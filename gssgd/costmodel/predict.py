@@ -12,18 +12,12 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
-from gssgd.costmodel.compute_law import COMPUTE_REF_D, CPU_COMPUTE
+from gssgd.costmodel import store
+from gssgd.costmodel.compute_law import COMPUTE_REF_D, ComputeLaw
 from gssgd.costmodel.method_specs import MethodSpec, traffic
 from gssgd.methods import get_method
 
-__all__ = [
-    "DEFAULT_ALPHA",
-    "DEFAULT_BETA0",
-    "DEFAULT_ETA",
-    "DEFAULT_GAMMA",
-    "CostModel",
-    "Prediction",
-]
+__all__ = ["CostModel", "Prediction"]
 
 
 @dataclass(frozen=True)
@@ -39,22 +33,21 @@ class Prediction:
         return self.latency + self.bandwidth + self.compute
 
 
-#: Defaults: the calibration of docs/results/model, from ``gssgd bench comm --workers 4 --d 1e6
-#: --density 0.001`` at 100mbit, 1gbit and none on a 2-core x86 VM (4 single-threaded
-#: workers sharing the cores, beside other load), rounded. ``alpha`` there includes the
-#: wake-up delays of busy cores; ``beta0`` and ``gamma`` are per core (see the compute
-#: share). Used when no calibration data is given.
-DEFAULT_ALPHA = 0.0014
-DEFAULT_BETA0 = 8.7e-10
-DEFAULT_ETA = 0.82
-#: Compute per element on a core of its own, by benchmark name: each method's
-#: :data:`~gssgd.costmodel.compute_law.CPU_COMPUTE` law at its reference size
-#: (``COMPUTE_REF_D`` = 1M elements, the size of the calibration above), so this machine's
-#: compute constants live in one table. A method or variant without a figure here takes one
-#: through :meth:`CostModel.gamma_of` (its aggregator's, its ``cost_like``'s).
-DEFAULT_GAMMA: dict[str, float] = {
-    name: law.per_element(COMPUTE_REF_D) for name, law in CPU_COMPUTE.items()
-}
+def _fitted(section: str) -> dict[str, Any]:
+    """A section of the stored fit (``fit.json``: ``network`` or ``cpu_compute``), or {}
+    before any calibration (a fit on new runs then starts from neutral values)."""
+    try:
+        return dict(store.load("fit.json")[section])
+    except FileNotFoundError:
+        return {}
+
+
+def _default_gamma() -> dict[str, float]:
+    """Compute per element on a core of its own, by benchmark name: each method's fitted
+    law (``fit.json``) at its reference size (``COMPUTE_REF_D`` = 1M elements)."""
+    laws = _fitted("cpu_compute")
+    return {name: ComputeLaw(law["gamma"], law["slope"]).per_element(COMPUTE_REF_D)
+            for name, law in laws.items()}
 
 
 @dataclass
@@ -74,16 +67,19 @@ class CostModel:
         notes: what calibration could not determine and left at its default.
     """
 
-    alpha: float = DEFAULT_ALPHA
-    beta0: float = DEFAULT_BETA0
-    eta: float = DEFAULT_ETA
-    gamma: dict[str, float] = field(default_factory=lambda: dict(DEFAULT_GAMMA))
+    alpha: float = field(default_factory=lambda: _fitted("network").get("round_s", 0.0))
+    beta0: float = field(
+        default_factory=lambda: _fitted("network").get("software_s_per_byte", 0.0))
+    eta: float = field(
+        default_factory=lambda: _fitted("network").get("default_efficiency", 0.9))
+    gamma: dict[str, float] = field(default_factory=_default_gamma)
     source: str = "defaults"
     notes: list[str] = field(default_factory=list)
 
     @classmethod
     def default(cls) -> CostModel:
-        """The documented defaults (see the ``DEFAULT_*`` constants)."""
+        """The stored fit's round cost, software cost per byte, efficiency and compute per
+        element (``fit.json``)."""
         return cls()
 
     def beta(self, rate_bps: int | None, compute_share: float = 1.0) -> float:
@@ -102,7 +98,7 @@ class CostModel:
         for key in (spec.name, spec.aggregator, like):
             if key is not None and key in self.gamma:
                 return self.gamma[key]
-        return max(self.gamma.values(), default=max(DEFAULT_GAMMA.values()))
+        return max(self.gamma.values(), default=0.0)
 
     def predict(
         self,

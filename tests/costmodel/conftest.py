@@ -1,5 +1,6 @@
-"""Shared by the cost-model tests: the held-out check over the committed runs, computed
-once per session (about 10 s; two tests read it)."""
+"""Shared by the cost-model tests: the held-out check over the committed runs that
+``fit.json`` was made from, computed once per session (a few seconds; several tests read
+it)."""
 
 from __future__ import annotations
 
@@ -7,15 +8,18 @@ from pathlib import Path
 
 import pytest
 
-from gssgd.costmodel.check import ErrorRow, check_runs, held_out_errors
+from gssgd.costmodel import store
+from gssgd.costmodel.check import ErrorRow, held_out_errors
 from gssgd.costmodel.fit import load_measurements
 
-RESULTS = Path(__file__).resolve().parents[2] / "docs" / "results"
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="session")
 def held_out() -> tuple[list[Path], list[ErrorRow]]:
-    """The committed bench comm runs of the check (missing runs fail: check_runs raises)
-    and their leave-one-run-out rows."""
-    runs = check_runs(RESULTS)
+    """The committed bench comm runs of the stored fit (a missing run fails, it does not
+    skip) and their leave-one-run-out rows."""
+    runs = [ROOT / r for r in store.load("fit.json")["runs"]]
+    missing = [str(r) for r in runs if not (r / "results.json").exists()]
+    assert not missing, f"the fit's runs are missing: {missing}"
     return runs, held_out_errors([m for r in runs for m in load_measurements(r)])

@@ -208,16 +208,20 @@ def test_model_report_what_if_overrides_change_the_predictions(tmp_path):
         model_report([], [], tmp_path / "c", overrides={"gamma": 1.0}, **quiet)
 
 
-def test_default_gamma_is_the_cpu_compute_table_at_its_reference_size() -> None:
-    """One table of CPU compute constants: the model's default gamma is each law's figure at
-    COMPUTE_REF_D, and the cpu device predicts the same compute there."""
-    from gssgd.costmodel.compute_law import COMPUTE_REF_D, CPU_COMPUTE
+def test_the_default_constants_are_the_stored_fits() -> None:
+    """One set of CPU constants: the three-constant model's defaults are the stored fit's
+    round cost, software cost per byte and compute laws at COMPUTE_REF_D (fit.json), and
+    the cpu device predicts the same compute there."""
+    from gssgd.costmodel import store
+    from gssgd.costmodel.compute_law import COMPUTE_REF_D
     from gssgd.costmodel.devices import get_device
-    from gssgd.costmodel.predict import DEFAULT_GAMMA
 
-    derived = {n: law.per_element(COMPUTE_REF_D) for n, law in CPU_COMPUTE.items()}
-    assert derived == DEFAULT_GAMMA
-    cpu, model = get_device("cpu"), CostModel.default()
-    for name in ("dense", "topk", "gs", "gs-half"):
+    fit = store.load("fit.json")
+    model = CostModel.default()
+    assert model.alpha == fit["network"]["round_s"]
+    assert model.beta0 == fit["network"]["software_s_per_byte"]
+    assert set(model.gamma) == set(fit["cpu_compute"])
+    cpu = get_device("cpu")
+    for name in ("dense", "topk", "gs", "gs-half", "powersgd"):
         spec = method_spec(name, COMPUTE_REF_D, 0.001)
         assert cpu.compression_seconds(spec) == pytest.approx(model.gamma_of(spec) * spec.d)

@@ -1,0 +1,77 @@
+"""The cost model's evidence: one study per model family, read from data files that the
+studies' committed summaries remake byte for byte; lookups that never stretch a study (no
+other family, no P beyond 2x, no density it did not run); and no measured figure pasted
+into a Python module."""
+
+from __future__ import annotations
+
+import ast
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from gssgd.costmodel import store
+from gssgd.costmodel.evidence import evidence_for, row_key, studies, study_for
+from gssgd.costmodel.method_specs import method_spec
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "scripts"))
+import write_evidence  # noqa: E402
+
+
+def test_the_evidence_files_are_what_the_committed_summaries_give() -> None:
+    for name, content in write_evidence.files().items():
+        assert store.load(name) == json.loads(json.dumps(content)), name
+
+
+def test_one_study_per_family() -> None:
+    assert {s.family for s in studies()} == {"image", "language"}
+    assert study_for("image").name == "mnist-fair-frontier"
+    assert study_for("language").metric == "final_gap"
+
+
+def test_a_lookup_takes_the_nearest_p_within_2x_and_says_why_otherwise() -> None:
+    image = study_for("image")
+    powersgd = method_spec("powersgd", 80_602)  # rank 2
+    row = row_key(powersgd, 0.001)
+    assert row == "powersgd-r2"
+    at_32 = evidence_for(image, row, 32, "image")
+    assert at_32.measured and at_32.workers in (16, 64)
+    far = evidence_for(image, row, 1024, "image")
+    assert not far.measured and "is beyond 2x the nearest measured P=" in far.why
+    other = evidence_for(image, row, 16, "language")
+    assert not other.measured and other.why == "no study of a language model"
+    unrun = evidence_for(image, row_key(method_spec("gtopk", 80_602, 0.001), 0.001), 16, "image")
+    assert not unrun.measured and unrun.why == "gtopk@0.001 was not run in mnist-fair-frontier"
+    assert "steps not measured" in unrun.describe()
+
+
+def test_a_final_gap_study_reaches_within_its_target_and_measures_no_steps() -> None:
+    lm = study_for("language")
+    diloco = evidence_for(lm, "diloco-h30", 16, "language")
+    assert diloco.reached is False and diloco.steps_ratio is None
+    assert "beyond the target), steps not measured" in diloco.describe()
+    dense = evidence_for(lm, "dense", 16, "language")  # the reference: its own steps
+    assert dense.reached is True and dense.steps_ratio == 1.0
+
+
+#: Modules allowed to hold many numbers: none today (a measured figure belongs in a data
+#: file the study writes, loaded through gssgd.costmodel.store).
+_NUMBER_LIMIT = 8
+
+
+@pytest.mark.parametrize("path", sorted((ROOT / "gssgd").rglob("*.py")),
+                         ids=lambda p: str(p.relative_to(ROOT)))
+def test_no_study_figure_is_pasted_into_a_python_module(path: Path) -> None:
+    """No module-level constant holds a table of measured numbers (more than a few float
+    literals): the reach tables, the language-model gaps, the H200 anchors, the CPU compute
+    laws and the model's error now live in gssgd/costmodel/data/."""
+    for node in ast.parse(path.read_text()).body:
+        if isinstance(node, (ast.Assign, ast.AnnAssign)) and node.value is not None:
+            floats = [n for n in ast.walk(node.value)
+                      if isinstance(n, ast.Constant) and isinstance(n.value, float)]
+            assert len(floats) <= _NUMBER_LIMIT, (
+                f"{path.name}:{node.lineno} holds {len(floats)} numbers: move measured "
+                "figures to a data file the study writes (gssgd/costmodel/data/)")
