@@ -123,3 +123,8 @@ def test_a_changed_figure_is_caught(tmp_path: Path) -> None:
     quoted = re.search(r"<!-- BEGIN main-job -->\n(.*?)<!-- END main-job -->",
                        copy.read_text(), re.S)
     assert quoted and quoted[1].rstrip() != body.rstrip()
+
+
+def test_the_readme_is_a_short_guide() -> None:
+    """The README gets a user running; detail lives in docs/guide.md (the docs issue's 200)."""
+    assert len(README.read_text().splitlines()) <= 200

@@ -18,7 +18,7 @@ import torch.distributed as dist
 from gssgd.ddp.paired import PairedRun
 from gssgd.ddp.state import HookState
 
-__all__ = ["EveryRankHookState"]
+__all__ = ["EveryRankHookState", "to_cpu"]
 
 
 class EveryRankHookState:
@@ -49,7 +49,7 @@ class EveryRankHookState:
 
     def state_dict(self) -> dict[str, Any]:
         """``{"world_size": P, "ranks": [rank 0's state_dict(), ...]}`` (a collective)."""
-        mine = _to_cpu(self.state.state_dict())
+        mine = to_cpu(self.state.state_dict())
         if not dist.is_initialized():
             return {"world_size": 1, "ranks": [mine]}
         ranks: list[Any] = [None] * dist.get_world_size()
@@ -78,12 +78,13 @@ class EveryRankHookState:
         self.state.load_state_dict(sd["ranks"][dist.get_rank() if world > 1 else 0])
 
 
-def _to_cpu(tree: Any) -> Any:
-    """``tree`` with every tensor detached and on the CPU."""
+def to_cpu(tree: Any) -> Any:
+    """``tree`` with every tensor detached and on the CPU, its dicts, lists and tuples
+    rebuilt (what ``all_gather_object`` and a checkpoint of every rank carry)."""
     if isinstance(tree, torch.Tensor):
         return tree.detach().cpu()
     if isinstance(tree, dict):
-        return {k: _to_cpu(v) for k, v in tree.items()}
+        return {k: to_cpu(v) for k, v in tree.items()}
     if isinstance(tree, (list, tuple)):
-        return type(tree)(_to_cpu(v) for v in tree)
+        return type(tree)(to_cpu(v) for v in tree)
     return tree

@@ -15,6 +15,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from gssgd.ddp.every_rank import to_cpu
 from gssgd.train import checkpoint
 from gssgd.train.config import TrainConfig
 from gssgd.train.launch import Worker
@@ -39,7 +40,7 @@ def save_run_checkpoint(
 
     A collective: every rank learns whether rank 0's write succeeded and raises if not.
     """
-    mine = {"rng": rng_state(worker.device), "sync": _to_cpu(sync.state_dict())}
+    mine = {"rng": rng_state(worker.device), "sync": to_cpu(sync.state_dict())}
     everyone: list[Any] | None = [None] * worker.world_size if worker.rank == 0 else None
     dist.gather_object(mine, everyone, dst=0)
     ok, error = torch.ones(1, device=worker.device), None
@@ -80,14 +81,3 @@ def set_rng_state(state: dict[str, torch.Tensor], device: torch.device) -> None:
     torch.set_rng_state(state["cpu"])
     if device.type == "cuda" and "cuda" in state:
         torch.cuda.set_rng_state(state["cuda"], device)
-
-
-def _to_cpu(value: Any) -> Any:
-    """Tensors to the CPU, containers rebuilt as plain dicts/lists (for gather_object)."""
-    if isinstance(value, torch.Tensor):
-        return value.detach().cpu()
-    if isinstance(value, dict):
-        return {k: _to_cpu(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return type(value)(_to_cpu(v) for v in value)
-    return value
