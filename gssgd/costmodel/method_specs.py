@@ -201,9 +201,7 @@ def method_spec(
         world_size: the number of workers the method's defaults are resolved for (gs's
             shape depends on it: :func:`gssgd.aggregators.options.sketch_default_shape`);
             None: the small-P defaults.
-        shapes: the model's layer shapes, for a method that compresses by shape
-            (PowerSGD; others ignore them); None: one near-square matrix
-            (:func:`gssgd.aggregators.lowrank.default_shapes`).
+        shapes: the layer shapes, for PowerSGD (None: one near-square matrix).
 
     Returns:
         The spec, with every size resolved exactly as :func:`gssgd.make_aggregator` would
