@@ -1,4 +1,5 @@
-"""The cluster cost model checked on every measured cell, each held out from its own fit.
+"""The cost model fitted on this machine's emulated links and checked on every measured
+cell, each held out from its own fit.
 
 A *cell* is one ``gssgd bench comm`` run (one P, one d, one link) and its methods. For each
 cell, the model is fitted on every *other* cell (leave one run out) and predicts the held-out
@@ -6,9 +7,9 @@ cell's step times; the errors over all cells are the model's measured error, and
 predictions say how often the method the model ranks first was the measured fastest (or
 within 10 % of it), which is what ``gssgd advise`` relies on.
 
-The fit (:func:`fit_cells`) is :func:`gssgd.costmodel.fit.calibrate` (``alpha`` from the
-latency probes, ``beta0``) plus four things of this machine and its emulated links, each
-fitted on the training runs only:
+The fit (:func:`fit_model`) is :func:`gssgd.costmodel.fit.calibrate` (the round's cost
+``alpha`` from the latency probes, the software's ``beta0`` per byte) plus four things of
+this machine and its emulated links, each fitted on the training runs only:
 
 1. compute per element that grows with ``d`` (:class:`ComputeLaw`): per method,
    ``gamma(d) = gamma_1M * (d / 1M) ** slope``, a least-squares line through
@@ -21,14 +22,14 @@ fitted on the training runs only:
    all-gather, the control all-gather) costs ``alpha``, the median of the training runs'
    latency probes (a 4-byte all-gather timed in each run); a round that *a Python loop
    drives* (each exchange of recursive doubling, each send or receive of the star through
-   rank 0, with a combine in between) costs ``driven_alpha * share``, ``share`` being the
-   run's compute share (ranks per core) and ``driven_alpha`` fitted by least squares: the
+   rank 0, with a combine in between) costs ``driven_round_s * share`` more, ``share``
+   being the run's compute share (ranks per core), the driven round fitted by least
+   squares: the
    rank returns to Python, combines, and its partner, sharing a core with ``share - 1``
    other ranks, has to be scheduled again before the next message moves, so the wait grows
-   with the ranks per core. It is several times the probe's (2.2 ms times a share of
-   1.4-4.5, against 1.2 ms), and it is a property of workers that share cores, so the
-   cluster model (one core per worker) does not carry it;
-3. one efficiency per collective pattern (:func:`gssgd.costmodel.cluster.pattern_of`): the
+   with the ranks per core. It is a property of workers that share cores, so a cluster
+   (one core per worker) does not carry it;
+3. one efficiency per collective pattern (:func:`gssgd.costmodel.network.pattern_of`): the
    median, over the pattern's points whose wire time is at least a fifth of their
    communication, of ``wire time / (measured - compute - latency)``;
 4. a burst credit: tbf lets a full bucket (``LinkShape(rate).burst_bytes``: 50 KB at
