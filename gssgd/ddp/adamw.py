@@ -132,9 +132,8 @@ def compressed_adamw(
             the recipe sets is given, or any setting out of range (the optimizer's and the
             hook's own checks; the message names the value and the valid range).
     """
-    check_one_call("compressed_adamw", model, method, options, _RECIPE_OPTIONS,
-                   "start_iter=freeze_step, feedback='onebit' and momentum=betas[0] (choose "
-                   "freeze_step and betas instead)", _refusal)
+    check_one_call("compressed_adamw", model, method, _refusal)
+    _check_recipe_options(options)
     optimizer = FrozenVarianceAdamW(
         model.parameters() if params is None else params, lr=lr, betas=betas, eps=eps,
         weight_decay=weight_decay, freeze_step=freeze_step, variance=variance, unseen=unseen,
@@ -151,6 +150,17 @@ def compressed_adamw(
     logger.info("gssgd: compressed_adamw: %s, %d dense AdamW steps, then the variance %s",
                 method, freeze_step, variance)
     return CompressedAdamW(optimizer, hook)
+
+
+def _check_recipe_options(options: dict[str, Any]) -> None:
+    """Refuse an option 1-bit Adam's recipe sets itself (:data:`_RECIPE_OPTIONS`)."""
+    given = sorted(set(options) & set(_RECIPE_OPTIONS))
+    if given:
+        raise ValueError(
+            f"{', '.join(f'{k}={options[k]!r}' for k in given)}: compressed_adamw sets "
+            "start_iter=freeze_step, feedback='onebit' and momentum=betas[0] itself. Drop "
+            "them (choose freeze_step and betas instead)."
+        )
 
 
 def _refusal(method: str) -> str | None:

@@ -9,7 +9,7 @@ mismatch; both return a :class:`PairedRun`.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -61,8 +61,7 @@ class PairedRun:
         """What a recipe does after a load (the AdamW recipe re-follows the hook)."""
 
 
-def check_one_call(call: str, model: nn.Module, method: str, options: dict[str, Any],
-                   recipe_options: Iterable[str], sets: str,
+def check_one_call(call: str, model: nn.Module, method: str,
                    refusal: Callable[[str], str | None]) -> None:
     """What a one-call recipe refuses before it builds anything.
 
@@ -70,15 +69,12 @@ def check_one_call(call: str, model: nn.Module, method: str, options: dict[str, 
         call: the recipe's name, for the messages (``"compressed_sgd"``).
         model: what the hook is to be registered on.
         method: the method asked for.
-        options: the hook options given.
-        recipe_options: the options the recipe sets itself.
-        sets: how the recipe sets them, for the message.
         refusal: why the recipe cannot serve a registered method (the message's reason
             and fix), or None where it can.
 
     Raises:
-        ValueError: not a DDP model, a method the recipe does not serve, or an option the
-            recipe sets itself; each message names the value and the fix.
+        ValueError: not a DDP model, or a method the recipe does not serve; each message
+            names the value and the fix.
     """
     if not hasattr(model, "register_comm_hook"):
         raise ValueError(
@@ -89,9 +85,3 @@ def check_one_call(call: str, model: nn.Module, method: str, options: dict[str, 
     why = refusal(method) if method in AGGREGATORS else None
     if why is not None:
         raise ValueError(f"method={method!r} is invalid for {call}: {why}")
-    given = sorted(set(options) & set(recipe_options))
-    if given:
-        raise ValueError(
-            f"{', '.join(f'{k}={options[k]!r}' for k in given)}: {call} sets {sets} itself. "
-            "Drop them."
-        )
