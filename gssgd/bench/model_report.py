@@ -11,7 +11,8 @@ from pathlib import Path
 from typing import Any
 
 from gssgd.aggregators.options import DEFAULT_ROWS
-from gssgd.bench import report
+from gssgd.bench.formatting import fmt_rate
+from gssgd.bench.model_charts import error_table, grid_table, plot_fit, plot_lines
 from gssgd.costmodel.fit import (
     Measurement,
     calibrate,
@@ -35,7 +36,7 @@ PREDICTION_DS: tuple[int, ...] = (10**6, 10**7, 10**8, 10**9)
 _PLOT_DS: tuple[int, ...] = tuple(int(10 ** (e / 2)) for e in range(10, 19))
 _OVERRIDABLE = ("alpha", "beta0", "eta")
 
-#: ``{panel title: {method: (xs, seconds)}}``, what :func:`report.plot_lines` draws.
+#: ``{panel title: {method: (xs, seconds)}}``, what :func:`plot_lines` draws.
 Panels = dict[str, dict[str, tuple[list[int], list[float]]]]
 
 
@@ -88,18 +89,8 @@ def model_report(
     calib = [m for directory in calibrate_dirs for m in load_measurements(directory)]
     check = [m for directory in check_dirs for m in load_measurements(directory)]
     model = calibrate(calib, fit_alpha=fit_alpha) if calib else CostModel.default()
-    sections = [_describe(model)]
     result: dict[str, Any] = {"model": model.as_dict()}
-    for label, points in (("calibration", calib), ("check", check)):
-        if points:
-            sections.append(_report_errors(model, label, points, result))
-    if calib or check:
-        report.plot_fit(
-            prediction_errors(model, calib),
-            out / "model_fit.png",
-            "cost model: predicted vs measured",
-            check=prediction_errors(model, check),
-        )
+    sections = [_describe(model), *_measured_errors(model, calib, check, out, result)]
     if given:
         model = dataclasses.replace(model, **given)
         text = ", ".join(f"{k}={v:g}" for k, v in given.items())
@@ -114,6 +105,29 @@ def model_report(
     echo(text)
     echo(f"wrote {out / 'model.json'}, {out / 'tables.txt'} and the plots in {out}")
     return result
+
+
+def _measured_errors(
+    model: CostModel,
+    calib: Sequence[Measurement],
+    check: Sequence[Measurement],
+    out: Path,
+    result: dict[str, Any],
+) -> list[str]:
+    """The error tables of the calibration and check points (their rows go into
+    ``result``), and ``model_fit.png`` when there is any measured point."""
+    sections = []
+    for label, points in (("calibration", calib), ("check", check)):
+        if points:
+            sections.append(_report_errors(model, label, points, result))
+    if calib or check:
+        plot_fit(
+            prediction_errors(model, calib),
+            out / "model_fit.png",
+            "cost model: predicted vs measured",
+            check=prediction_errors(model, check),
+        )
+    return sections
 
 
 def _checked_overrides(overrides: Mapping[str, float | None] | None) -> dict[str, float]:
@@ -177,7 +191,7 @@ def _report_errors(
         for r in rows
     ]
     result[f"{label}_summary"] = summary
-    return report.error_table(rows, title)
+    return error_table(rows, title)
 
 
 @dataclass
@@ -228,7 +242,7 @@ def _predict(
     vs_d: Panels = {}
     predictions: dict[str, Any] = {"d": grid.d, "workers": grid.workers, "density": grid.density}
     for rate in rates:
-        label = f"{report.fmt_rate(rate)}/s links"
+        label = f"{fmt_rate(rate)}/s links"
         cell_p = {
             (p, n): grid.seconds(model, n, grid.d, p, rate)
             for p in PREDICTION_WORKERS
@@ -265,13 +279,13 @@ def _rate_tables(
     cell_d: Mapping[tuple[Any, str], float],
 ) -> list[str]:
     """The time-vs-P and time-vs-d tables at one link rate."""
-    at = f"predicted seconds per step at {report.fmt_rate(rate)}/s"
+    at = f"predicted seconds per step at {fmt_rate(rate)}/s"
     tail = f"density {grid.density:g}, a core per worker"
     return [
-        report.grid_table(
+        grid_table(
             f"{at}, d={grid.d:.0e}, {tail}", "P", PREDICTION_WORKERS, grid.names, cell_p
         ),
-        report.grid_table(
+        grid_table(
             f"{at}, P={grid.workers}, {tail}",
             "d",
             PREDICTION_DS,
@@ -284,7 +298,7 @@ def _rate_tables(
 
 def _plot_predictions(model: CostModel, grid: _Grid, vs_p: Panels, vs_d: Panels, out: Path) -> None:
     """``model_vs_workers.png`` and ``model_vs_d.png``: one panel per link rate."""
-    report.plot_lines(
+    plot_lines(
         out / "model_vs_workers.png",
         vs_p,
         "workers P",
@@ -292,7 +306,7 @@ def _plot_predictions(model: CostModel, grid: _Grid, vs_p: Panels, vs_d: Panels,
         f"{model.source})",
         base_x=2,
     )
-    report.plot_lines(
+    plot_lines(
         out / "model_vs_d.png",
         vs_d,
         "gradient length d",

@@ -5,6 +5,7 @@ comm.png (:func:`gssgd.bench.comm_bench.run_comm_bench`)."""
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable
 from pathlib import Path
 
 from gssgd.aggregators.options import DEFAULT_ROWS
@@ -48,7 +49,14 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
         allow_abbrev=False,
     )
-    add = parser.add_argument
+    _add_workload_flags(parser.add_argument)
+    _add_step_and_sketch_flags(parser.add_argument)
+    _add_run_flags(parser.add_argument)
+    return parser
+
+
+def _add_workload_flags(add: Callable[..., object]) -> None:
+    """What is exchanged and over what: --workers, --d, --density, --link, --methods."""
     add("--workers", type=bench_args.count, default=4, help="worker processes P (default 4)")
     add(
         "--d",
@@ -76,6 +84,11 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
         default=default,
         help=f"comma-separated methods (default: all, {','.join(default)})",
     )
+
+
+def _add_step_and_sketch_flags(add: Callable[..., object]) -> None:
+    """How many steps, and the sketch's shape: --repeats, --warmup, --rows, --cols,
+    --candidates."""
     add("--repeats", type=bench_args.count, default=20, help="timed steps per method (default 20)")
     add(
         "--warmup",
@@ -99,6 +112,10 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
         help="m: the sketch proposes m*k candidates (default: the aggregators' default, 32 "
         "capped so m*k <= d/8)",
     )
+
+
+def _add_run_flags(add: Callable[..., object]) -> None:
+    """The run itself: --threads, --seed, --timeout, --out."""
     add("--threads", type=bench_args.count, default=1, help="torch threads per worker (default 1)")
     add("--seed", type=int, default=0, help="seed of gradients and hashes (default 0)")
     add(
@@ -114,7 +131,6 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
         default=Path("runs/bench_comm"),
         help="output directory (default runs/bench_comm)",
     )
-    return parser
 
 
 def run(args: argparse.Namespace) -> int:
@@ -129,7 +145,8 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _run(args: argparse.Namespace) -> None:
-    from gssgd.bench.comm_bench import CommBenchConfig, run_comm_bench
+    from gssgd.bench.comm_bench import run_comm_bench
+    from gssgd.bench.comm_config import CommBenchConfig
 
     cfg = CommBenchConfig(
         workers=args.workers,

@@ -18,7 +18,9 @@ from pathlib import Path
 import pytest
 
 from gssgd.bench import netns
-from gssgd.bench.comm_bench import CommBenchConfig, WorkerError, _launch, run_comm_bench
+from gssgd.bench.comm_bench import _launch, run_comm_bench
+from gssgd.bench.comm_config import CommBenchConfig
+from gssgd.bench.workers import WorkerError
 from gssgd.cli import bench
 from gssgd.costmodel import VARIANTS, method_spec, traffic
 
@@ -212,7 +214,7 @@ def test_a_worker_killed_without_a_traceback_is_named(tmp_path):
 
 def test_a_real_worker_reports_its_own_error(tmp_path):
     cfg = CommBenchConfig(workers=2, d=1000, link="none", methods=("gs",), repeats=1)
-    argv = [sys.executable, "-m", "gssgd.bench.comm_bench", "--config", str(tmp_path / "nope")]
+    argv = [sys.executable, "-m", "gssgd.bench.comm_worker", "--config", str(tmp_path / "nope")]
     with pytest.raises(WorkerError, match=r"(?s)rank \d failed.*FileNotFoundError.*nope"):
         _launch(cfg, tmp_path, [*argv, "--out", str(tmp_path)], False, GENEROUS_TIMEOUT_S)
 
