@@ -86,8 +86,7 @@ def model_report(
     given = _checked_overrides(overrides)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    calib = [m for directory in calibrate_dirs for m in load_measurements(directory)]
-    check = [m for directory in check_dirs for m in load_measurements(directory)]
+    calib, check = _load(calibrate_dirs), _load(check_dirs)
     model = calibrate(calib, fit_alpha=fit_alpha) if calib else CostModel.default()
     result: dict[str, Any] = {"model": model.as_dict()}
     sections = [_describe(model), *_measured_errors(model, calib, check, out, result)]
@@ -99,12 +98,21 @@ def model_report(
     grid = _Grid.of(calib + check, methods, density, d, workers)
     tables, result["predictions"] = _predict(model, grid, rates, out)
     sections += tables
-    text = "\n\n".join(sections)
+    _write(out, "\n\n".join(sections), result, echo)
+    return result
+
+
+def _load(directories: Sequence[str | Path]) -> list[Measurement]:
+    """Every measured point of the ``bench comm`` runs in ``directories``."""
+    return [m for directory in directories for m in load_measurements(directory)]
+
+
+def _write(out: Path, text: str, result: dict[str, Any], echo: Callable[[str], object]) -> None:
+    """Write ``tables.txt`` and ``model.json``, and echo the tables."""
     (out / "tables.txt").write_text(text + "\n")
     (out / "model.json").write_text(json.dumps(result, indent=1, default=str) + "\n")
     echo(text)
     echo(f"wrote {out / 'model.json'}, {out / 'tables.txt'} and the plots in {out}")
-    return result
 
 
 def _measured_errors(

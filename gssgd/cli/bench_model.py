@@ -5,6 +5,7 @@ every measured point, and predict larger clusters
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable
 from pathlib import Path
 
 from gssgd.bench.model_report import PREDICTION_RATES, model_report
@@ -53,7 +54,13 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
         allow_abbrev=False,
     )
-    add = parser.add_argument
+    _add_data_flags(parser.add_argument)
+    _add_prediction_flags(parser.add_argument)
+    return parser
+
+
+def _add_data_flags(add: Callable[..., object]) -> None:
+    """The measured runs: --calibrate (fitted on) and --check (reported on)."""
     add(
         "--calibrate",
         type=Path,
@@ -70,6 +77,11 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
         metavar="DIR",
         help="further directories to report the error on (not fitted)",
     )
+
+
+def _add_prediction_flags(add: Callable[..., object]) -> None:
+    """What to predict, with what model, and where to write it: --methods, --density,
+    --d, --workers, --rates, --fit-alpha, the what-if values and --out."""
     add(
         "--methods",
         type=bench_args.benchmark_methods(),
@@ -120,7 +132,6 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
         default=Path("runs/bench_model"),
         help="output directory (default runs/bench_model)",
     )
-    return parser
 
 
 def run(args: argparse.Namespace) -> int:
