@@ -4,9 +4,9 @@ Streaming gs (``HookState("gs", whole_model=True, overlap="stream")``) trains th
 of ``tests/ddp_scenarios.py`` in DDP next to a plain copy whose local gradients go through
 :class:`PartitionedReference`: the partitioned layout written out again from its
 definition (column split, per-region hashing, global top m*k, exact round, error
-feedback), independent of ``gssgd.ddp.stream`` and ``gssgd.partitioned_sketch``: its hashes
+feedback), independent of ``gssgd.ddp.stream`` and ``gssgd.sketch.partitioned``: its hashes
 are those of ``tests/aggregators/reference.py`` (re-implemented from the documented scheme,
-not ``gssgd.hashing``), and its sums over ranks are plain ``torch.distributed`` calls, not
+not ``gssgd.sketch.hashing``), and its sums over ranks are plain ``torch.distributed`` calls, not
 gssgd's ``Communicator``. They are the sums the hook makes (the backend's all-reduce of
 each region, in bucket order; the exact round by the backend's all-reduce, streaming's
 default, or added up in recursive doubling's order), so the result must agree bit for bit.

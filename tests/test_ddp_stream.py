@@ -17,8 +17,8 @@ import torch
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from gssgd.ddp import HookState, OverlapStats, comm_hook, stream_traffic
-from gssgd.partitioned_sketch import PartitionedSketch, region_columns
 from gssgd.sketch import CountSketch
+from gssgd.sketch.partitioned import PartitionedSketch, region_columns
 from tests import stream_scenarios as scen
 from tests.dist_utils import raise_worker_errors, run_workers
 

@@ -3,7 +3,7 @@
 Whole-model gs (``HookState("gs", whole_model=True)``) waits for DDP's last bucket before it
 sketches anything, because one hash spreads every bucket over the whole table. A Count
 Sketch is linear, so the table can instead be **partitioned by bucket**
-(:class:`~gssgd.partitioned_sketch.PartitionedSketch`): bucket ``b`` hashes only into its
+(:class:`~gssgd.sketch.partitioned.PartitionedSketch`): bucket ``b`` hashes only into its
 own region, which is final as soon as DDP hands the bucket over and can be sent while
 backward still computes the earlier layers' gradients. Selected with
 ``HookState("gs", whole_model=True, overlap="stream")`` or ``gssgd train --overlap stream``.
@@ -37,7 +37,7 @@ Differences from whole-model gs, by design:
 * The regions are summed with the backend's all-reduce (ring, counted ``2(P-1)/P`` of
   the region's bytes), the only one that runs asynchronously, and by default so is the
   exact round (``allreduce=`` still chooses it; whole-model gs below 16 workers uses
-  recursive doubling). On the regression check's command (scripts/overlap_check.sh) the
+  recursive doubling). On the regression check's command (tools/overlap_check.sh) the
   exact round on the ring took 24 ms off a 201 ms streamed step.
 * The sketch keeps the small-P shape (:func:`~gssgd.aggregators.options.sketch_default_shape`:
   40·k columns, m = 32, float32) at every ``P`` and sketches every coordinate: the
@@ -70,10 +70,10 @@ import torch.distributed as dist
 from gssgd.aggregators import build_options
 from gssgd.aggregators.base import all_finite, state_dtype
 from gssgd.aggregators.gs import GlobalSketchSGD
-from gssgd.aggregators.options import GSOptions
+from gssgd.aggregators.gs import GSOptions
 from gssgd.comm import Traffic, completed_future, new_future, recursive_doubling, ring_allreduce
 from gssgd.ddp.core import HookCore, Layout
-from gssgd.partitioned_sketch import PartitionedSketch, region_columns
+from gssgd.sketch.partitioned import PartitionedSketch, region_columns
 
 __all__ = [
     "OVERLAP_LOG_ENV",
@@ -85,7 +85,7 @@ __all__ = [
 ]
 
 #: When this environment variable holds a path prefix, every streamed iteration appends its
-#: :class:`OverlapStats` as a JSON line to ``PREFIX.rankR.jsonl`` (scripts/overlap_study.sh).
+#: :class:`OverlapStats` as a JSON line to ``PREFIX.rankR.jsonl`` (studies/overlap/run.sh).
 OVERLAP_LOG_ENV = "GSSGD_OVERLAP_LOG"
 
 

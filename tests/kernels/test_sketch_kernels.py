@@ -10,8 +10,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from gssgd.hashing import signed_buckets
 from gssgd.sketch import CountSketch
+from gssgd.sketch.hashing import signed_buckets
 from tests.kernels.conftest import HAVE_TRITON
 
 if HAVE_TRITON:

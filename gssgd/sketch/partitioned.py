@@ -20,10 +20,6 @@ Layout (``rows`` rows, ``cols`` columns in all, pieces of sizes ``d_0 .. d_{B-1}
    lower global index), found from each region's own top ``min(K, d_b)``: a coordinate in
    the global top K is in its region's top K, so the union holds the answer
    (:meth:`PartitionedSketch.heavy_hitters`).
-
-Partitioning costs no recall on real gradients (the issue's measurement: MNIST CNN, P = 4,
-density 0.001: mass recall 0.711 global, 0.739 partitioned at 40·k columns, m = 32); see
-``docs/benchmarks.md`` for the training comparison.
 """
 
 from __future__ import annotations
@@ -33,7 +29,8 @@ from collections.abc import Callable, Sequence
 import torch
 
 from gssgd._select import topk_indices
-from gssgd.sketch import CountSketch, _nonfinite_first
+from gssgd.sketch.count_sketch import CountSketch
+from gssgd.sketch.estimates import nonfinite_as_largest
 
 __all__ = ["PartitionedSketch", "region_columns"]
 
@@ -183,7 +180,7 @@ class PartitionedSketch:
             found.append(idx + self.offsets[b])
             estimates.append(est)
         cand, est = torch.cat(found), torch.cat(estimates)
-        keep = torch.sort(topk_indices(_nonfinite_first(est.abs()), k, ordered=False)).values
+        keep = torch.sort(topk_indices(nonfinite_as_largest(est.abs()), k, ordered=False)).values
         return cand[keep], est[keep]
 
     def l2_estimate(self) -> float:
