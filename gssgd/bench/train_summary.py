@@ -2,7 +2,36 @@
 accuracy, and the summary of one run and of the whole benchmark.
 
 Pure functions of the records (``metrics.jsonl`` lines) and summaries, apart from the
-runners in :mod:`gssgd.bench.train_bench` that produce them.
+runners in :mod:`gssgd.bench.train_bench` that produce them. A method's row
+(:func:`summarize_run`, completed by :func:`summarize`):
+
+* ``seconds_per_step``: median over the measured steps (those after the trainer's
+  warm-up, ``summary.measured_from_step``) of rank 0's ``seconds_step`` (batch,
+  forward, backward with the gradient exchange, optimizer step);
+* ``samples_per_second`` = P * batch / ``seconds_per_step``;
+* ``seconds_compute_per_step``: median of ``seconds_compute`` (the step minus the
+  time the comm hook reported: forward, backward, optimizer), and
+  ``seconds_overhead_per_step`` = step - compute (compression and communication).
+  DDP's built-in all-reduce (``ddp-allreduce``, ``ddp-fp16``, ``powersgd``) runs inside the
+  backward pass untimed, so their ``seconds_compute`` includes the communication;
+  their overhead is estimated with the median compute of the methods that do
+  separate it (``overhead_estimated``);
+* ``bytes_sent_per_step``: mean over the measured steps of the bytes a worker sent;
+* ``final_test_accuracy``; ``seconds_to_target`` (:func:`time_to_target`): the
+  training clock from the start of step 0 to the end of the first step whose
+  evaluation reached the target, null when none did;
+* ``gs_throughput_speedup`` = gs's samples/s / this method's, and
+  ``gs_time_to_target_speedup`` = this method's seconds to target / gs's (both > 1:
+  gs is better), from the same run; when gs reached the target and a method did
+  not, ``gs_time_to_target_speedup_at_least`` = that method's whole training time
+  / gs's time to target.
+
+The training clock (:func:`training_clock`): metrics.jsonl carries each step's
+``seconds_step``, not a wall clock, so the clock is their running sum. It leaves out the
+evaluations (whose cost depends on ``--eval-every``, not on the method), start-up, and the
+trainer's two small bookkeeping collectives per step (the loss check and the byte count).
+Should the trainer log a per-step ``seconds_elapsed`` (:data:`ELAPSED_FIELD`: seconds since
+the start of step 0 at the end of the step, evaluations excluded), that is used instead.
 """
 
 from __future__ import annotations
@@ -88,17 +117,6 @@ def summarize_run(
     warm = summary.get("measured_from_step")
     warm = int(warm) if isinstance(warm, int) else 1
     timed = [r for r in records if r["step"] >= warm] or list(records)
-
-    def median(name: str) -> float | None:
-        values = [v for v in (_number(r.get(name)) for r in timed) if v is not None]
-        return statistics.median(values) if values else None
-
-    def mean(name: str) -> float | None:
-        values = [v for v in (_number(r.get(name)) for r in timed) if v is not None]
-        return statistics.mean(values) if values else None
-
-    step_s, compute_s = median("seconds_step"), median("seconds_compute")
-    hook_timed = any(_number(r.get("seconds_communicate")) is not None for r in timed)
     clock = training_clock(records)
     evaluations = [
         [int(r["step"]), round(t, 4), _number(r.get("test_accuracy"))]
@@ -112,18 +130,7 @@ def summarize_run(
     ks = [r.get("k") for r in timed if isinstance(r.get("k"), int)]
     return {
         "status": summary.get("status", NO_SUMMARY),
-        "seconds_per_step": step_s,
-        "samples_per_second": workers * batch_size / step_s if step_s else None,
-        "seconds_compute_per_step": compute_s,
-        "seconds_overhead_per_step": (
-            max(0.0, step_s - compute_s) if step_s is not None and compute_s is not None else None
-        ),
-        "compute_includes_communication": not hook_timed,
-        "overhead_estimated": False,
-        "seconds_communicate_per_step": median("seconds_communicate"),
-        "seconds_compress_per_step": median("seconds_compress"),
-        "bytes_sent_per_step": mean("bytes_sent"),
-        "bytes_sent_max_per_step": mean("bytes_sent_max"),
+        **_step_times(timed, workers * batch_size),
         "final_test_accuracy": final_acc,
         "seconds_to_target": reached[0] if reached else None,
         "step_to_target": reached[1] if reached else None,
@@ -136,6 +143,36 @@ def summarize_run(
         "k": ks[-1] if ks else None,
         "d": summary.get("d"),
         "evaluations": evaluations,
+    }
+
+
+def _step_times(timed: Sequence[Mapping[str, Any]], samples_per_step: int) -> dict[str, Any]:
+    """The row's throughput, time and byte fields from the measured steps' records:
+    medians of the times, means of the bytes (see the module docstring)."""
+
+    def median(name: str) -> float | None:
+        values = [v for v in (_number(r.get(name)) for r in timed) if v is not None]
+        return statistics.median(values) if values else None
+
+    def mean(name: str) -> float | None:
+        values = [v for v in (_number(r.get(name)) for r in timed) if v is not None]
+        return statistics.mean(values) if values else None
+
+    step_s, compute_s = median("seconds_step"), median("seconds_compute")
+    hook_timed = any(_number(r.get("seconds_communicate")) is not None for r in timed)
+    return {
+        "seconds_per_step": step_s,
+        "samples_per_second": samples_per_step / step_s if step_s else None,
+        "seconds_compute_per_step": compute_s,
+        "seconds_overhead_per_step": (
+            max(0.0, step_s - compute_s) if step_s is not None and compute_s is not None else None
+        ),
+        "compute_includes_communication": not hook_timed,
+        "overhead_estimated": False,
+        "seconds_communicate_per_step": median("seconds_communicate"),
+        "seconds_compress_per_step": median("seconds_compress"),
+        "bytes_sent_per_step": mean("bytes_sent"),
+        "bytes_sent_max_per_step": mean("bytes_sent_max"),
     }
 
 
@@ -170,6 +207,3 @@ def summarize(rows: Mapping[str, dict[str, Any]], meta: Mapping[str, Any]) -> di
                 r["gs_time_to_target_speedup_at_least"] = r["seconds_training"] / gs_t
     results["_meta"] = dict(meta)
     return results
-
-
-# --------------------------------------------------------------------------- running

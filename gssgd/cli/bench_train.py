@@ -60,7 +60,7 @@ DEFAULT_DENSITY = 0.001
 def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     """Register ``bench train`` under the ``bench`` group's subparsers: its own flags, then
     every ``gssgd train`` flag that applies to a comparison."""
-    from gssgd.bench.train_bench import DEFAULT_METHODS
+    from gssgd.bench.train_bench_config import DEFAULT_METHODS
     from gssgd.cli.train import Formatter, add_training_flags
 
     parser = sub.add_parser(
@@ -158,7 +158,8 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _run(args: argparse.Namespace) -> None:
-    from gssgd.bench.train_bench import TrainBenchConfig, run_train_bench
+    from gssgd.bench.train_bench import run_train_bench
+    from gssgd.bench.train_bench_config import TrainBenchConfig
     from gssgd.cli.train import settings_from_args
     from gssgd.train.config import check_settings_apply
 

@@ -21,15 +21,9 @@ import pytest
 
 from gssgd.bench import netns, train_bench
 from gssgd.bench.netns_host import _pid_alive
-from gssgd.bench.train_bench import (
-    ELAPSED_FIELD,
-    TrainBenchConfig,
-    run_train_bench,
-    summarize,
-    summarize_run,
-    time_to_target,
-    train_argv,
-)
+from gssgd.bench.train_bench import run_train_bench
+from gssgd.bench.train_bench_config import TrainBenchConfig, train_argv
+from gssgd.bench.train_summary import ELAPSED_FIELD, summarize, summarize_run, time_to_target
 from gssgd.bench.workers import WorkerError, run_process
 from gssgd.cli import bench
 from gssgd.train.metrics import read_metrics
