@@ -37,7 +37,7 @@ def _sizes(text: str) -> tuple[int, ...]:
 
 
 def _layouts(text: str) -> tuple:
-    from gssgd.bench.kernel_bench import Layout
+    from gssgd.bench.kernel_config import Layout
 
     try:
         return tuple(Layout.parse(part) for part in text.split(",") if part.strip())
@@ -93,12 +93,9 @@ def run(args: argparse.Namespace) -> int:
 def _run(args: argparse.Namespace) -> int:
     import torch
 
-    from gssgd.bench.kernel_bench import (
-        KernelBenchConfig,
-        format_report,
-        run_kernel_bench,
-        write_json,
-    )
+    from gssgd.bench.kernel_bench import run_kernel_bench
+    from gssgd.bench.kernel_config import KernelBenchConfig
+    from gssgd.bench.kernel_report import format_report, write_json
 
     cuda = args.device == "cuda" or (args.device is None and torch.cuda.is_available())
     options = {"layouts": args.layouts} if args.layouts else {}

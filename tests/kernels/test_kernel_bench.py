@@ -13,13 +13,9 @@ import pytest
 import torch
 
 from gssgd import kernels
-from gssgd.bench.kernel_bench import (
-    H200_ANCHOR,
-    KernelBenchConfig,
-    Layout,
-    format_report,
-    run_kernel_bench,
-)
+from gssgd.bench.kernel_bench import run_kernel_bench
+from gssgd.bench.kernel_config import H200_ANCHOR, KernelBenchConfig, Layout
+from gssgd.bench.kernel_report import format_report
 from gssgd.cli.main import main
 
 TINY = {"sizes": (20_000,), "layouts": (Layout(1, 40),), "repeats": 1, "warmup": 0,
@@ -28,7 +24,7 @@ TINY = {"sizes": (20_000,), "layouts": (Layout(1, 40),), "repeats": 1, "warmup":
 
 def test_bench_checks_every_kernel_against_torch(device: torch.device) -> None:
     if device.type != "cpu":
-        pytest.skip("the interpreter run is the CPU check; scripts/gpu_check.sh runs it on CUDA")
+        pytest.skip("the interpreter run is the CPU check; tools/gpu_check.sh runs it on CUDA")
     report = run_kernel_bench(KernelBenchConfig(**TINY))
     assert report["kernels_timed"]
     size = report["sizes"][0]
