@@ -72,16 +72,16 @@ class HookState(HookCore):
             ``candidates``, ``exact``, ``allreduce``, ``table_dtype``, ``momentum``,
             ``feedback`` ("ef", "ef21", "global", "onebit" or "fetchsgd"), ``seed``,
             ``dtype``, ``nonfinite``: "skip", "raise" or "propagate"; see
-            :func:`gssgd.make_aggregator`). The recipes that
-            measured best on a language model (docs/study.md, "Keep your optimizer"):
-            with SGD, ``momentum=0.9`` here and the optimizer's momentum 0 (DGC's
-            momentum correction) at dense's learning rate; with AdamW, 1-bit Adam's
+            :func:`gssgd.make_aggregator`). The recipes :mod:`gssgd.ddp.recipe`
+            recommends on a language model: with SGD, ``momentum=0.9`` here and the
+            optimizer's momentum 0 (DGC's momentum correction) at dense's learning rate;
+            with AdamW, 1-bit Adam's
             recipe, built with its optimizer in one call by
             :func:`~gssgd.ddp.compressed_adamw` (by hand:
             :class:`~gssgd.optim.FrozenVarianceAdamW` and ``start_iter=N,
             feedback="onebit", momentum=beta1``, checked at the first step). On image models,
-            plain SGD on the classic error-fed update. The combinations that measured
-            worse are warned about once (:mod:`gssgd.ddp.recipe`).
+            plain SGD on the classic error-fed update. The other combinations are
+            warned about once (:mod:`gssgd.ddp.recipe`).
 
     Attributes:
         iter: the number of DDP iterations this state has seen (saved in checkpoints).
@@ -161,7 +161,7 @@ class HookState(HookCore):
 
     def _watch_recipe(self) -> None:
         """For a sparse method: warn (once per process) if an optimizer steps on this state
-        in a combination that measured badly (:mod:`gssgd.ddp.recipe`)."""
+        in a combination :mod:`gssgd.ddp.recipe` warns against."""
         recipe.watch(self)
 
     def __repr__(self) -> str:
