@@ -78,7 +78,7 @@ class RandomK(Aggregator):
         with self._timed("decompress"):
             update = torch.zeros_like(grad)
             update[idx] = summed / self.world_size
-            self._keep_residual(accumulated, idx)
+            self.feedback.keep(accumulated, idx)
         return self._finish(update)
 
 

@@ -1,8 +1,9 @@
-"""What every aggregator shares: the step contract, error feedback state, statistics,
-rank agreement and the non-finite guard.
+"""What every aggregator shares: the step contract, statistics, rank agreement and the
+non-finite guard.
 
 The algorithms themselves live one per module; each one's ``step`` shows its compression,
-communication and error feedback in order. This base only supplies the bookkeeping.
+communication and error feedback in order. The error feedback is a rule object the options
+choose (:mod:`gssgd.aggregators.feedback`); this base only supplies the bookkeeping.
 """
 
 from __future__ import annotations
@@ -18,12 +19,10 @@ from typing import Any, ClassVar
 import torch
 import torch.distributed as dist
 
-from gssgd._select import keep_largest
 from gssgd.aggregators.options import CommonOptions
 from gssgd.aggregators.schedule import DensityWarmup
-from gssgd.aggregators.sketch_feedback import SketchFeedback
 from gssgd.comm import CONTROL_BYTES, Communicator, Traffic, allgather
-from gssgd.sketch import CountSketch, HashCache
+from gssgd.sketch import HashCache
 
 __all__ = ["Aggregator", "StepStats", "all_finite", "index_dtype", "state_dtype"]
 
@@ -96,7 +95,8 @@ class Aggregator:
 
     Subclasses set ``name`` and ``Options`` and implement ``step`` with, in order:
     ``self._begin(grad)`` (agreement, non-finite guard), compression, communication through
-    ``self.comm``, and ``self._finish(...)``.
+    ``self.comm``, ``self.feedback.keep(...)`` (what the rank keeps) and
+    ``self._finish(...)``.
 
     Args:
         d: gradient length.
@@ -136,21 +136,14 @@ class Aggregator:
         self.hashes = HashCache() if hashes is None else hashes
         self.comm = Communicator(group)
         self.rank, self.world_size = self.comm.rank, self.comm.world_size
-        self.residual: torch.Tensor | None = None
-        #: the velocity: each rank's own (``feedback`` "ef" with momentum, "ef21"), or the
-        #: aggregator's, alike on every rank (``feedback="global"``)
-        self.momentum_buffer: torch.Tensor | None = None
-        #: ``feedback="fetchsgd"``: the velocity and error tables (the sketching methods)
-        self.sketch_feedback: SketchFeedback | None = None
-        #: ``feedback="ef21"``: the dense estimate ``G`` every rank returns (the same on all)
-        self.estimate: torch.Tensor | None = None
+        #: the error-feedback rule the options chose, with this rank's feedback state
+        self.feedback = options.make_feedback()
         self.steps = 0
         #: the k of the current step: ``k``, or less far into a density warm-up
         self.step_k = k
         self._warmup = DensityWarmup(
             d, k, getattr(options, "warmup_steps", 0), getattr(options, "warmup_density", 1.0)
         )
-        self._warm_sketches: dict[int, CountSketch] = {}  # sketching methods' warm-up shapes
         self.consecutive_skips = 0
         self._agreed = False
         self._timings = {"compress": 0.0, "decompress": 0.0}
@@ -296,112 +289,41 @@ class Aggregator:
 
     @property
     def _feedback(self) -> str:
-        """The error feedback mode (``options.feedback``; "ef" for methods without one)."""
-        return getattr(self.options, "feedback", "ef")
+        """The name of the error-feedback rule (``options.feedback``; "ef" without one)."""
+        return self.feedback.name
 
     @property
-    def _ef21(self) -> bool:
-        """Whether this aggregator runs EF21(-SGDM) (``feedback="ef21"``)."""
-        return self._feedback == "ef21"
+    def residual(self) -> torch.Tensor | None:
+        """This rank's residual ``e`` (None before the first step, or for a rule that keeps
+        none)."""
+        return self.feedback.residual
+
+    @residual.setter
+    def residual(self, value: torch.Tensor | None) -> None:
+        self.feedback.residual = value
+
+    @property
+    def momentum_buffer(self) -> torch.Tensor | None:
+        """The rule's velocity: each rank's own ("ef" with momentum, "ef21"), or alike on
+        every rank ("global"'s, "onebit"'s shared ``m``); None without one."""
+        return self.feedback.velocity
+
+    @momentum_buffer.setter
+    def momentum_buffer(self, value: torch.Tensor | None) -> None:
+        self.feedback.velocity = value
 
     def _error_compensated(self, grad: torch.Tensor) -> torch.Tensor:
-        """The vector to compress: ``a = e + g`` (classic, and ``feedback="global"``, whose
-        momentum comes after the aggregation), ``a = e + u`` with local momentum
-        ``u = rho*u + g``, under ``feedback="ef21"`` ``a = e + (v - v_prev)`` with
-        ``v = rho*v + g`` (``v = g`` without momentum), under ``feedback="onebit"``
-        ``a = e + rho*m + (1 - rho)*g`` with ``m`` the last step's update (the same on every
-        rank), or under ``feedback="fetchsgd"`` just ``g`` (its error lives in sketch
-        space). In EF21 the residuals hold
-        what the shared estimate lacks, ``sum_p e_p = sum_p v_p - P*G``, so compressing
-        ``a`` is compressing the gap between the ranks' (momentum) gradients and ``G``.
-
-        With ``local_clip`` the gradient is first scaled to an l2 norm of at most
-        ``local_clip / sqrt(P)`` (DGC's local gradient clipping)."""
+        """The vector to compress: the gradient in the state's dtype (at least float32),
+        with ``local_clip`` first scaled to an l2 norm of at most ``local_clip / sqrt(P)``
+        (DGC's local gradient clipping), through the error-feedback rule's
+        :meth:`~gssgd.aggregators.feedback.ErrorFeedback.compensate`."""
         clip = getattr(self.options, "local_clip", None)
         if clip is not None:
             limit = clip / math.sqrt(self.world_size)
             norm = float(torch.linalg.vector_norm(grad))
             if norm > limit:
                 grad = grad * (limit / norm)
-        dtype = state_dtype(grad.dtype)
-        grad = grad.to(dtype)
-        if self._feedback == "fetchsgd":
-            return grad.clone()  # the sketch is built from it; nothing is kept here
-        if self.residual is None:
-            self.residual = torch.zeros_like(grad)
-        elif self.residual.device != grad.device or self.residual.dtype != dtype:
-            self.residual = self.residual.to(grad.device, dtype)
-        if self._feedback == "onebit":  # m_p = rho*m + (1-rho)*g_p, m the last update
-            rho = self.options.momentum
-            own = self.residual + (1 - rho) * grad
-            if self.momentum_buffer is None:
-                return own
-            return own.add_(self.momentum_buffer.to(grad.device, dtype), alpha=rho)
-        rho = getattr(self.options, "momentum", 0.0) if self._feedback != "global" else 0.0
-        if rho == 0 and not self._ef21:
-            return self.residual + grad
-        if self.momentum_buffer is None:
-            self.momentum_buffer = torch.zeros_like(grad)
-        self.momentum_buffer = self.momentum_buffer.to(grad.device, dtype)
-        if not self._ef21:
-            self.momentum_buffer.mul_(rho).add_(grad)
-            return self.residual + self.momentum_buffer
-        change = grad - (1 - rho) * self.momentum_buffer  # v - v_prev, v = rho*v_prev + g
-        self.momentum_buffer.add_(change)
-        return self.residual + change
-
-    def _new_sketch(self, cols: int | None = None) -> CountSketch:
-        """Sketching methods: an empty sketch of ``d`` coordinates, ``cols`` columns (None:
-        the options' own) and the options' rows, hashes and table dtype."""
-        return self.options.make_sketch(self.d, self.hashes, cols)
-
-    def _sketch_of_step(self, like: torch.Tensor) -> tuple[CountSketch, int]:
-        """Sketching methods: this step's empty sketch (on the device and in the dtype of
-        ``like``, the error-compensated vector: float32 at least) and
-        candidate count: the steady ``self.sketch`` and ``self.num_candidates``, or, during a
-        density warm-up, larger ones (:meth:`SketchedOptions.warmup_shape`), one sketch per
-        distinct k (from :meth:`_new_sketch`), dropped when the warm-up ends."""
-        warm = self._warm_sketches
-        if self.step_k == self.k:
-            warm.clear()
-            self.sketch = self.sketch.to(like.device, like.dtype).zero_()
-            return self.sketch, self.num_candidates
-        cols, candidates = self.options.warmup_shape(
-            self.d, self.k, self.step_k, self.sketch.cols, self.num_candidates
-        )
-        if cols not in warm:
-            warm[cols] = self._new_sketch(cols)
-        warm[cols] = warm[cols].to(like.device, like.dtype).zero_()
-        return warm[cols], candidates
-
-    def _prefiltered(self, accumulated: torch.Tensor, k: int) -> torch.Tensor:
-        """Sketching methods: what this rank sketches: ``a_p``, or with ``prefilter`` f >= 1
-        only its ``f * k`` largest coordinates (the rest zero)."""
-        f = self.options.prefilter
-        return keep_largest(accumulated, f * k) if f else accumulated
-
-    def _table_payload(self, table: torch.Tensor) -> torch.Tensor:
-        """Sketching methods: a table as it goes on the wire, in ``table_dtype`` (a 16-bit
-        table is the mean over ranks, scaled by 1/P before the cast, so it fits)."""
-        wire = self.options.table_dtype
-        if wire == table.dtype:
-            return table
-        with self._timed("compress"):
-            return (table / self.world_size).to(wire)
-
-    def _widened(self, summed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-        """Sketching methods: a summed 16-bit table of means (:meth:`_table_payload`) back
-        as the sum, in ``dtype``."""
-        return summed.to(dtype).mul_(self.world_size)
-
-    def _keep_residual(self, accumulated: torch.Tensor, delivered: torch.Tensor) -> None:
-        """``e = a`` with ``a[delivered] = 0`` (and, with ``momentum_masking``, momentum
-        stopping ``u[delivered] = 0``)."""
-        accumulated[delivered] = 0
-        self.residual = accumulated
-        masking = getattr(self.options, "momentum_masking", True)
-        if self.momentum_buffer is not None and self._feedback == "ef" and masking:  # local u
-            self.momentum_buffer[delivered] = 0
+        return self.feedback.compensate(grad.to(state_dtype(grad.dtype)))
 
     @contextmanager
     def _timed(self, phase: str) -> Iterator[None]:
@@ -415,44 +337,23 @@ class Aggregator:
     def _finish(
         self, update: torch.Tensor, delivered_fraction: float | None = None
     ) -> torch.Tensor:
-        """Count the step, record its statistics, and return ``update`` in the gradient's
-        dtype (sparse methods build it in the residual's dtype). Under ``feedback="ef21"``
-        the update is added to the estimate ``G`` and ``G`` is returned; under
-        ``feedback="global"`` the aggregator's velocity ``M`` is zeroed where ``update``
-        is not (the delivered coordinates), ``M = momentum*M + update``, and ``M`` is
-        returned; under ``feedback="onebit"`` the update is kept as the shared momentum
-        ``m`` of the next step."""
+        """Count the step, record its statistics, and return what the error-feedback rule
+        makes of ``update`` (:meth:`~gssgd.aggregators.feedback.ErrorFeedback.returned`:
+        EF21's estimate, the global velocity, ...) in the gradient's dtype (sparse methods
+        build it in the residual's dtype)."""
         self.steps += 1
         self._record(skipped=False, delivered_fraction=delivered_fraction)
-        if self._feedback == "onebit":
-            self.momentum_buffer = update.clone()  # the shared momentum m
-        elif self._feedback == "global":
-            if self.momentum_buffer is None:
-                self.momentum_buffer = torch.zeros_like(update)
-            velocity = self.momentum_buffer.to(update.device, update.dtype)
-            velocity[update != 0] = 0
-            self.momentum_buffer = velocity.mul_(self.options.momentum).add_(update)
-            update = velocity.clone()
-        elif self._ef21:
-            if self.estimate is None:
-                self.estimate = torch.zeros_like(update)
-            self.estimate = self.estimate.to(update.device, update.dtype).add_(update)
-            update = self.estimate.clone()
-        return update.to(self._grad_dtype)
+        return self.feedback.returned(update).to(self._grad_dtype)
 
     def rescale(self, factor: float) -> None:
-        """Multiply the residual, the momentum buffer and the EF21 estimate by ``factor``.
+        """Multiply the error feedback's state by ``factor``.
 
         Under ``torch.amp.GradScaler`` the gradients arrive multiplied by the loss scale,
         so the error feedback is kept in the same scaled units; when the scaler changes its
         scale, the hook rescales the state by ``new / old`` (a power of two with the
         scaler's default factors, so exact) and no mass is gained or lost.
         """
-        for state in (self.residual, self.momentum_buffer, self.estimate):
-            if state is not None:
-                state.mul_(factor)
-        if self.sketch_feedback is not None:
-            self.sketch_feedback.rescale(factor)
+        self.feedback.rescale(factor)
 
     def _record(self, skipped: bool, delivered_fraction: float | None = None) -> None:
         c = self.comm.take_stats()
@@ -517,16 +418,11 @@ class Aggregator:
             "steps": self.steps,
             "consecutive_skips": self.consecutive_skips,
         }
+        feedback = self.feedback.state_dict()
+        residual = feedback.pop("residual", None)
         if self.has_residual:
-            sd["residual"] = (
-                self.residual.clone() if self.residual is not None else torch.zeros(self.d)
-            )
-        if self.momentum_buffer is not None:
-            sd["momentum"] = self.momentum_buffer.clone()
-        if self.estimate is not None:
-            sd["estimate"] = self.estimate.clone()
-        if self.sketch_feedback is not None:
-            sd["sketch_feedback"] = self.sketch_feedback.state_dict()
+            sd["residual"] = residual if residual is not None else torch.zeros(self.d)
+        sd.update(feedback)
         return sd
 
     def load_state_dict(self, sd: dict[str, Any]) -> None:
@@ -549,9 +445,6 @@ class Aggregator:
                 raise ValueError(
                     f"residual has shape {tuple(residual.shape)}, expected ({self.d},)"
                 )
-            self.residual = residual.clone()
-        mom, estimate = sd.get("momentum"), sd.get("estimate")
-        self.momentum_buffer = mom.clone() if mom is not None else None
-        self.estimate = estimate.clone() if estimate is not None else None
-        if self.sketch_feedback is not None:
-            self.sketch_feedback.load_state_dict(sd.get("sketch_feedback", {}))
+        elif "residual" in sd:
+            sd = {key: value for key, value in sd.items() if key != "residual"}
+        self.feedback.load_state_dict(sd)

@@ -9,13 +9,33 @@ Steps (per rank, each step):
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
+from gssgd._validate import bad_value
 from gssgd.aggregators.base import Aggregator
-from gssgd.aggregators.options import DenseOptions
+from gssgd.aggregators.options import PAYLOAD_DTYPES, CommonOptions
 from gssgd.comm import Traffic, ring_allreduce
 
-__all__ = ["DenseAllReduce"]
+__all__ = ["DenseAllReduce", "DenseOptions"]
+
+
+@dataclass(frozen=True)
+class DenseOptions(CommonOptions):
+    """Dense all-reduce. ``dtype``: payload dtype (float32, float16 or bfloat16)."""
+
+    dtype: torch.dtype = torch.float32
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.dtype not in PAYLOAD_DTYPES.values():
+            raise bad_value(
+                "dtype",
+                self.dtype,
+                "it must be torch.float32, torch.float16 or torch.bfloat16",
+                "Use torch.float16 for a 16-bit payload.",
+            )
 
 
 class DenseAllReduce(Aggregator):

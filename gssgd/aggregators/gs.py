@@ -25,7 +25,7 @@ Steps (per rank p, each step):
 
 With ``feedback="fetchsgd"`` the ranks sketch their plain gradients and keep no residual;
 steps 4-6 become FetchSGD's momentum and error accumulation on the summed table, alike on
-every rank (:mod:`gssgd.aggregators.sketch_feedback`): one all-reduce of the tables per
+every rank (:mod:`gssgd.aggregators.feedback.fetchsgd`): one all-reduce of the tables per
 step, and no guard audits (no rank holds the global accumulated vector to audit against).
 
 Communication per rank is ``O((rows*cols + m*k) * log P)``, independent of ``d``.
@@ -41,16 +41,17 @@ coordinates would deliver, instead of letting training silently diverge.
 from __future__ import annotations
 
 import logging
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, ClassVar
 
 import torch
 
 from gssgd._select import topk_indices
-from gssgd.aggregators.base import Aggregator
+from gssgd._validate import bad_value, is_int
 from gssgd.aggregators.chunked import grouped_topk_indices, shares
+from gssgd.aggregators.feedback import FetchSGDFeedback
 from gssgd.aggregators.guard import CollapseGuard, SketchCollapseError, audit_interval
-from gssgd.aggregators.options import GSOptions
-from gssgd.aggregators.sketch_feedback import SketchFeedback
+from gssgd.aggregators.sketching import SketchedOptions, SketchingAggregator
 from gssgd.comm import Traffic, recursive_doubling, ring_allreduce
 
 log = logging.getLogger(__name__)
@@ -58,10 +59,105 @@ log = logging.getLogger(__name__)
 #: How often guard="grow" doubles the sketch before a further collapse stops the run.
 MAX_GROWS = 2
 
-__all__ = ["GlobalSketchSGD"]
+__all__ = ["GSOptions", "GlobalSketchSGD"]
 
 
-class GlobalSketchSGD(Aggregator):
+@dataclass(frozen=True)
+class GSOptions(SketchedOptions):
+    """gs-SGD options on top of the sketch options.
+
+    Attributes:
+        exact: fetch the exact sums of the candidates in a second all-reduce (True), or
+            use the sketch's estimates (False, one round; mass is not conserved).
+        allreduce: how the sketch tables are summed: "recursive_doubling" or "backend";
+            None: by the number of workers (:func:`~gssgd.aggregators.sizing.sketch_default_shape`).
+        guard: what to do when an audit finds the sketch collapsed (see
+            :mod:`gssgd.aggregators.guard`; audits cost one dense all-reduce at step 20,
+            then spaced to add at most 5 % of gs's bytes, every 200 steps or more): "grow"
+            doubles ``cols`` and the ``m*k`` candidates (every
+            rank alike, at most twice, up to ``d / (2 * rows)`` columns and ``d / 8``
+            candidates) and raises :class:`~gssgd.aggregators.guard.SketchCollapseError` on
+            a further collapse; "raise" raises it at once, with a message saying what to
+            change; "off" never audits.
+        reuse: R >= 1: sketch only every R-th step after any density warm-up; the R - 1
+            steps between skip the table all-reduce and fetch the exact sums at the last
+            sketched step's ``m*k`` candidates (the same on every rank, so still no
+            indices), keeping the top k of them. Ok-Topk (Li & Hoefler, PPoPP 2022) reuses
+            its selection threshold across steps the same way: the heavy coordinates of an
+            error-fed gradient drift slowly, and what falls outside the kept set waits in
+            the residual for the next sketch. 1 (default): sketch every step. Needs the
+            exact round (``exact=True``). A sketch the guard has grown, or a step with no
+            kept set, sketches. The collapse guard audits and counts sketching steps only.
+        chunk: C >= 1: select by chunk of C consecutive coordinates, as DeMo and SparseLoCo
+            do (:mod:`gssgd.aggregators.chunked`): the m*k candidates are shared out over
+            the chunks in proportion to their lengths, the k delivered in proportion to the
+            candidates each holds, and each chunk takes its largest; the guard then
+            measures against the exact vector's top k chosen the same way. At most k
+            chunks (C >= ceil(d / k)): with more, the lower chunks would take every share
+            and the rest never move. 0 (default): one selection over the whole vector.
+            Needs the exact round.
+
+    ``allreduce`` left None takes :func:`~gssgd.aggregators.sizing.sketch_default_shape`'s value too.
+    """
+
+    exact: bool = True
+    allreduce: str | None = None
+    guard: str = "grow"
+    reuse: int = 1
+    chunk: int = 0
+    shape_fields: ClassVar[tuple[str, ...]] = SketchedOptions.shape_fields + ("allreduce",)
+
+    def resolved(self, d: int, k: int, world_size: int | None = None) -> GSOptions:
+        """:meth:`SketchedOptions.resolved`, and ``chunk`` checked against ``d`` and ``k``.
+
+        Raises:
+            ValueError: more chunks than k (each must get a share of every step's k).
+        """
+        chunks = -(-d // self.chunk) if self.chunk else 0
+        if chunks > k:
+            raise bad_value("chunk", self.chunk,
+                       f"it cuts d={d} into {chunks} chunks, more than the k={k} coordinates "
+                       "a step delivers, so the lower chunks would take every share and the "
+                       "rest would never move",
+                       f"Use chunk >= ceil(d / k) = {-(-d // k)}, or a higher density.")
+        return super().resolved(d, k, world_size)  # type: ignore[return-value]
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if not isinstance(self.exact, bool):
+            raise bad_value("exact", self.exact, "it must be True or False", "Use exact=True.")
+        if self.allreduce not in (None, "recursive_doubling", "backend"):
+            raise bad_value(
+                "allreduce",
+                self.allreduce,
+                "it must be 'recursive_doubling' or 'backend'",
+                "Use 'backend' for a bandwidth-optimal ring at large P.",
+            )
+        if self.guard not in ("grow", "raise", "off"):
+            raise bad_value("guard", self.guard, "it must be 'grow', 'raise' or 'off'", "Use 'grow'.")
+        if not is_int(self.reuse) or self.reuse < 1:
+            raise bad_value("reuse", self.reuse,
+                       "it must be an integer >= 1 (1: sketch every step; R: every R-th)",
+                       "Use reuse=1, or for example reuse=2 to sketch every other step.")
+        if self.reuse > 1 and not self.exact:
+            raise bad_value("reuse", self.reuse,
+                       "reusing the candidate set needs the exact round, which exact=False "
+                       "turns off", "Use exact=True with reuse > 1, or reuse=1.")
+        if not is_int(self.chunk) or self.chunk < 0:
+            raise bad_value("chunk", self.chunk,
+                       "it must be an integer >= 0 (0: one selection over the whole vector; "
+                       "C: by chunk of C coordinates)", "For example chunk=4096 (SparseLoCo's).")
+        if self.chunk and not self.exact:
+            raise bad_value("chunk", self.chunk,
+                       "selecting by chunk needs the exact round, which exact=False turns off",
+                       "Use exact=True with chunk, or chunk=0.")
+        if self.feedback == "fetchsgd" and self.exact:
+            raise bad_value("exact", self.exact,
+                       "feedback='fetchsgd' keeps the error in sketch space and has no exact "
+                       "round", "Pass exact=False (--no-exact) with feedback='fetchsgd'.")
+
+
+class GlobalSketchSGD(SketchingAggregator):
     """gs-SGD: all-reduced Count Sketches, shared heavy-hitter recovery, exact top-k."""
 
     name = "gs"
@@ -111,22 +207,17 @@ class GlobalSketchSGD(Aggregator):
             out = out + reduce(candidates, 4)
         return out
 
-    def __init__(self, *args, **kwargs) -> None:
-        super().__init__(*args, **kwargs)
-        self.num_candidates = self.options.num_candidates(self.k, self.d)
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
         self.guard = CollapseGuard()
         self.grows = 0
         self._audit_recall: float | None = None  # this step's audit (last_stats reports it)
-        self._build_sketch(self.options.cols)
-        if self.options.feedback == "fetchsgd":
-            self.sketch_feedback = SketchFeedback(self.options.momentum)
+        super().__init__(*args, **kwargs)
 
     def _build_sketch(self, cols: int) -> None:
         """A sketch of ``cols`` columns, and the guard's later audits spaced for its bytes;
         a kept candidate set (``reuse``) of the old size is dropped."""
-        self.cols = cols
+        super()._build_sketch(cols)
         self.kept_candidates: torch.Tensor | None = None
-        self.sketch = self._new_sketch(cols)
         step = self._message(self.options, cols, self.num_candidates, self.world_size)
         audit = ring_allreduce(self.d * 4, self.world_size)
         self.guard.audit_every = audit_interval(max(audit.sent), max(step.sent))
@@ -192,7 +283,7 @@ class GlobalSketchSGD(Aggregator):
         if skipped is not None:
             return skipped
         k = self.step_k  # k, or more during a density warm-up
-        fetch = self.sketch_feedback
+        fetch = self.feedback if isinstance(self.feedback, FetchSGDFeedback) else None
         with self._timed("compress"):
             accumulated = self._error_compensated(grad)
         kept = self.kept_candidates
@@ -208,7 +299,7 @@ class GlobalSketchSGD(Aggregator):
 
         if fetch is not None:
             with self._timed("decompress"):
-                chosen, values = fetch.recover(summed, k)
+                chosen, values = fetch.tables.recover(summed, k)
                 update = torch.zeros_like(accumulated)
                 update[chosen] = values / self.world_size
             return self._finish(update)
@@ -291,7 +382,7 @@ class GlobalSketchSGD(Aggregator):
         with self._timed("decompress"):
             update = torch.zeros_like(accumulated)  # in the residual's dtype
             update[chosen] = values / self.world_size
-            self._keep_residual(accumulated, chosen)
+            self.feedback.keep(accumulated, chosen)
             mass = float(values.double().pow(2).sum())
             total = summed.l2_estimate() ** 2 if summed is not None else None
             delivered = None if total is None else mass / total if total > 0 else 1.0

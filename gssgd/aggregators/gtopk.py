@@ -22,7 +22,7 @@ import torch
 
 from gssgd._select import topk_indices
 from gssgd.aggregators.base import Aggregator, index_dtype
-from gssgd.aggregators.options import TopkOptions
+from gssgd.aggregators.topk import TopkOptions
 from gssgd.comm import Traffic, recursive_doubling, recursive_doubling_plan
 
 __all__ = ["GlobalTopk", "merge_topk"]
@@ -100,5 +100,5 @@ class GlobalTopk(Aggregator):
             final_idx, final_vals = merged[0].to(torch.int64), merged[1]
             update = torch.zeros_like(accumulated)  # in the residual's dtype
             update[final_idx] = final_vals / self.world_size
-            self._keep_residual(accumulated, own_idx[own_alive].to(torch.int64))
+            self.feedback.keep(accumulated, own_idx[own_alive].to(torch.int64))
         return self._finish(update)

@@ -20,6 +20,8 @@ from typing import ClassVar
 
 import torch
 
+from gssgd._validate import bad_value, is_int, is_number
+from gssgd.aggregators.feedback import ErrorFeedback, OneBitQuantisedFeedback, QuantisedFeedback
 from gssgd.aggregators.options import CommonOptions
 
 __all__ = [
@@ -40,18 +42,6 @@ DEFAULT_POWERSGD_RANK = 2
 DEFAULT_MIN_COMPRESSION_RATE = 2.0
 
 Shape = tuple[int, ...]
-
-
-def _bad(name: str, value: object, valid: str, fix: str) -> ValueError:
-    return ValueError(f"{name}={value!r} is invalid: {valid}. {fix}")
-
-
-def _is_int(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _is_number(value: object) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
 def default_shapes(d: int) -> tuple[Shape, ...]:
@@ -82,13 +72,13 @@ def _check_shapes(shapes: object) -> tuple[Shape, ...] | None:
         return None
     fix = "Pass the parameters' shapes in the vector's order, e.g. [p.shape for p in params]."
     if isinstance(shapes, (str, bytes)) or not isinstance(shapes, Sequence) or not shapes:
-        raise _bad("shapes", shapes, "it must be a non-empty sequence of tensor shapes", fix)
+        raise bad_value("shapes", shapes, "it must be a non-empty sequence of tensor shapes", fix)
     out = []
     for shape in shapes:
         if isinstance(shape, (str, bytes)) or not isinstance(shape, Sequence) or not all(
-            _is_int(s) and s >= 0 for s in shape
+            is_int(s) and s >= 0 for s in shape
         ):
-            raise _bad("shapes", shapes, f"{shape!r} is not a shape of integers >= 0", fix)
+            raise bad_value("shapes", shapes, f"{shape!r} is not a shape of integers >= 0", fix)
         out.append(tuple(int(s) for s in shape))
     return tuple(out)
 
@@ -131,8 +121,9 @@ class PowerSGDOptions(CommonOptions):
     #: Other names of options (PyTorch's ``PowerSGDState`` names), accepted by
     #: :func:`gssgd.make_aggregator` and the DDP hook.
     aliases: ClassVar[dict[str, str]] = {"matrix_approximation_rank": "rank"}
-    #: the ``feedback`` modes this method implements
-    feedbacks: ClassVar[tuple[str, ...]] = ("ef", "onebit")
+    #: the error-feedback rules: a low-rank approximation's residual ``e = a - P Q^T``
+    feedback_rules: ClassVar[dict[str, type[ErrorFeedback]]] = {
+        "ef": QuantisedFeedback, "onebit": OneBitQuantisedFeedback}
 
     rank: int = DEFAULT_POWERSGD_RANK
     warm_start: bool = True
@@ -146,29 +137,29 @@ class PowerSGDOptions(CommonOptions):
     def __post_init__(self) -> None:
         super().__post_init__()
         if self.feedback not in self.feedbacks:
-            raise _bad("feedback", self.feedback, f"PowerSGD takes {' or '.join(self.feedbacks)}",
+            raise bad_value("feedback", self.feedback, f"PowerSGD takes {' or '.join(self.feedbacks)}",
                        "Use 'ef' (PyTorch's error feedback) or 'onebit' with "
                        "gssgd.ddp.compressed_adamw.")
-        if not _is_int(self.rank) or self.rank < 1:
-            raise _bad("rank", self.rank, "it must be an integer >= 1 (each matrix then uses "
+        if not is_int(self.rank) or self.rank < 1:
+            raise bad_value("rank", self.rank, "it must be an integer >= 1 (each matrix then uses "
                        "min(rank, rows, cols))", "Start with rank=1 or 2 and double it while "
                        "accuracy improves (--powersgd-rank).")
         if not isinstance(self.warm_start, bool):
-            raise _bad("warm_start", self.warm_start, "it must be True or False",
+            raise bad_value("warm_start", self.warm_start, "it must be True or False",
                        "Use warm_start=True (the paper's power iteration across steps).")
-        if not _is_number(self.min_compression_rate) or self.min_compression_rate < 1:
-            raise _bad("min_compression_rate", self.min_compression_rate,
+        if not is_number(self.min_compression_rate) or self.min_compression_rate < 1:
+            raise bad_value("min_compression_rate", self.min_compression_rate,
                        "it must be a number >= 1 (below 1, factors larger than the matrix "
                        "would be sent)", "Use 2 (PyTorch's default).")
-        if not _is_number(self.epsilon) or self.epsilon < 0:
-            raise _bad("epsilon", self.epsilon, "it must be a number >= 0",
+        if not is_number(self.epsilon) or self.epsilon < 0:
+            raise bad_value("epsilon", self.epsilon, "it must be a number >= 0",
                        "Use 0 (exact), or 1e-8 as PyTorch suggests for vanishing gradients.")
-        if not _is_int(self.seed) or not 0 <= self.seed < 2**64:
-            raise _bad("seed", self.seed, "it must be an integer in [0, 2**64)",
+        if not is_int(self.seed) or not 0 <= self.seed < 2**64:
+            raise bad_value("seed", self.seed, "it must be an integer in [0, 2**64)",
                        "For example seed=0.")
         momentum = self.momentum
-        if not _is_number(momentum) or not 0 <= momentum < 1:
-            raise _bad("momentum", momentum, "it must be a number in [0, 1) (0 turns local "
+        if not is_number(momentum) or not 0 <= momentum < 1:
+            raise bad_value("momentum", momentum, "it must be a number in [0, 1) (0 turns local "
                        "momentum off)", "Use 0 and the optimizer's momentum, as the paper does.")
         object.__setattr__(self, "shapes", _check_shapes(self.shapes))
 
@@ -182,7 +173,7 @@ class PowerSGDOptions(CommonOptions):
         shapes = default_shapes(d) if self.shapes is None else self.shapes
         total = sum(math.prod(s) for s in shapes)
         if total != d:
-            raise _bad("shapes", shapes, f"their sizes add up to {total}, not to the vector's "
+            raise bad_value("shapes", shapes, f"their sizes add up to {total}, not to the vector's "
                        f"d={d}", "Pass the shapes of exactly the tensors the vector "
                        "concatenates, in its order.")
         return replace(self, shapes=shapes)

@@ -133,7 +133,7 @@ class PowerSGD(Aggregator):
                 out = update[f.offset : f.offset + f.n * f.m].view(1, f.n, f.m)
                 torch.bmm(p, q.transpose(1, 2), out=out)  # P Q^T
             self._remember(q_flat, qs, q_previous)
-            self.residual = accumulated - update  # PyTorch's rule: e = a - update
+            self.feedback.keep(accumulated, update)  # PyTorch's rule: e = a - update
         return self._finish(update)
 
     # ---------------------------------------------------------------- factors

@@ -22,7 +22,7 @@ bottleneck gs-SGD removes.
 
 With ``feedback="fetchsgd"`` (FetchSGD, Rothchild et al. 2020, which uses this topology) the
 ranks sketch their plain gradients and keep no residual; the server keeps the momentum and
-the error in sketch space (:mod:`gssgd.aggregators.sketch_feedback`), recovers the k
+the error in sketch space (:mod:`gssgd.aggregators.feedback.fetchsgd`), recovers the k
 largest estimates and sends (index, value) to every rank: steps 4-5's candidate rounds
 are not taken.
 """
@@ -32,16 +32,16 @@ from __future__ import annotations
 import torch
 
 from gssgd._select import topk_indices
-from gssgd.aggregators.base import Aggregator, index_dtype
-from gssgd.aggregators.options import SketchedOptions
-from gssgd.aggregators.sketch_feedback import SketchFeedback
+from gssgd.aggregators.base import index_dtype
+from gssgd.aggregators.feedback import FetchSGDFeedback
+from gssgd.aggregators.sketching import SketchedOptions, SketchingAggregator
 from gssgd.comm import Payload, Traffic, star_broadcast, star_gather
 from gssgd.sketch import CountSketch
 
 __all__ = ["SketchedSGD"]
 
 
-class SketchedSGD(Aggregator):
+class SketchedSGD(SketchingAggregator):
     """Sketched-SGD with a star (parameter-server) topology through rank 0."""
 
     name = "sketched"
@@ -70,13 +70,6 @@ class SketchedSGD(Aggregator):
             + final
         )
 
-    def __init__(self, *args, **kwargs) -> None:
-        super().__init__(*args, **kwargs)
-        self.sketch = self._new_sketch()
-        self.num_candidates = self.options.num_candidates(self.k, self.d)
-        if self.options.feedback == "fetchsgd":
-            self.sketch_feedback = SketchFeedback(self.options.momentum)
-
     def step(self, grad: torch.Tensor) -> torch.Tensor:
         skipped = self._begin(grad)
         if skipped is not None:
@@ -89,7 +82,7 @@ class SketchedSGD(Aggregator):
             sketch.accumulate(self._prefiltered(accumulated, k))
 
         tables = self.comm.gather_to_root([self._table_payload(sketch.table)])
-        if self.sketch_feedback is not None:
+        if isinstance(self.feedback, FetchSGDFeedback):
             return self._fetch_step(sketch, tables, accumulated, k)
         candidates = torch.empty(num_candidates, dtype=index_dtype(self.d), device=grad.device)
         if is_server:
@@ -118,7 +111,7 @@ class SketchedSGD(Aggregator):
             final_idx = final_idx.to(torch.int64)
             update = torch.zeros_like(accumulated)  # in the residual's dtype
             update[final_idx] = final_vals / self.world_size
-            self._keep_residual(accumulated, final_idx)
+            self.feedback.keep(accumulated, final_idx)
         return self._finish(update)
 
     def _summed_sketch(self, sketch: CountSketch, tables: list[Payload]) -> CountSketch:
@@ -135,7 +128,7 @@ class SketchedSGD(Aggregator):
     def _fetch_step(self, sketch: CountSketch, tables: list[Payload] | None,
                     accumulated: torch.Tensor, k: int) -> torch.Tensor:
         """FetchSGD's server step: sum the tables in rank order, recover from the error
-        sketch (:class:`~gssgd.aggregators.sketch_feedback.SketchFeedback`, on rank 0
+        sketch (:class:`~gssgd.aggregators.feedback.fetchsgd.SketchFeedback`, on rank 0
         only), and send the k (index, value) pairs to every rank."""
         device = accumulated.device
         final = [
@@ -145,7 +138,7 @@ class SketchedSGD(Aggregator):
         if self.rank == 0:
             with self._timed("decompress"):
                 summed = self._summed_sketch(sketch, tables)
-                chosen, values = self.sketch_feedback.recover(summed, k)
+                chosen, values = self.feedback.tables.recover(summed, k)  # type: ignore[attr-defined]
                 final = [chosen.to(final[0].dtype), values]
         final_idx, final_vals = self.comm.broadcast_from_root(final)
         with self._timed("decompress"):

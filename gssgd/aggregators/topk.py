@@ -14,14 +14,114 @@ and the received bytes grow with P.
 
 from __future__ import annotations
 
+import math
+from dataclasses import dataclass
+from typing import ClassVar
+
 import torch
 
 from gssgd._select import topk_indices
+from gssgd._validate import bad_value, is_int
 from gssgd.aggregators.base import Aggregator, index_dtype
-from gssgd.aggregators.options import TopkOptions
+from gssgd.aggregators.feedback import SPARSE_RULES, ErrorFeedback
+from gssgd.aggregators.options import CommonOptions
 from gssgd.comm import Traffic, allgather
 
-__all__ = ["LocalTopk"]
+__all__ = ["LocalTopk", "TopkOptions"]
+
+
+def _check_momentum(value: float, masking: bool = True) -> None:
+    if not isinstance(masking, bool):
+        raise bad_value("momentum_masking", masking, "it must be True or False", "")
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < 1:
+        raise bad_value(
+            "momentum",
+            value,
+            "it must be a number in [0, 1) (0 turns local momentum off)",
+            "For example momentum=0.9.",
+        )
+
+
+@dataclass(frozen=True)
+class TopkOptions(CommonOptions):
+    """Options of every sparse method with error feedback (topk, gtopk, sketched, gs).
+
+    The training-recipe tools of Deep Gradient Compression (Lin et al., ICLR 2018):
+
+    Attributes:
+        momentum: local momentum ("momentum correction": velocity kept per rank, zeroed
+            where delivered unless ``momentum_masking=False``); 0 = off. Not with the
+            optimizer's momentum.
+        momentum_masking: DGC's masking (True): zero a delivered coordinate's velocity;
+            False: momentum SGD exactly at density 1 (:func:`gssgd.ddp.compressed_sgd`).
+        warmup_steps: density warm-up: the first ``warmup_steps`` aggregation steps send
+            exponentially fewer coordinates, from ``warmup_density`` down to the target
+            (:class:`~gssgd.aggregators.schedule.DensityWarmup`); 0 = off.
+        warmup_density: the density of the first warm-up step, in (0, 1] (DGC: 0.25).
+        local_clip: local gradient clipping: each rank scales its gradient to an l2 norm of
+            at most ``local_clip / sqrt(P)`` before it enters the residual, so the sum over
+            P ranks stays within about ``local_clip``; None = off.
+        feedback: the error-feedback rule (``momentum`` is each rule's momentum), one
+            module each in :mod:`gssgd.aggregators.feedback`:
+
+            * ``"ef"`` (default): classic error feedback, with DGC's local momentum.
+            * ``"ef21"``: EF21 and, with ``momentum``, EF21-SGDM: every rank returns the
+              same dense estimate of the ranks' mean velocity. Without inner momentum,
+              under momentum SGD or AdamW, it lags or diverges (the DDP hook warns).
+            * ``"global"``: the momentum kept by the aggregator on the averaged update,
+              alike on every rank (needs ``momentum`` > 0 and plain SGD).
+            * ``"onebit"``: 1-bit Adam's compression stage; pair it with
+              :class:`~gssgd.optim.FrozenVarianceAdamW` (``momentum`` = its beta1).
+            * ``"fetchsgd"`` (the sketching methods only): FetchSGD's momentum and error in
+              sketch space; no residual on the ranks, no exact round (gs needs
+              ``exact=False``), no density warm-up; use plain SGD and ``rows`` > 1.
+    """
+
+    momentum: float = 0.0
+    momentum_masking: bool = True
+    warmup_steps: int = 0
+    warmup_density: float = 0.25
+    local_clip: float | None = None
+    feedback: str = "ef"
+    feedback_rules: ClassVar[dict[str, type[ErrorFeedback]]] = SPARSE_RULES
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        _check_momentum(self.momentum, self.momentum_masking)
+        if self.feedback not in self.feedbacks:
+            sketching = "" if "fetchsgd" in self.feedbacks else (
+                " ('fetchsgd' needs a sketching method: sketched or gs)")
+            raise bad_value("feedback", self.feedback,
+                       f"it must be one of {', '.join(self.feedbacks)} for this method"
+                       + sketching,
+                       "Use 'ef' (the default) or 'ef21' (with momentum=0.9: EF21-SGDM).")
+        if self.feedback == "fetchsgd" and self.warmup_steps:
+            raise bad_value("warmup_steps", self.warmup_steps,
+                       "feedback='fetchsgd' keeps its error in tables of one shape, which cannot "
+                       "recover a warm-up's larger k", "Use warmup_steps=0 (--warmup-steps 0).")
+        if self.feedback == "global" and self.momentum == 0:
+            raise bad_value("momentum", self.momentum,
+                       "feedback='global' is the aggregator's momentum, so it must be in "
+                       "(0, 1)", "For example momentum=0.9 (--local-momentum 0.9).")
+        if not is_int(self.warmup_steps) or self.warmup_steps < 0:
+            raise bad_value("warmup_steps", self.warmup_steps, "it must be an integer >= 0",
+                       "For example warmup_steps=100, or 0 for no density warm-up.")
+        if (
+            isinstance(self.warmup_density, bool)
+            or not isinstance(self.warmup_density, (int, float))
+            or not 0 < self.warmup_density <= 1
+        ):
+            raise bad_value("warmup_density", self.warmup_density, "it must be a number in (0, 1]",
+                       "For example warmup_density=0.25 (DGC's starting density).")
+        if self.local_clip is not None and (
+            isinstance(self.local_clip, bool)
+            or not isinstance(self.local_clip, (int, float))
+            or not math.isfinite(self.local_clip)
+            or self.local_clip <= 0
+        ):
+            raise bad_value("local_clip", self.local_clip, "it must be a number > 0 or None",
+                       "For example local_clip=1.0, or None for no clipping.")
+
 
 
 class LocalTopk(Aggregator):
@@ -60,5 +160,5 @@ class LocalTopk(Aggregator):
             for rank_idx, rank_vals in zip(all_idx, all_vals, strict=True):  # rank order
                 update.index_add_(0, rank_idx.to(torch.int64), rank_vals)
             update /= self.world_size
-            self._keep_residual(accumulated, idx)
+            self.feedback.keep(accumulated, idx)
         return self._finish(update)

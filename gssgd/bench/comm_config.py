@@ -11,7 +11,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from gssgd.aggregators import build_options
-from gssgd.aggregators.options import DEFAULT_ROWS
+from gssgd.aggregators.sizing import DEFAULT_ROWS
 from gssgd.bench.netns import parse_link_rate
 from gssgd.costmodel import DEFAULT_METHODS, VARIANTS, MethodSpec, method_spec
 

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from gssgd.aggregators.options import DEFAULT_ROWS
+from gssgd.aggregators.sizing import DEFAULT_ROWS
 from gssgd.bench.formatting import fmt_rate
 from gssgd.bench.model_charts import error_table, grid_table, plot_fit, plot_lines
 from gssgd.costmodel.fit import (

@@ -18,7 +18,8 @@ import torch
 
 from gssgd.aggregators import build_options
 from gssgd.aggregators.base import index_dtype
-from gssgd.aggregators.options import DEFAULT_ROWS, resolve_k
+from gssgd.aggregators.options import resolve_k
+from gssgd.aggregators.sizing import DEFAULT_ROWS
 from gssgd.comm import Traffic
 from gssgd.methods import BENCH_VARIANTS, get_method, get_variant
 

@@ -1,0 +1,248 @@
+"""What the sketching methods share: their options and the pieces of their ``step``.
+
+Sketched-SGD (:mod:`~gssgd.aggregators.sketched`), gs-SGD (:mod:`~gssgd.aggregators.gs`) and
+streaming gs-SGD (:mod:`gssgd.ddp.stream`) each Count-Sketch their error-compensated vector,
+send the table, and recover heavy coordinates from the summed sketch. This module holds what
+they have in common, so each ``step`` shows only its own communication:
+
+* :class:`SketchedOptions`: the sketch's shape (rows, columns, exact candidates, hash seed),
+  its wire dtype and the local pre-filter; unset shape fields are filled by
+  :func:`~gssgd.aggregators.sizing.sketch_default_shape`.
+* :class:`SketchingAggregator`: the step's sketch (larger ones during a density warm-up),
+  the pre-filtered vector it sketches, and the 16-bit table payload and its widening.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Any, ClassVar
+
+import torch
+
+from gssgd._select import keep_largest
+from gssgd._validate import bad_value, is_int
+from gssgd.aggregators.base import Aggregator
+from gssgd.aggregators.feedback import SKETCH_RULES, ErrorFeedback
+from gssgd.aggregators.options import PAYLOAD_DTYPES
+from gssgd.aggregators.sizing import DEFAULT_ROWS, sketch_default_shape
+from gssgd.aggregators.topk import TopkOptions
+from gssgd.sketch import CountSketch, HashCache, hash_cache_bytes
+
+__all__ = ["HASH_CACHE_LIMIT", "SketchedOptions", "SketchingAggregator"]
+
+#: Largest hash cache (bytes) a sketching aggregator keeps by default.
+HASH_CACHE_LIMIT = 1 << 30
+
+
+@dataclass(frozen=True)
+class SketchedOptions(TopkOptions):
+    """Sketch options shared by Sketched-SGD and gs-SGD.
+
+    Attributes:
+        rows: hash rows of the Count Sketch (odd).
+        cols: buckets per row, or None for :func:`~gssgd.aggregators.sizing.default_sketch_cols`.
+        candidates: m; the sketch proposes m * k candidates (capped at d) whose exact
+            values are then fetched; None for :func:`~gssgd.aggregators.sizing.default_candidates`.
+        seed: hash seed shared by all ranks.
+        hash_cache: keep every coordinate's buckets in memory
+            (:func:`gssgd.sketch.hash_cache_bytes`: ``16 * d`` bytes for one row,
+            ``12 * rows * d`` for more) for speed; None (default) caches when that is at
+            most ``HASH_CACHE_LIMIT`` bytes.
+        table_dtype: dtype of the sketch tables on the wire: torch.float32, or float16 /
+            bfloat16 to halve the sketch's bytes (scaled by 1/P before the cast, like
+            dense's 16-bit payload). Only the choice of candidates sees the rounding: the
+            exact round, the update and the residuals stay in the gradient's dtype.
+            float16 overflows past 65504 per bucket (of the mean over ranks); bfloat16
+            does not, at a coarser rounding. None: by the number of workers. (Sketched-SGD's
+            reference sends float16 sketches too: its ``transferHalf``.)
+        prefilter: 0 (sketch all of ``a_p``), or f >= 1: each rank sketches only
+            its own ``f * k`` largest coordinates of ``a_p`` (a local pre-filter). The
+            summed sketch then holds at most ``P * f * k`` coordinates instead of the whole
+            gradient's tail, so a narrow table recovers the heavy ones more cleanly; the
+            exact round still sums all of ``a_p`` at the candidates, so no mass is lost.
+            Costs a local top-``f*k`` selection per step. None: by the number of workers.
+
+    ``cols``, ``candidates``, ``table_dtype`` and ``prefilter`` left None take
+    :func:`~gssgd.aggregators.sizing.sketch_default_shape`'s values for the run's d, k and number of workers.
+    """
+
+    rows: int = DEFAULT_ROWS
+    cols: int | None = None
+    candidates: int | None = None
+    seed: int = 0
+    hash_cache: bool | None = None
+    table_dtype: torch.dtype | None = None
+    prefilter: int | None = None
+    feedback_rules: ClassVar[dict[str, type[ErrorFeedback]]] = SKETCH_RULES
+    #: the fields :meth:`resolved` fills from :func:`~gssgd.aggregators.sizing.sketch_default_shape` when left None
+    shape_fields: ClassVar[tuple[str, ...]] = ("cols", "candidates", "table_dtype", "prefilter")
+
+    def use_hash_cache(self, d: int) -> bool:
+        """Whether a sketch of length ``d`` should cache its hashes."""
+        if self.hash_cache is None:
+            return hash_cache_bytes(d, self.rows) <= HASH_CACHE_LIMIT
+        return self.hash_cache
+
+    def make_sketch(self, d: int, hashes: HashCache, cols: int | None = None) -> CountSketch:
+        """The Count Sketch these options describe, for vectors of length ``d``, keeping its
+        hash tables in ``hashes`` when :meth:`use_hash_cache` says so."""
+        return CountSketch(
+            d,
+            rows=self.rows,
+            cols=self.cols if cols is None else cols,
+            seed=self.seed,
+            cache_hashes=hashes if self.use_hash_cache(d) else False,
+        )
+
+    def resolved(self, d: int, k: int, world_size: int | None = None) -> SketchedOptions:
+        """These options with every default (None) among :attr:`shape_fields` filled in
+        from :func:`~gssgd.aggregators.sizing.sketch_default_shape` for ``d``, ``k`` and ``world_size`` ranks (None:
+        unknown, the small-P shape): one rule sizes both sketching methods."""
+        shape = sketch_default_shape(d, k, self.rows, world_size)
+        defaults = {name: getattr(shape, name) for name in self.shape_fields}
+        if self.feedback == "fetchsgd":
+            defaults["prefilter"] = 0  # no residual would keep what a pre-filter drops
+        return replace(self, **{n: v for n, v in defaults.items() if getattr(self, n) is None})
+
+    def num_candidates(self, k: int, d: int) -> int:
+        """``m * k`` candidates, capped at ``d``."""
+        return min(self.candidates * k, d)
+
+    def shape_at(self, d: int, k: int, step_k: int) -> tuple[int, int]:
+        """Columns and candidates of a step that sends ``step_k``: the options' own (``cols``
+        resolved, ``m * k`` candidates) when ``step_k == k``, else :meth:`warmup_shape`'s."""
+        cols, candidates = self.cols, self.num_candidates(k, d)
+        assert cols is not None, "resolve the options first (gssgd.aggregators.build_options)"
+        if step_k == k:
+            return cols, candidates
+        return self.warmup_shape(d, k, step_k, cols, candidates)
+
+    def warmup_shape(
+        self, d: int, k: int, step_k: int, cols: int, candidates: int
+    ) -> tuple[int, int]:
+        """Columns and candidates for a density warm-up step that sends ``step_k > k``.
+
+        Both grow with ``step_k / k`` from the steady ``cols`` and ``candidates``, within the
+        sizing rule's caps (``d / (4 * rows)`` columns, at least 256; ``d / 8`` candidates,
+        at least ``step_k``), so a warm-up step recovers its larger k as well as a steady
+        step recovers k.
+        """
+        scale = step_k // k
+        cols_t = max(cols, min(cols * scale, max(256, d // (4 * self.rows))))
+        cands_t = min(d, max(step_k, min(candidates * scale, d // 8)))
+        return cols_t, cands_t
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if not is_int(self.rows) or self.rows < 1 or self.rows % 2 == 0:
+            raise bad_value(
+                "rows",
+                self.rows,
+                "it must be an odd integer >= 1 so the median of the rows is one of them",
+                "For example rows=5.",
+            )
+        if self.cols is not None and (not is_int(self.cols) or self.cols < 1):
+            raise bad_value("cols", self.cols, "it must be an integer >= 1 or None", "Leave it None.")
+        if self.candidates is not None and (not is_int(self.candidates) or self.candidates < 1):
+            raise bad_value(
+                "candidates",
+                self.candidates,
+                "it must be an integer >= 1 or None",
+                "For example 32.",
+            )
+        if not is_int(self.seed) or self.seed < 0:
+            raise bad_value("seed", self.seed, "it must be an integer >= 0", "For example seed=0.")
+        if self.hash_cache not in (None, True, False):
+            raise bad_value(
+                "hash_cache",
+                self.hash_cache,
+                "it must be None, True or False",
+                "Leave it None to cache when it fits.",
+            )
+        if self.table_dtype is not None and self.table_dtype not in PAYLOAD_DTYPES.values():
+            raise bad_value(
+                "table_dtype",
+                self.table_dtype,
+                "it must be torch.float32, torch.float16 or torch.bfloat16",
+                "Use torch.float16 to halve the sketch's bytes.",
+            )
+        if self.prefilter is not None and (
+            isinstance(self.prefilter, bool) or not isinstance(self.prefilter, int)
+            or self.prefilter < 0
+        ):
+            raise bad_value("prefilter", self.prefilter,
+                       "it must be an integer >= 0 (0: off; f: each rank sketches its f*k "
+                       "largest coordinates)", "Use 8, or 0 to sketch the whole vector.")
+        if self.feedback == "fetchsgd" and self.prefilter:
+            raise bad_value("prefilter", self.prefilter,
+                       "feedback='fetchsgd' keeps no residual on the ranks, so a pre-filter "
+                       "would lose what it drops", "Use prefilter=0 with feedback='fetchsgd'.")
+
+
+class SketchingAggregator(Aggregator):
+    """Base of the sketching methods: a steady sketch and ``m*k`` candidates, and the
+    pieces of a sketching step.
+
+    Attributes:
+        cols: the steady sketch's columns.
+        sketch: the steady-state :class:`~gssgd.sketch.CountSketch` (the options' shape).
+        num_candidates: ``m * k``, the exact round's candidates (capped at d).
+    """
+
+    Options: ClassVar[type[SketchedOptions]] = SketchedOptions
+    options: SketchedOptions
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._warm_sketches: dict[int, CountSketch] = {}  # the density warm-up's shapes
+        self.num_candidates = self.options.num_candidates(self.k, self.d)
+        self._build_sketch(self.options.cols)
+
+    def _build_sketch(self, cols: int) -> None:
+        """The steady sketch, of ``cols`` columns (gs-SGD's guard may grow it later)."""
+        self.cols = cols
+        self.sketch = self._new_sketch(cols)
+
+    def _new_sketch(self, cols: int | None = None) -> CountSketch:
+        """Sketching methods: an empty sketch of ``d`` coordinates, ``cols`` columns (None:
+        the options' own) and the options' rows, hashes and table dtype."""
+        return self.options.make_sketch(self.d, self.hashes, cols)
+
+    def _sketch_of_step(self, like: torch.Tensor) -> tuple[CountSketch, int]:
+        """Sketching methods: this step's empty sketch (on the device and in the dtype of
+        ``like``, the error-compensated vector: float32 at least) and
+        candidate count: the steady ``self.sketch`` and ``self.num_candidates``, or, during a
+        density warm-up, larger ones (:meth:`SketchedOptions.warmup_shape`), one sketch per
+        distinct k (from :meth:`_new_sketch`), dropped when the warm-up ends."""
+        warm = self._warm_sketches
+        if self.step_k == self.k:
+            warm.clear()
+            self.sketch = self.sketch.to(like.device, like.dtype).zero_()
+            return self.sketch, self.num_candidates
+        cols, candidates = self.options.warmup_shape(
+            self.d, self.k, self.step_k, self.sketch.cols, self.num_candidates
+        )
+        if cols not in warm:
+            warm[cols] = self._new_sketch(cols)
+        warm[cols] = warm[cols].to(like.device, like.dtype).zero_()
+        return warm[cols], candidates
+
+    def _prefiltered(self, accumulated: torch.Tensor, k: int) -> torch.Tensor:
+        """Sketching methods: what this rank sketches: ``a_p``, or with ``prefilter`` f >= 1
+        only its ``f * k`` largest coordinates (the rest zero)."""
+        f = self.options.prefilter
+        return keep_largest(accumulated, f * k) if f else accumulated
+
+    def _table_payload(self, table: torch.Tensor) -> torch.Tensor:
+        """Sketching methods: a table as it goes on the wire, in ``table_dtype`` (a 16-bit
+        table is the mean over ranks, scaled by 1/P before the cast, so it fits)."""
+        wire = self.options.table_dtype
+        if wire == table.dtype:
+            return table
+        with self._timed("compress"):
+            return (table / self.world_size).to(wire)
+
+    def _widened(self, summed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        """Sketching methods: a summed 16-bit table of means (:meth:`_table_payload`) back
+        as the sum, in ``dtype``."""
+        return summed.to(dtype).mul_(self.world_size)
