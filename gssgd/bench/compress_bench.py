@@ -32,6 +32,7 @@ __all__ = ["time_compression", "main"]
 
 
 def _median_ms(fn: Callable[[], object], repeats: int) -> float:
+    """Median milliseconds of ``fn()`` over ``repeats`` runs, after one untimed run."""
     fn()  # warm-up
     times = []
     for _ in range(repeats):
@@ -71,23 +72,37 @@ def time_compression(
     gen = torch.Generator().manual_seed(seed)
     vec = torch.randn(d, generator=gen)
     vec[torch.randperm(d, generator=gen)[:k]] *= 20  # a heavy tail, as in real gradients
+    out: dict = {"d": d, "density": density, "k": k, **_selection_times(vec, k, repeats)}
+    if select_only:
+        return out
+    sketch = CountSketch(d, rows=rows, cols=cols_per_k * k, seed=seed, cache_hashes=cache)
+    out.update(_sketch_path_times(vec, sketch, k, min(candidates * k, d), repeats))
+    out["gs_total"] = out["sketch"] + out["candidates"] + out["exact_topk"]
+    out["ratio_to_topk"] = out["gs_total"] / out["topk"]
+    out["ratio_to_best"] = out["gs_total"] / out["select_best"]
+    return out
+
+
+def _selection_times(vec: torch.Tensor, k: int, repeats: int) -> dict:
+    """Milliseconds of a plain ``torch.topk`` of ``|vec|`` and of ``topk_indices`` by either
+    method (checked to agree first), the faster of the two, and the sampled one's path."""
     chosen, path = sampled_topk_indices(vec.abs(), k)
     if not torch.equal(chosen, topk_indices(vec.abs(), k, method="exact")):
         raise AssertionError("the sampled selection differs from the exact one")
     out: dict = {
-        "d": d,
-        "density": density,
-        "k": k,
         "topk": _median_ms(lambda: torch.topk(vec.abs(), k), repeats),
         "select_exact": _median_ms(lambda: topk_indices(vec.abs(), k, method="exact"), repeats),
         "select_sampled": _median_ms(lambda: topk_indices(vec.abs(), k, method="sampled"), repeats),
         "sampled_path": path,
     }
     out["select_best"] = min(out["select_exact"], out["select_sampled"])
-    if select_only:
-        return out
-    sketch = CountSketch(d, rows=rows, cols=cols_per_k * k, seed=seed, cache_hashes=cache)
-    m_k = min(candidates * k, d)
+    return out
+
+
+def _sketch_path_times(vec: torch.Tensor, sketch: CountSketch, k: int, m_k: int,
+                       repeats: int) -> dict[str, float]:
+    """Milliseconds of gs's compression steps: sketch ``vec``, recover ``m_k`` candidates,
+    and the exact top-k among them."""
 
     def do_sketch() -> None:
         sketch.zero_()
@@ -95,13 +110,11 @@ def time_compression(
 
     do_sketch()
     cand = sketch.heavy_hitters(m_k)[0]
-    out["sketch"] = _median_ms(do_sketch, repeats)
-    out["candidates"] = _median_ms(lambda: sketch.heavy_hitters(m_k, ordered=False), repeats)
-    out["exact_topk"] = _median_ms(lambda: topk_indices(vec[cand].abs(), k), repeats)
-    out["gs_total"] = out["sketch"] + out["candidates"] + out["exact_topk"]
-    out["ratio_to_topk"] = out["gs_total"] / out["topk"]
-    out["ratio_to_best"] = out["gs_total"] / out["select_best"]
-    return out
+    return {
+        "sketch": _median_ms(do_sketch, repeats),
+        "candidates": _median_ms(lambda: sketch.heavy_hitters(m_k, ordered=False), repeats),
+        "exact_topk": _median_ms(lambda: topk_indices(vec[cand].abs(), k), repeats),
+    }
 
 
 def main(argv: list[str] | None = None) -> int:

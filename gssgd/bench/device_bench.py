@@ -33,6 +33,7 @@ import torch
 
 __all__ = ["measure_device"]
 
+#: ResNet-50's parameter count: the default gradient length of the measurement.
 RESNET50_D = 25_557_032
 
 
@@ -105,38 +106,15 @@ def measure_device(device: str | None = None, d: int = RESNET50_D, repeats: int 
     Raises:
         ValueError: ``cuda`` without a CUDA device, or bad sizes.
     """
-    from gssgd._select import topk_indices
-    from gssgd.aggregators.options import default_candidates, default_sketch_cols
-    from gssgd.sketch import CountSketch
+    from gssgd.aggregators.sizing import default_candidates, default_sketch_cols
 
-    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
-    if device == "cuda" and not torch.cuda.is_available():
-        raise ValueError("device='cuda' but torch sees no CUDA device; use --device cpu")
-    if d < 1000 or repeats < 1 or warmup < 0:
-        raise ValueError(f"d={d} must be >= 1000, repeats={repeats} >= 1, warmup={warmup} >= 0")
+    device = _checked_device(device, d, repeats, warmup)
     gen = torch.Generator(device=device).manual_seed(0)
     g = torch.randn(d, generator=gen, device=device)
-    out = torch.empty_like(g)
     k = max(1, round(0.001 * d))
     cols, m = default_sketch_cols(d, k, 1), default_candidates(d, k)
-    sketch = CountSketch(d, rows=1, cols=cols, seed=0, device=device)
-    sketch.accumulate(g)
-    n = math.isqrt(d)
-    matrix = g[: n * (d // n)].view(n, d // n)
-    timed = {
-        "copy": lambda: out.copy_(g),
-        "topk": lambda: topk_indices(g.abs(), k),
-        "sketch": lambda: sketch.accumulate(g),
-        "recover": lambda: sketch.heavy_hitters(m * k, ordered=False),
-    }
-    t = {name: _median_s(fn, device, repeats, warmup) for name, fn in timed.items()}
-    lowrank = []
-    for r in (1, 2, 4):
-        q = torch.randn(d // n, r, generator=gen, device=device)
-        p = torch.randn(n, r, generator=gen, device=device)
-        seconds = _median_s(lambda q=q, p=p: (matrix @ q, matrix.T @ p, p @ q.T),
-                            device, repeats, warmup)
-        lowrank.append(seconds / (r * matrix.numel()))
+    t = _primitive_seconds(g, k, cols, m, device, repeats, warmup)
+    lowrank = _lowrank_per_elem_rank(g, gen, device, repeats, warmup)
     fwdbwd, reference = _fwdbwd_per_param(device, max(3, repeats // 4), warmup)
     name = torch.cuda.get_device_name() if device == "cuda" else platform.processor() or "cpu"
     return {
@@ -153,3 +131,53 @@ def measure_device(device: str | None = None, d: int = RESNET50_D, repeats: int 
                     "lowrank_s_per_elem_rank_at_1_2_4": lowrank,
                     "fwdbwd_reference": reference, "torch": torch.__version__},
     }
+
+
+def _checked_device(device: str | None, d: int, repeats: int, warmup: int) -> str:
+    """The device to measure ("cuda" when available if None).
+
+    Raises:
+        ValueError: ``cuda`` without a CUDA device, or bad sizes.
+    """
+    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    if device == "cuda" and not torch.cuda.is_available():
+        raise ValueError("device='cuda' but torch sees no CUDA device; use --device cpu")
+    if d < 1000 or repeats < 1 or warmup < 0:
+        raise ValueError(f"d={d} must be >= 1000, repeats={repeats} >= 1, warmup={warmup} >= 0")
+    return device
+
+
+def _primitive_seconds(g: torch.Tensor, k: int, cols: int, m: int, device: str, repeats: int,
+                       warmup: int) -> dict[str, float]:
+    """Median seconds of a copy of ``g``, the top-k of ``|g|``, sketching ``g`` into one
+    row of ``cols`` columns, and recovering ``m * k`` candidates from that sketch."""
+    from gssgd._select import topk_indices
+    from gssgd.sketch import CountSketch
+
+    out = torch.empty_like(g)
+    sketch = CountSketch(g.numel(), rows=1, cols=cols, seed=0, device=device)
+    sketch.accumulate(g)
+    timed = {
+        "copy": lambda: out.copy_(g),
+        "topk": lambda: topk_indices(g.abs(), k),
+        "sketch": lambda: sketch.accumulate(g),
+        "recover": lambda: sketch.heavy_hitters(m * k, ordered=False),
+    }
+    return {name: _median_s(fn, device, repeats, warmup) for name, fn in timed.items()}
+
+
+def _lowrank_per_elem_rank(g: torch.Tensor, gen: torch.Generator, device: str, repeats: int,
+                           warmup: int) -> list[float]:
+    """PowerSGD's three products on ``g`` viewed as a near-square matrix, at ranks 1, 2 and
+    4: seconds per element and rank of each."""
+    d = g.numel()
+    n = math.isqrt(d)
+    matrix = g[: n * (d // n)].view(n, d // n)
+    lowrank = []
+    for r in (1, 2, 4):
+        q = torch.randn(d // n, r, generator=gen, device=device)
+        p = torch.randn(n, r, generator=gen, device=device)
+        seconds = _median_s(lambda q=q, p=p: (matrix @ q, matrix.T @ p, p @ q.T),
+                            device, repeats, warmup)
+        lowrank.append(seconds / (r * matrix.numel()))
+    return lowrank

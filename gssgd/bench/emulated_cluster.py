@@ -51,6 +51,45 @@ _TERM_GRACE_S = 3.0
 _serials = itertools.count()
 
 
+def _checked_layout(world_size: int, subnet: str, mtu: int, prefix: str) -> ipaddress.IPv4Network:
+    """The cluster's subnet, once P, the subnet, the MTU and the name prefix are checked to
+    fit together (P host addresses in a private subnet, interface names within the
+    kernel's limit).
+
+    Raises:
+        ValueError: a bad argument; the message names it, the valid range and the fix.
+    """
+    if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
+        raise ValueError(f"world_size={world_size!r} must be an int >= 1")
+    _check_prefix(prefix)
+    try:
+        network = ipaddress.IPv4Network(subnet)
+    except ValueError as exc:
+        raise ValueError(
+            f"subnet={subnet!r} is not an IPv4 network such as {DEFAULT_SUBNET!r}: {exc}"
+        ) from None
+    if not network.is_private:
+        raise ValueError(
+            f"subnet={subnet!r} is not a private range; use one such as "
+            f"{DEFAULT_SUBNET!r}, so that no address can collide with a real host"
+        )
+    hosts = network.num_addresses - 2
+    if world_size > hosts:
+        raise ValueError(
+            f"world_size={world_size} does not fit subnet {subnet} ({hosts} host "
+            f"addresses); use a larger subnet, e.g. 10.213.0.0/16"
+        )
+    rank_digits = len(str(world_size - 1))
+    if len(prefix) + _TAG_DIGITS + 2 + rank_digits > _IFNAMSIZ:
+        raise ValueError(
+            f"world_size={world_size} with prefix={prefix!r} makes interface names "
+            f"longer than {_IFNAMSIZ} characters; use a shorter prefix"
+        )
+    if isinstance(mtu, bool) or not isinstance(mtu, int) or not 576 <= mtu <= 65535:
+        raise ValueError(f"mtu={mtu!r} must be an int in 576..65535; 1500 is Ethernet's")
+    return network
+
+
 # --------------------------------------------------------------------------- the cluster
 
 
@@ -93,34 +132,7 @@ class EmulatedCluster:
         latency_ms: float = 50.0,
         prefix: str = DEFAULT_PREFIX,
     ) -> None:
-        if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
-            raise ValueError(f"world_size={world_size!r} must be an int >= 1")
-        _check_prefix(prefix)
-        try:
-            network = ipaddress.IPv4Network(subnet)
-        except ValueError as exc:
-            raise ValueError(
-                f"subnet={subnet!r} is not an IPv4 network such as {DEFAULT_SUBNET!r}: {exc}"
-            ) from None
-        if not network.is_private:
-            raise ValueError(
-                f"subnet={subnet!r} is not a private range; use one such as "
-                f"{DEFAULT_SUBNET!r}, so that no address can collide with a real host"
-            )
-        hosts = network.num_addresses - 2
-        if world_size > hosts:
-            raise ValueError(
-                f"world_size={world_size} does not fit subnet {subnet} ({hosts} host "
-                f"addresses); use a larger subnet, e.g. 10.213.0.0/16"
-            )
-        rank_digits = len(str(world_size - 1))
-        if len(prefix) + _TAG_DIGITS + 2 + rank_digits > _IFNAMSIZ:
-            raise ValueError(
-                f"world_size={world_size} with prefix={prefix!r} makes interface names "
-                f"longer than {_IFNAMSIZ} characters; use a shorter prefix"
-            )
-        if isinstance(mtu, bool) or not isinstance(mtu, int) or not 576 <= mtu <= 65535:
-            raise ValueError(f"mtu={mtu!r} must be an int in 576..65535; 1500 is Ethernet's")
+        network = _checked_layout(world_size, subnet, mtu, prefix)
         if isinstance(link, bool):
             raise ValueError(f"link={link!r} must be a rate such as '1gbit', an int, or None")
         rate = link if isinstance(link, int) else parse_link_rate(link)
