@@ -171,18 +171,7 @@ def calibrate(
         )
     base = base or CostModel.default()
     alpha, notes = _alpha_from_probes(measurements, fit_alpha)
-    unknowns = _Unknowns(
-        fixed_alpha=alpha,
-        beta0=any(m.rate_bps is None for m in measurements),
-        eta=any(m.rate_bps is not None for m in measurements),
-    )
-    if not unknowns.beta0:
-        notes.append(
-            f"beta0 (software cost per byte) kept at {base.beta0:.3g} s/B: it needs a "
-            "--link none run"
-        )
-    if not unknowns.eta:
-        notes.append(f"eta kept at {base.eta:g}: it needs a run on a rate-limited link")
+    unknowns = _unknowns(measurements, alpha, base, notes)
     points = _Points.of(measurements)
     b0, eta, best_alpha = _grid_search(points, unknowns, base)
     b0, eta, best_alpha = _refine(points, unknowns, b0, eta, best_alpha)
@@ -195,6 +184,27 @@ def calibrate(
         source="calibrated on " + ", ".join(sources),
         notes=notes,
     )
+
+
+def _unknowns(
+    measurements: Sequence[Measurement], alpha: float | None, base: CostModel, notes: list[str]
+) -> _Unknowns:
+    """What the runs can determine: ``beta0`` needs a loopback run, ``eta`` a run on a
+    rate-limited link, ``alpha`` is fixed when the probes gave it. A parameter they cannot
+    determine keeps ``base``'s value, and a line in ``notes`` says so."""
+    unknowns = _Unknowns(
+        fixed_alpha=alpha,
+        beta0=any(m.rate_bps is None for m in measurements),
+        eta=any(m.rate_bps is not None for m in measurements),
+    )
+    if not unknowns.beta0:
+        notes.append(
+            f"beta0 (software cost per byte) kept at {base.beta0:.3g} s/B: it needs a "
+            "--link none run"
+        )
+    if not unknowns.eta:
+        notes.append(f"eta kept at {base.eta:g}: it needs a run on a rate-limited link")
+    return unknowns
 
 
 def _gamma_per_core(measurements: Sequence[Measurement]) -> dict[str, float]:

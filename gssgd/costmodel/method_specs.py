@@ -192,15 +192,15 @@ def method_spec(
         k: the count instead of ``density``.
         rows: sketch rows (odd); used by methods with a sketch.
         cols: sketch columns; None for the aggregators' default
-            (:func:`gssgd.aggregators.options.default_sketch_cols`). ``gs-small`` uses a
+            (:func:`gssgd.aggregators.sizing.default_sketch_cols`). ``gs-small`` uses a
             quarter of it (at least 256).
         candidates: m; the sketch proposes ``m * k`` candidates; None for the aggregators'
-            default (:func:`gssgd.aggregators.options.default_candidates`).
+            default (:func:`gssgd.aggregators.sizing.default_candidates`).
         seed: hash seed.
         warmup_steps, warmup_density: a density warm-up, for a method whose options take
             one (others ignore it): see :func:`warmup_traffic`.
         world_size: the number of workers the method's defaults are resolved for (gs's
-            shape depends on it: :func:`gssgd.aggregators.options.sketch_default_shape`);
+            shape depends on it: :func:`gssgd.aggregators.sizing.sketch_default_shape`);
             None: the small-P defaults.
         shapes: the layer shapes, for PowerSGD (None: one near-square matrix).
 
@@ -226,12 +226,17 @@ def method_spec(
     else:
         kk = resolve_k(d, density, k)
         _, kk, opts = build_options(method.name, d, None, world_size, k=kk, **given)
-    opts = variant.apply(opts)
+    return _spec_of_options(name, method.name, d, kk, variant.apply(opts))
+
+
+def _spec_of_options(name: str, aggregator: str, d: int, k: int, opts: Any) -> MethodSpec:
+    """The spec of resolved aggregator options ``opts``: each field read from the options
+    the aggregator has, the spec's default where it has none."""
     return MethodSpec(
         name,
-        method.name,
+        aggregator,
         d,
-        kk,
+        k,
         value_bytes=getattr(opts, "dtype", torch.float32).itemsize,
         index_bytes=index_dtype(d).itemsize,
         rows=getattr(opts, "rows", 0),
