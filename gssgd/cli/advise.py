@@ -48,7 +48,7 @@ examples:
   gssgd advise --params 25.6M --arch resnet --workers 32 --link 1gbit
   gssgd advise --params 1.3B --arch transformer --workers 256 --link 100gbit --latency 5us
   gssgd advise --model gpt --workers 32 --link 10gbit --device a100 --json
-  gssgd advise --calibrate docs/results/grid/comm_* studies/cost_model/runs/comm_*
+  gssgd advise --calibrate studies/aggregation_grid/results/comm_* studies/cost_model/runs/comm_*
 
 the model (gssgd.costmodel.cluster):
   step = fwd+bwd + compression + (latency + round) * rounds + bytes / (efficiency * rate)
@@ -57,8 +57,8 @@ the model (gssgd.costmodel.cluster):
   and the round's software cost are fitted on this machine's emulated links (a cluster
   keeps the efficiencies and drops the per-round software, driven-round and tbf terms);
   hidden = what overlaps backward (DDP's bucketed all-reduce for dense, gs's streamed table).
-  fwd+bwd defaults to params times the device's per-parameter constant (H200: ResNet-50's
-  measured 33.4 ms at batch 64); give your own with --compute-ms.
+  fwd+bwd defaults to params times the device's per-parameter constant
+  (gssgd/costmodel/data/devices.json); give your own with --compute-ms.
 """
 
 

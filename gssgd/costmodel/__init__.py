@@ -20,8 +20,7 @@ Every method's step costs this rank (Hockney's alpha-beta model plus a compute t
   payload: a message carries two with it and sends one back (its receiver's ready note), so
   a link carries ``2s + r`` of them for ``s`` messages out and ``r`` in
   (``Traffic.critical_headers``). Per message they cost like latency; at many workers they
-  are most of a small collective (gs's step on the MNIST CNN at P = 16 writes 31.3 kB for
-  9.9 kB of payload). Reported in the latency part of a prediction.
+  can outweigh a small collective's payload. Reported in the latency part of a prediction.
 * ``beta(rate) = max(beta0, 8 / (eta * rate))`` seconds per byte: a stream moves at the
   pace of its slower stage. ``beta0`` is the software cost of moving a byte through the
   stack and the collective (measured on loopback, where there is no wire), the second term

@@ -17,13 +17,14 @@ compression work. :class:`Device` holds what the cost model needs of both:
 Devices (``devices.json``; ``gssgd advise --device``):
 
 * ``h200``: measured on one NVIDIA H200 (``gssgd bench device``, and
-  ``scripts/gpu_check.sh``'s kernel timings for the sketch and its recovery).
+  ``tools/gpu_check.sh``'s kernel timings for the sketch and its recovery).
 * ``h100``, ``a100``: derived from the H200's measurement by datasheet ratios (NVIDIA's
   H100 SXM5, A100 SXM4 80 GB and H200 SXM datasheets, stored beside them): the
   memory-bound constants (passes, top-k, sketching, recovery, PowerSGD's thin products) by
   HBM bandwidth, forward + backward by dense TF32 throughput. Not measured.
-* ``cpu``: one core of the 2-core development VM (torch 2.13.0+cpu, gloo): compression laws
-  from the fit, forward + backward of the shipped wide models measured there.
+* ``cpu``: one core of the machine the fit's runs were made on (the record's ``summary``
+  and ``source`` say which): compression laws from the fit, forward + backward of the
+  shipped wide models measured there.
 """
 
 from __future__ import annotations
