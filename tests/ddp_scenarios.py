@@ -1,4 +1,4 @@
-"""Worker functions for tests/test_ddp.py (importable by spawned gloo processes).
+"""Worker functions for tests/ddp/test_hook.py (importable by spawned gloo processes).
 
 Each scenario trains a small MLP wrapped in DDP with gssgd's hook, next to an identical
 plain copy whose local gradients go through reference aggregators built with

@@ -1,4 +1,4 @@
-"""Worker functions for tests/test_ddp_features.py: the DDP feature matrix.
+"""Worker functions for tests/ddp/test_feature_matrix.py: the DDP feature matrix.
 
 Each *case* is one DDP feature users switch on in their own scripts (``no_sync()``
 gradient accumulation, ``find_unused_parameters=True``, ``static_graph=True``,

@@ -1,7 +1,7 @@
 """Streaming gs in the DDP hook (gssgd.ddp.stream) and its partitioned table.
 
 Real gloo processes at P = 3 and 4 (a non-power of two among them) over several DDP bucket
-layouts, bitwise against tests/stream_scenarios.PartitionedReference; the layout rules and
+layouts, bitwise against tests/ddp/stream_scenarios.PartitionedReference; the layout rules and
 the global recovery on one process.
 """
 
@@ -19,7 +19,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from gssgd.ddp import HookState, OverlapStats, comm_hook, stream_traffic
 from gssgd.sketch import CountSketch
 from gssgd.sketch.partitioned import PartitionedSketch, region_columns
-from tests import stream_scenarios as scen
+from tests.ddp import stream_scenarios as scen
 from tests.dist_utils import raise_worker_errors, run_workers
 
 #: (world size, runs): every layout and setting is covered, split over the two sizes.

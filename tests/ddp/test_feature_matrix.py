@@ -6,7 +6,7 @@ and a model whose buckets change size at DDP's rebuild and follow neither the pa
 order nor its reverse; each with every registered method (gssgd's per bucket and over the
 whole model, DDP's all-reduce and fp16 hook), on three real gloo processes (a world size
 that is not a power of two), against the same math done in one process
-(:mod:`tests.ddp_features_scenarios`). One spawn runs the whole matrix.
+(:mod:`tests.ddp.feature_matrix_scenarios`). One spawn runs the whole matrix.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import pytest
 import torch
 
 import gssgd
-from tests import ddp_features_scenarios as scen
+from tests.ddp import feature_matrix_scenarios as scen
 from tests.dist_utils import raise_worker_errors, run_workers
 
 WORLD_SIZE = 3

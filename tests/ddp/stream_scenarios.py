@@ -1,4 +1,4 @@
-"""Worker functions for tests/test_ddp_stream.py (importable by spawned gloo processes).
+"""Worker functions for tests/ddp/test_stream.py (importable by spawned gloo processes).
 
 Streaming gs (``HookState("gs", whole_model=True, overlap="stream")``) trains the small MLP
 of ``tests/ddp_scenarios.py`` in DDP next to a plain copy whose local gradients go through
