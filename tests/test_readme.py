@@ -22,7 +22,7 @@ import torch
 
 ROOT = Path(__file__).resolve().parent.parent
 README = ROOT / "README.md"
-sys.path.insert(0, str(ROOT / "scripts"))
+sys.path.insert(0, str(ROOT / "tools"))
 import readme_tables  # noqa: E402
 
 
@@ -108,7 +108,7 @@ def test_the_quoted_tables_are_the_committed_summaries() -> None:
             assert quoted, f"{page.name} lacks the {name} table's markers"
             assert quoted[1].rstrip() == tables[name].rstrip(), (
                 f"{page.name}'s {name} table differs from the committed summaries: run "
-                "scripts/readme_tables.py")
+                "tools/readme_tables.py")
 
 
 def test_a_changed_figure_is_caught(tmp_path: Path) -> None:

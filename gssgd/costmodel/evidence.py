@@ -3,7 +3,7 @@ convergence half of ``gssgd advise``.
 
 A method's step time (:mod:`gssgd.costmodel.cluster`) says how fast it steps, not how far
 each step gets. Each study file (``gssgd/costmodel/data/evidence/*.json``, written from the
-study's committed summary by ``scripts/write_evidence.py``) holds, per worker count and
+study's committed summary by ``studies/cost_model/write_evidence.py``) holds, per worker count and
 method row, the seeds, the final gap to dense and, where the study measured the crossing,
 the steps to dense's target over dense's own. ``advise`` takes **one study** for the
 model's family (:func:`study_for`) and looks each candidate up in it

@@ -150,7 +150,7 @@ def test_the_recommendation_changes_with_the_link_rate(capsys) -> None:
 
 
 def test_a_measured_cell_gets_a_recommendation_within_10_percent_of_the_fastest(capsys) -> None:
-    """P = 4, d = 25M, 100 Mbit/s on this machine (docs/results/grid): measured gTop-k
+    """P = 4, d = 25M, 100 Mbit/s on this machine (studies/aggregation_grid/results): measured gTop-k
     1.57 s, local Top-k 1.79 s, gs with the ring 1.85 s, dense 13.5 s. With the run's own
     measured latency (1.05 ms) and no backward the model ranks a Top-k method first."""
     out = _advise_json(

@@ -17,7 +17,7 @@ from gssgd.costmodel.evidence import evidence_for, row_key, studies, study_for
 from gssgd.costmodel.method_specs import method_spec
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "scripts"))
+sys.path.insert(0, str(ROOT / "studies" / "cost_model"))
 import write_evidence  # noqa: E402
 
 

@@ -3,7 +3,7 @@
 ``TRITON_INTERPRET=1`` must be set before any kernel is defined (``triton.jit`` decides at
 decoration time), so it is set here, when pytest loads this directory, before the test
 modules import :mod:`gssgd.kernels`' kernel modules. ``GSSGD_KERNEL_TEST_DEVICE=cuda``
-(``scripts/gpu_check.sh``) compiles the kernels for the GPU instead and runs the same tests
+(``tools/gpu_check.sh``) compiles the kernels for the GPU instead and runs the same tests
 on CUDA tensors.
 """
 

@@ -1,4 +1,4 @@
-"""``scripts/gpu_check.sh`` without a GPU, and the CUDA backend switch it uses."""
+"""``tools/gpu_check.sh`` without a GPU, and the CUDA backend switch it uses."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ def test_gpu_check_stops_before_the_first_cuda_step(tmp_path: Path) -> None:
     env = {**os.environ, "PYTHON": sys.executable}
     env.pop("GPU_CHECK_DRY_RUN", None)
     out = subprocess.run(
-        ["bash", str(ROOT / "scripts" / "gpu_check.sh"), str(tmp_path)],
+        ["bash", str(ROOT / "tools" / "gpu_check.sh"), str(tmp_path)],
         capture_output=True, text=True, env=env, timeout=120,
     )
     assert out.returncode == 2, out.stderr

@@ -1,0 +1,426 @@
+"""One report toolkit for the studies: read runs, group them, band the seeds, find where a
+run reaches a target, count the busiest link's bytes, and write tables and plots.
+
+Every study under ``studies/<study>/`` trains runs (``runs/<study>/...``, git-ignored) and
+commits what its report makes of them (``studies/<study>/results/``). The report scripts
+are configurations of the pieces here, in the order a report uses them:
+
+1. **Read** the finished runs: :func:`read_runs` (one :class:`Run` per directory with a
+   ``summary.json``), :func:`worker_dirs` for a scaling study's ``P<P>/`` folders.
+2. **Group** them by method and setting: :func:`group` (first-seen order, so a sorted
+   read gives sorted groups).
+3. **Band the seeds** of a group: :func:`seed_band` (mean and min–max; ``spread``).
+4. **Judge** them on a :class:`Metric` (test accuracy, higher is better, or test loss,
+   lower is better) against dense: :meth:`Metric.reaches`; the first evaluation that
+   reaches dense's target: :func:`first_reaching`; on the seeds' mean curve, with the
+   crossing interpolated: :func:`reach_on_mean_curve`.
+5. **Count bytes** on the busiest rank's link, in its busier direction
+   (:func:`gssgd.cli.compare.busier_bytes`, re-exported): per step after the warm-up
+   (:func:`steady_bytes`) and cumulative (:func:`busier_totals`).
+6. **Write** markdown tables (:func:`markdown_table`, :func:`markdown_row`; byte counts
+   with :func:`gssgd.bench.report.fmt_bytes` and docs splices with
+   :func:`gssgd.bench.report.splice_markdown`, both re-exported) and plots
+   (:func:`figure`, :func:`draw_band`, :func:`save_png`, :func:`shrink_png`), and the
+   ``summary.json`` / ``summary.md`` pair a study commits (:func:`write_summary`).
+
+Every output is a pure function of the runs: tables and JSON are built from sorted reads,
+and a PNG from matplotlib's Agg renderer carries no date, so rerunning a report on the same
+runs remakes its committed files byte for byte (tests/studies/test_report_toolkit.py checks
+one). Example, a study's table of mean accuracy over seeds by method::
+
+    runs = read_runs(Path("runs/my-study"), "s*/*")
+    rows = []
+    for method, seeds in group(runs, lambda r: r.name).items():
+        band = seed_band([r.summary["final_test_accuracy"] for r in seeds])
+        rows.append([method, f"{100 * band.mean:.2f}", f"{100 * band.spread:.2f}"])
+    print(markdown_table(["method", "accuracy %", "spread"], rows))
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+from collections.abc import Callable, Hashable, Iterable, Sequence
+from dataclasses import dataclass
+from itertools import accumulate
+from pathlib import Path
+from typing import Any, TypeVar
+
+from gssgd.bench.report import fmt_bytes, splice_markdown
+from gssgd.cli.compare import busier_bytes
+from gssgd.train.metrics import read_metrics, read_run
+
+__all__ = [
+    "ACCURACY",
+    "LOSS",
+    "Band",
+    "Metric",
+    "Run",
+    "busier_bytes",
+    "busier_totals",
+    "draw_band",
+    "figure",
+    "first_reaching",
+    "fmt_bytes",
+    "group",
+    "markdown_row",
+    "markdown_table",
+    "reach_on_mean_curve",
+    "read_metrics",
+    "read_runs",
+    "save_png",
+    "seed_band",
+    "shrink_png",
+    "splice_markdown",
+    "steady_bytes",
+    "worker_dirs",
+    "write_summary",
+]
+
+T = TypeVar("T")
+K = TypeVar("K", bound=Hashable)
+#: An evaluation of a run: (step, metric value, bytes so far).
+Evaluation = tuple[int, float, float]
+
+# ----------------------------------------------------------------------------- reading
+
+
+@dataclass(frozen=True)
+class Run:
+    """A finished run: its directory, ``summary.json`` and ``metrics.jsonl`` records."""
+
+    path: Path
+    summary: dict[str, Any]
+    records: list[dict[str, Any]]
+
+    @property
+    def name(self) -> str:
+        """The run's directory name, which the study scripts make its setting's name."""
+        return self.path.name
+
+
+def read_runs(root: Path, pattern: str = "*") -> list[Run]:
+    """Every finished run under ``root`` whose directory matches ``pattern``, in path order.
+
+    Args:
+        root: the study's runs directory (or one of its ``P<P>/`` folders).
+        pattern: a glob relative to ``root``, e.g. ``"s*/*"`` for ``s<seed>/<name>/``.
+
+    Returns:
+        One :class:`Run` per matching directory with a ``summary.json``
+        (:func:`gssgd.train.metrics.read_run`); a run still training, or a folder that is
+        not a run, is left out.
+    """
+    runs = []
+    for path in sorted(root.glob(pattern)):
+        got = read_run(path)
+        if got is not None:
+            runs.append(Run(path, *got))
+    return runs
+
+
+def worker_dirs(root: Path) -> list[tuple[int, Path]]:
+    """A scaling study's ``P<P>/`` folders as (P, folder), by increasing P (not by name:
+    ``P16`` comes after ``P4``)."""
+    found = [(int(p.name[1:]), p) for p in root.glob("P*") if p.name[1:].isdigit()]
+    return sorted(found)
+
+
+def group(items: Iterable[T], key: Callable[[T], K]) -> dict[K, list[T]]:
+    """``items`` by ``key(item)``: keys in first-seen order, each group in input order.
+
+    A method and setting is usually the key (the run's name, or a (method, recipe,
+    density) tuple); each group then holds that setting's seeds.
+    """
+    out: dict[K, list[T]] = {}
+    for item in items:
+        out.setdefault(key(item), []).append(item)
+    return out
+
+
+# ----------------------------------------------------------------------------- seeds
+
+
+@dataclass(frozen=True)
+class Band:
+    """A setting's value over its seeds: the mean and the band from the lowest seed to the
+    highest (with three seeds a standard deviation says little; the band shows them all)."""
+
+    mean: float
+    low: float
+    high: float
+
+    @property
+    def spread(self) -> float:
+        """The band's width, ``high - low``."""
+        return self.high - self.low
+
+
+def seed_band(values: Sequence[float]) -> Band:
+    """The :class:`Band` of one setting's seeds.
+
+    Args:
+        values: one number per seed (at least one).
+
+    Returns:
+        The exact mean (:func:`statistics.mean`, correctly rounded), the min and the max.
+
+    Raises:
+        statistics.StatisticsError: when ``values`` is empty.
+    """
+    return Band(statistics.mean(values), min(values), max(values))
+
+
+# ----------------------------------------------------------------------------- targets
+
+
+@dataclass(frozen=True)
+class Metric:
+    """What a study judges runs on, and how close to dense counts as reaching it.
+
+    ``key`` names the field: ``final_test_<key>`` in summary.json, ``test_<key>`` in
+    metrics.jsonl. An accuracy reaches dense within ``margin`` points below dense's (0.005:
+    half a point); a loss within ``margin`` as a fraction above dense's (0.03: 3 %).
+    """
+
+    key: str  # "accuracy" or "loss"
+    higher_is_better: bool
+    margin: float
+
+    def at_least_as_good(self, a: float, b: float) -> bool:
+        """Whether ``a`` is at least as good as ``b``."""
+        return a >= b if self.higher_is_better else a <= b
+
+    def target(self, dense: float) -> float:
+        """The value that reaches dense: ``dense - margin`` (accuracy) or
+        ``dense * (1 + margin)`` (loss)."""
+        return dense - self.margin if self.higher_is_better else dense * (1 + self.margin)
+
+    def reaches(self, value: float, dense: float) -> bool:
+        """Whether ``value`` is at least as good as :meth:`target` of ``dense``."""
+        return self.at_least_as_good(value, self.target(dense))
+
+    def best(self, values: Iterable[float]) -> float:
+        """The best of ``values``."""
+        return max(values) if self.higher_is_better else min(values)
+
+    def number(self, value: float) -> str:
+        """``value`` as a table shows it: accuracy in % to 2 decimals, loss to 4."""
+        return f"{100 * value:.2f}" if self.key == "accuracy" else f"{value:.4f}"
+
+    def show(self, value: float) -> str:
+        """:meth:`number` with its unit (`` %`` for accuracy)."""
+        return self.number(value) + (" %" if self.key == "accuracy" else "")
+
+    def gap(self, value: float, other: float) -> float:
+        """``value`` against ``other``: points of accuracy, or % of ``other``'s loss."""
+        return 100 * (value - other) if self.key == "accuracy" else 100 * (value / other - 1)
+
+
+#: Test accuracy; dense - 0.5 point reaches dense.
+ACCURACY = Metric("accuracy", True, 0.005)
+#: Test loss; dense + 3 % reaches dense.
+LOSS = Metric("loss", False, 0.03)
+
+
+def first_reaching(evals: Iterable[Evaluation], metric: Metric, dense: float) -> Evaluation | None:
+    """The first evaluation (step, value, bytes) that reaches dense's target
+    (:meth:`Metric.reaches`), or None when none does."""
+    return next((e for e in evals if metric.reaches(e[1], dense)), None)
+
+
+def reach_on_mean_curve(
+    seeds: Sequence[Sequence[Evaluation]], metric: Metric, dense: float
+) -> tuple[int, float] | tuple[None, None]:
+    """Steps and bytes until the seeds' mean curve reaches dense's target.
+
+    1. The mean curve: at every evaluation step all seeds have, the mean value and mean
+       bytes over seeds (so one seed ending a hair short does not decide); steps counted
+       from 1 (an evaluation after step index ``s`` has taken ``s + 1`` steps).
+    2. The first point that :meth:`Metric.reaches` dense's value.
+    3. Between it and the point before (short of the target), the crossing is interpolated
+       linearly, steps and bytes alike, so that evaluations every 100 steps do not round
+       every method to a multiple of 100.
+
+    Args:
+        seeds: each seed's evaluations (step index, value, bytes so far).
+        metric: what is judged.
+        dense: dense's value (the mean over its seeds).
+
+    Returns:
+        (steps, bytes) to the target, or (None, None) when the mean curve never reaches it.
+    """
+    steps = sorted(set.intersection(*({s for s, _, _ in evals} for evals in seeds)))
+    at = [{s: (v, b) for s, v, b in evals} for evals in seeds]
+    curve = [
+        (s + 1, statistics.mean(a[s][0] for a in at), statistics.mean(a[s][1] for a in at))
+        for s in steps
+    ]
+    goal = metric.target(dense)
+    for i, (step, value, sent) in enumerate(curve):
+        if not metric.reaches(value, dense):
+            continue
+        if i == 0:
+            return step, sent
+        step0, value0, sent0 = curve[i - 1]
+        share = (goal - value0) / (value - value0)  # value0 is short of goal, value is not
+        return round(step0 + share * (step - step0)), sent0 + share * (sent - sent0)
+    return None, None
+
+
+# ----------------------------------------------------------------------------- bytes
+
+
+def busier_totals(records: Iterable[dict[str, Any]]) -> list[float]:
+    """The busiest rank's bytes so far after each metrics record (cumulative
+    :func:`busier_bytes`): what its link had carried, in its busier direction."""
+    return list(accumulate(busier_bytes(r) for r in records))
+
+
+def steady_bytes(summary: dict[str, Any], records: list[dict[str, Any]]) -> list[float]:
+    """The busiest rank's bytes of each measured step after the density warm-up.
+
+    Args:
+        summary: the run's summary.json (its ``measured_from_step``).
+        records: the run's metrics records.
+
+    Returns:
+        :func:`busier_bytes` of each step from ``measured_from_step`` on whose ``k`` is the
+        run's final ``k`` (the warm-up over); their mean is the run's steady bytes per step,
+        their median its per-step message (without the rare audit steps of gs's guard).
+    """
+    final_k = records[-1].get("k")
+    return [
+        busier_bytes(r)
+        for r in records
+        if r["step"] >= summary["measured_from_step"] and r.get("k") == final_k
+    ]
+
+
+# ----------------------------------------------------------------------------- tables
+
+
+def markdown_row(cells: str | Iterable[str]) -> str:
+    """``| a | b |``: one row of a markdown table, from its cells or from their text
+    already joined by ``" | "`` (an f-string of a whole row reads like the row)."""
+    return "| " + (cells if isinstance(cells, str) else " | ".join(cells)) + " |"
+
+
+def markdown_table(header: str | Sequence[str], rows: Iterable[str | Sequence[str]]) -> str:
+    """A markdown table: the header, the ``|---|`` rule and one line per row.
+
+    Args:
+        header: the column titles, as a list or as the header line's text
+            (``"method | seeds | bytes"``, split at ``" | "``).
+        rows: each row as :func:`markdown_row` takes it (cells unpadded, so that a diff of
+            two tables shows the cells that changed).
+
+    Returns:
+        The table's lines, joined by newlines (no newline at the end).
+    """
+    titles = header.split(" | ") if isinstance(header, str) else header
+    return "\n".join([markdown_row(titles), "|" + "---|" * len(titles), *map(markdown_row, rows)])
+
+
+def write_summary(
+    out: Path, summary: Any, markdown: str, indent: int = 1, name: str = "summary"
+) -> list[Path]:
+    """Write a study's two committed files into ``out`` (made if missing).
+
+    Args:
+        out: the study's results folder (``studies/<study>/results/``).
+        summary: the numbers, as ``<name>.json`` (indented by ``indent``, newline-ended).
+        markdown: the tables, as ``<name>.md``, as given.
+        name: the files' stem.
+
+    Returns:
+        The two paths written, JSON first.
+    """
+    out.mkdir(parents=True, exist_ok=True)
+    paths = [out / f"{name}.json", out / f"{name}.md"]
+    paths[0].write_text(json.dumps(summary, indent=indent) + "\n")
+    paths[1].write_text(markdown)
+    return paths
+
+
+# ----------------------------------------------------------------------------- plots
+
+
+def figure(ncols: int = 1, nrows: int = 1, **kwargs: Any) -> tuple[Any, Any]:
+    """A matplotlib figure and its axes (``Figure.subplots``), drawn by the Agg renderer
+    and held by no global state (nothing to close, no display needed).
+
+    Args:
+        ncols, nrows: the grid of panels.
+        kwargs: for :meth:`matplotlib.figure.Figure.subplots` (``sharey``) and the figure
+            (``figsize``).
+
+    Returns:
+        (figure, axes): one axes, or an array of them as ``Figure.subplots`` returns.
+    """
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    figsize = kwargs.pop("figsize", None)
+    fig = Figure(figsize=figsize)
+    FigureCanvasAgg(fig)
+    return fig, fig.subplots(nrows, ncols, **kwargs)
+
+
+def draw_band(
+    ax: Any, xs: Sequence[float], bands: Sequence[Band], scale: float = 1.0, **style: Any
+) -> Any:
+    """One setting's curve through its seeds' means, with the min–max band shaded.
+
+    Args:
+        ax: the matplotlib axes.
+        xs: the x of each point (bytes, steps).
+        bands: the :class:`Band` at each point.
+        scale: a factor for the y values (100: accuracy in %).
+        style: for ``ax.plot`` (``label``, ``color``).
+
+    Returns:
+        The line drawn (its colour for other marks of the same setting).
+    """
+    (line,) = ax.plot(xs, [scale * b.mean for b in bands], "o-", **style)
+    ax.fill_between(
+        xs,
+        [scale * b.low for b in bands],
+        [scale * b.high for b in bands],
+        color=line.get_color(),
+        alpha=0.15,
+    )
+    return line
+
+
+def save_png(fig: Any, path: Path, dpi: int = 110, shrink: bool = True) -> Path:
+    """Write ``fig`` as a PNG and return ``path``.
+
+    The Agg renderer writes no date and no random state, so the same figure makes the same
+    bytes (with the same matplotlib, whose version the PNG names). ``shrink`` (default):
+    sized for the web afterwards (:func:`shrink_png`), as every committed plot is.
+    """
+    fig.savefig(path, dpi=dpi)
+    if shrink:
+        shrink_png(path)
+    return path
+
+
+#: Colours a committed plot keeps (:func:`shrink_png`): matplotlib's antialiased lines and
+#: bands look the same with 256, at a third of the bytes.
+PNG_COLOURS = 256
+
+
+def shrink_png(path: Path) -> None:
+    """Size a PNG for the web, in place: its pixels reduced to a palette of
+    :data:`PNG_COLOURS` colours (median cut, no dithering) and saved with zlib's best
+    effort, about a third of matplotlib's bytes. Deterministic: the same pixels give the
+    same file (with the same Pillow), so a plot remade from the same runs is byte for byte
+    the committed one. Shrink a plot once: its palette is not a fixed point."""
+    from PIL import Image  # matplotlib's own dependency
+
+    with Image.open(path) as image:
+        pixels = image.convert("RGB")
+    palette = pixels.quantize(PNG_COLOURS, method=Image.Quantize.MEDIANCUT,
+                              dither=Image.Dither.NONE)
+    palette.save(path, format="PNG", optimize=True)

@@ -1,0 +1,174 @@
+"""Write the README's two tables (and the study's first) from the committed summaries.
+
+    .venv/bin/python tools/readme_tables.py           # rewrite the quoted tables
+    .venv/bin/python tools/readme_tables.py --check   # exit 1 if a page differs
+
+README.md quotes measured figures in two places, docs/study.md the second of them in its
+first answer, each between ``<!-- BEGIN name -->`` and ``<!-- END name -->`` markers:
+
+- ``main-job``: what the README's first command prints, from its ``results.json`` files
+  committed as studies/main_job/results/P4.json (``gssgd compare --out runs/compare``) and
+  P16.json (``gssgd compare --simulate --workers 16 --global-batch 256 --steps 400
+  --methods dense,gs,powersgd``).
+- ``fair-frontier``: the fair comparison's answer per image set and worker count, from
+  ``targets`` in studies/fair_frontier/results/{mnist,fashion-mnist}/summary.json
+  (studies/fair_frontier/report.py).
+
+So every figure in those tables is one a committed summary holds; tests/test_readme.py
+checks that both pages match what this script writes.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+from gssgd.cli.compare import ACCURACY_MARGIN  # noqa: E402
+from studies._lib.report import busier_bytes, markdown_table, splice_markdown  # noqa: E402
+
+README = ROOT / "README.md"
+#: Each page, and the tables it quotes.
+PAGES = {README: ("main-job", "fair-frontier"), ROOT / "docs/study.md": ("fair-frontier",)}
+MAIN_JOB = ROOT / "studies/main_job/results"
+FAIR = {"MNIST": ROOT / "studies/fair_frontier/results/mnist/summary.json",
+        "Fashion-MNIST": ROOT / "studies/fair_frontier/results/fashion-mnist/summary.json"}
+
+#: How the tables name gssgd's methods.
+LABELS = {"dense": "dense", "dense16": "dense, 16-bit", "topk": "local Top-k", "gtopk": "gTop-k",
+          "sketched": "Sketched-SGD", "gs": "gs-SGD", "powersgd": "PowerSGD"}
+
+
+def megabytes(n: float) -> str:
+    """``12.3 MB`` (decimal, one decimal place)."""
+    return f"{n / 1e6:.1f} MB"
+
+
+def main_job_cell(r: dict[str, Any], dense: dict[str, Any]) -> tuple[str, str, str]:
+    """One worker count's three cells for a method: test accuracy, the busiest link's bytes
+    a step, and the bytes to dense − 0.5 point with how many times fewer than dense's."""
+    accuracy = f"{100 * r['final_test_accuracy']:.2f} %"
+    link = f"{busier_bytes(r):,.0f}"
+    reached, dense_reached = r.get("bytes_to_target"), dense.get("bytes_to_target")
+    if reached is None:
+        gap = 100 * (r["final_test_accuracy"] - dense["final_test_accuracy"])
+        return accuracy, link, f"not reached ({gap:+.2f} pt)".replace("-", "−")
+    if r is dense:
+        return accuracy, link, megabytes(reached)
+    return accuracy, link, f"{megabytes(reached)} ({dense_reached / reached:.1f}×)"
+
+
+def main_job_table(by_workers: dict[int, dict[str, dict[str, Any]]]) -> str:
+    """The main job's table: a row per method, three columns per worker count."""
+    counts = sorted(by_workers)
+    head = ["method"]
+    for p in counts:
+        head += [f"P = {p}: accuracy", "busiest link / step (B)", "bytes to dense − 0.5 pt"]
+    rows = []
+    for method in by_workers[counts[0]]:
+        label = LABELS.get(method, method) + (", rank 2" if method == "powersgd" else "")
+        cells = [label]
+        for p in counts:
+            results = by_workers[p]
+            if method not in results:  # the P = 16 part runs a subset
+                cells += ["not run", "", ""]
+                continue
+            cells += main_job_cell(results[method], results["dense"])
+        rows.append(cells)
+    return markdown_table(head, rows)
+
+
+def level_label(name: str) -> str:
+    """A fair-frontier run's name in words: ``powersgd-lr0.05-r1`` -> ``PowerSGD rank 1 at
+    lr 0.05``, ``topk-nowu-d0.003`` -> ``local Top-k, d 0.003, no warm-up``,
+    ``gs-wu0.02-d0.001`` -> ``gs-SGD, d 0.001, warm-up from 0.02``."""
+    parts = name.split("-")
+    method, density, warmup, lr = LABELS.get(parts[0], parts[0]), [], [], ""
+    for part in parts[1:]:
+        if part.startswith("r") and parts[0] == "powersgd":
+            method += f" rank {part[1:]}"
+        elif part.startswith("lr"):
+            lr = f" at lr {part[2:]}"
+        elif part.startswith("d"):
+            density.append(f"d {part[1:]}")
+        elif part == "nowu":
+            warmup.append("no warm-up")
+        elif part.startswith("wu"):
+            warmup.append(f"warm-up from {part[2:]}")
+    return ", ".join([method + lr, *density, *warmup])
+
+
+def fair_rows(dataset: str, summary: dict[str, Any]) -> list[list[str]]:
+    """The fair comparison's rows for one image set: per worker count, the fewest bytes to
+    dense − 0.5 point (method and level), gs's best and the ratio, and the seeds."""
+    rows = []
+    for p in sorted(summary["targets"], key=int):
+        t, table = summary["targets"][p], summary["by_P"][p]
+        dense_name, dense_bytes = t["best_to_target"]["dense"]
+        best, gs = t.get("best_rival"), t.get("gs_best")
+        if best is None:
+            closest = max((n for n in table if not n.startswith("dense")),
+                          key=lambda n: table[n]["accuracy"])
+            target = table[dense_name]["accuracy"] - ACCURACY_MARGIN
+            winner = (f"none reached {100 * target:.2f} % in 400 steps (closest: "
+                      f"{level_label(closest)}, {100 * table[closest]['accuracy']:.2f} %)")
+            gs_cell = "not reached"
+        else:
+            best_bytes = table[best]["bytes_to_dense_minus_half_point"]
+            winner = f"**{level_label(best)}, {megabytes(best_bytes)}**"
+            gs_cell = "not reached" if gs is None else (
+                f"{megabytes(table[gs]['bytes_to_dense_minus_half_point'])} "
+                f"({t['gs_over_best_rival_bytes']:.2f}×)")
+        seeds = table[dense_name]["seeds"]
+        rows.append([dataset, p, winner, gs_cell, megabytes(dense_bytes), str(seeds)])
+    return rows
+
+
+def fair_table(summaries: dict[str, dict[str, Any]]) -> str:
+    """The fair comparison's table over every image set."""
+    head = ["image set", "workers", "fewest bytes to dense − 0.5 pt", "gs-SGD (× the fewest)",
+            "dense", "seeds"]
+    return markdown_table(head, [row for dataset, summary in summaries.items()
+                                 for row in fair_rows(dataset, summary)])
+
+
+def blocks() -> dict[str, str]:
+    """The README's quoted tables, from the committed summaries."""
+    by_workers = {int(f.stem[1:]): json.loads(f.read_text())
+                  for f in sorted(MAIN_JOB.glob("P*.json"))}
+    summaries = {name: json.loads(path.read_text()) for name, path in FAIR.items()}
+    return {"main-job": main_job_table(by_workers), "fair-frontier": fair_table(summaries)}
+
+
+def main(argv: list[str]) -> int:
+    tables = blocks()
+    stale, missing = [], []
+    for page, names in PAGES.items():
+        before = page.read_text()
+        copy = page.with_suffix(".quoted.md")
+        copy.write_text(before)
+        try:
+            missing += [f"{page.name}: {n}" for n in
+                        splice_markdown(copy, {n: tables[n] for n in names})]
+            after = copy.read_text()
+        finally:
+            copy.unlink()
+        if after != before:
+            stale.append(page.name)
+            if "--check" not in argv:
+                page.write_text(after)
+    if missing:
+        print(f"missing markers: {', '.join(missing)}", file=sys.stderr)
+        return 1
+    if "--check" in argv:
+        print(f"stale tables in {', '.join(stale)}" if stale else "the quoted tables match")
+        return 1 if stale else 0
+    print(f"rewrote the tables in {', '.join(stale)}" if stale else "nothing to rewrite")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
