@@ -103,8 +103,8 @@ def make_aggregator(
     Every option is validated before the process group is touched.
 
     Args:
-        name: one of :data:`AGGREGATORS` ("dense", "topk", "gtopk", "sketched", "gs",
-            "powersgd").
+        name: one of :data:`AGGREGATORS` (the registered methods that have an aggregator:
+            ``gssgd.methods.METHODS``).
         d: gradient length.
         density: fraction of coordinates sent, in (0, 1]; default 0.01. ``k`` instead.
         group: process group; None means the default group.

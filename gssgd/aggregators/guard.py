@@ -17,18 +17,16 @@ the share of the mass that exact global top-k would have delivered. Below ``min_
 the sketch has collapsed. Every rank computes bitwise the same recall from all-reduced
 values, so every rank takes the same decision without further messages.
 
-The bar, ``min_recall = 0.1``, comes from the convergence study (docs/study.md): every
-collapsed run there audited below 8 % (0.9 to 7.9 %), while the default sketch trained
-MNIST to 92.6 % at density 0.001 with audits of 17 to 24 %: recall far below 1 is normal
-under error feedback, which delivers the rest later. A bar of 0.3 stopped that healthy run.
+The bar, ``min_recall = 0.1``, sits between the recalls of collapsed sketches (a few per
+cent) and those of healthy ones under error feedback, which are far below 1 (it delivers the
+rest later); the guard study holds the runs it was set from.
 
 An audit costs a dense all-reduce, so later audits are spaced by a byte budget
 (:func:`audit_interval`): at most :data:`AUDIT_SHARE` of the method's own traffic, and never
 more often than every 200 steps. The first audit, 20 steps after the start (or a resize),
-catches the common collapse, a sketch too small from the start. With gs's small-P sketch
-that keeps the old 200 steps or a little more; gs's many-workers message is so small that a
-dense all-reduce every 200 steps would add 30 to 60 % to its bytes (measured at P = 16 and
-64 on the MNIST CNN), so there the later audits come every few thousand steps.
+catches the common collapse, a sketch too small from the start. A method whose message is
+much smaller than the gradient (gs's many-workers shape) therefore audits every few thousand
+steps.
 """
 
 from __future__ import annotations

@@ -8,8 +8,7 @@ recursive doubling's log2 P rounds cost little. From :data:`MANY_WORKERS` on, th
 bytes dominate: each rank sketches only its 8·k largest coordinates (so the summed sketch
 holds at most 8·k·P of them, not every rank's tail), the table shrinks to 16·k columns of
 float16 with m = 8, and the backend's ring all-reduce sums it (its ``2(P-1)/P`` payloads per
-rank do not grow with P). The studies that chose these numbers are in
-``studies/sizing/``.
+rank do not grow with P).
 """
 
 from __future__ import annotations

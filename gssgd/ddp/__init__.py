@@ -1,8 +1,8 @@
 """DistributedDataParallel communication hooks built on the gssgd aggregators.
 
-Any aggregator of :data:`gssgd.AGGREGATORS` ("dense", "topk", "gtopk", "sketched", "gs",
-"powersgd", and any method registered with :func:`gssgd.register_method`) becomes a DDP
-communication hook with one line, the way PyTorch's ``powerSGD_hook`` does::
+Any aggregator of :data:`gssgd.AGGREGATORS` (every built-in method, and any method
+registered with :func:`gssgd.register_method`) becomes a DDP communication hook with one
+line, the way PyTorch's ``powerSGD_hook`` does::
 
     from gssgd.ddp import HookState, comm_hook
     ddp_model.register_comm_hook(HookState("gs", density=0.01, model=ddp_model), comm_hook)

@@ -46,9 +46,9 @@ class HookState(HookCore):
        parameter order and checkpoints survive a changed bucket layout.
 
     Args:
-        method: one of :data:`gssgd.AGGREGATORS`: "dense", "topk", "gtopk", "sketched", "gs",
-            "powersgd" (PowerSGD: ``rank=``, or PyTorch's name ``matrix_approximation_rank=``,
-            instead of a density; the hook gives it each vector's parameter shapes).
+        method: one of :data:`gssgd.AGGREGATORS` (PowerSGD: ``rank=``, or PyTorch's name
+            ``matrix_approximation_rank=``, instead of a density; the hook gives it each
+            vector's parameter shapes).
         density: fraction of each vector sent, in (0, 1]; default 0.01. Only the methods
             that send k coordinates take it (dense and PowerSGD refuse it).
         start_iter: the first compressed iteration, >= 1 (default 2).
