@@ -20,7 +20,7 @@ CONTROL_BYTES = 4
 #: payload go with the message, the receiver's recv-ready note goes back (``Pair::send``,
 #: ``Pair::recv``). So a process writes its payload plus ``2 * 48`` bytes per message it
 #: sends and 48 per message it receives, however many ``writev`` calls its payload takes
-#: (tests/test_wire_bytes.py checks it). :func:`wire_overhead` is that sum; the cost model
+#: (tests/comm/test_wire_bytes.py checks it). :func:`wire_overhead` is that sum; the cost model
 #: charges it (``critical_headers``).
 HEADER_BYTES = 48
 
