@@ -167,7 +167,7 @@ def _run(args: argparse.Namespace) -> None:
     compute_ms = _number("--compute-ms", args.compute_ms, 0, 3.6e6, "--compute-ms 33")
     fwdbwd_s = None if compute_ms is None else compute_ms / 1e3
     if fwdbwd_s is None and device.name == "cpu" and args.model is not None:
-        fwdbwd_s = cpu_fwdbwd_seconds(args.model)  # measured on this machine
+        fwdbwd_s = cpu_fwdbwd_seconds(args.model)  # timed on this machine's CPU now
     methods = None
     if args.methods is not None:
         methods = parse_methods(args.methods, valid=candidate_methods())

@@ -23,7 +23,7 @@ Every method's step costs this rank (Hockney's alpha-beta model plus a compute t
   can outweigh a small collective's payload. Reported in the latency part of a prediction.
 * ``beta(rate) = max(beta0, 8 / (eta * rate))`` seconds per byte: a stream moves at the
   pace of its slower stage. ``beta0`` is the software cost of moving a byte through the
-  stack and the collective (measured on loopback, where there is no wire), the second term
+  stack and the collective (fitted on loopback runs, where there is no wire), the second term
   the wire time at ``eta`` times the nominal rate (``eta`` < 1: TCP/IP and Ethernet
   headers, ACKs, tbf granularity). An unlimited link (``rate=None``) is ``beta0``.
 * ``gamma[method]``: compute per gradient element (sketching, top-k selection, recovery,

@@ -16,7 +16,7 @@ compression work. :class:`Device` holds what the cost model needs of both:
 
 Devices (``devices.json``; ``gssgd advise --device``):
 
-* ``h200``: measured on one NVIDIA H200 (``gssgd bench device``, and
+* ``h200``: timed on one NVIDIA H200 (``gssgd bench device``, and
   ``tools/gpu_check.sh``'s kernel timings for the sketch and its recovery).
 * ``h100``, ``a100``: derived from the H200's measurement by datasheet ratios (NVIDIA's
   H100 SXM5, A100 SXM4 80 GB and H200 SXM datasheets, stored beside them): the
