@@ -48,3 +48,6 @@ from gssgd.sketch.estimates import median_of_rows
 from gssgd.sketch.hashing import HashCache, hash_cache_bytes, sketch_hash_params
 
 __all__ = ["CountSketch", "HashCache", "hash_cache_bytes", "median_of_rows", "sketch_hash_params"]
+
+# The class's public home (what pickles and the API reference name), as before the split.
+CountSketch.__module__ = __name__
