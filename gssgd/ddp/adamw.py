@@ -10,8 +10,7 @@ The recipe has two halves that must agree:
   the method compresses ``e + beta1 * m + (1 - beta1) * g`` (``feedback="onebit"``,
   ``momentum=beta1``) and returns the new shared momentum ``m``.
 
-Paired by hand, one wrong value diverges silently (the error-fed update read as a momentum
-went to NaN on a small MLP within 44 steps). :func:`compressed_adamw` sets
+Paired by hand, one wrong value diverges silently. :func:`compressed_adamw` sets
 ``start_iter = freeze_step``, ``feedback="onebit"`` and ``momentum = beta1`` from the
 optimizer's own settings, registers the hook, and makes the optimizer follow the hook's
 phase (:meth:`~gssgd.optim.FrozenVarianceAdamW.follow`), so a step a GradScaler skipped in
@@ -48,11 +47,12 @@ from gssgd.ddp.recipe import compresses, pair_adamw
 from gssgd.ddp.state import HookState
 from gssgd.log import logger
 from gssgd.optim import FrozenVarianceAdamW, dense_steps_for
+from gssgd.recipes import onebit_settings
 
 __all__ = ["CompressedAdamW", "compressed_adamw"]
 
 #: Hook options the recipe sets itself (from the optimizer's settings).
-_RECIPE_OPTIONS = ("feedback", "momentum", "start_iter")
+_RECIPE_OPTIONS = tuple(sorted(onebit_settings(1, 0.9)))
 
 
 @dataclass
@@ -92,60 +92,41 @@ def compressed_adamw(
 ) -> CompressedAdamW:
     """AdamW on a DDP model whose gradients a gssgd method compresses (1-bit Adam's recipe).
 
-    Steps: (1) build :class:`~gssgd.optim.FrozenVarianceAdamW` with the AdamW settings;
-    (2) build :class:`~gssgd.ddp.HookState` with ``start_iter=freeze_step``,
-    ``feedback="onebit"`` and ``momentum=betas[0]``; (3) check they match and make the
-    optimizer follow the hook's phase; (4) register the hook on ``model``.
-
-    Tuning: ``freeze_step`` dense steps settle the variance before it freezes (a tenth of
-    the run; 150 of 1,500 on the character LSTM and GPT, where at density 0.01 the sparse
-    methods ended 1.2-3.1 % above dense AdamW); lr, betas, weight decay as for dense AdamW.
+    Builds :class:`~gssgd.optim.FrozenVarianceAdamW` and a :class:`~gssgd.ddp.HookState`
+    with the recipe's settings (:func:`gssgd.recipes.onebit_settings`), pairs them and
+    registers the hook on ``model``.
 
     Args:
         model: the DDP model (the hook is registered on it).
-        method: any compressing method whose options offer ``feedback="onebit"`` (every
-            built-in one but dense, PowerSGD included).
+        method: a compressing method whose options offer ``feedback="onebit"``.
         lr, betas, eps, weight_decay: AdamW's settings (decoupled weight decay).
-        freeze_step: dense AdamW steps before the variance freezes (>= 1); also the hook's
-            first compressed iteration.
-        variance: ``"frozen"`` (1-bit Adam's) or ``"moving"`` after ``freeze_step``.
-        unseen: what a coordinate with no variance at the freeze does
-            (:data:`gssgd.optim.UNSEEN_RULES`; default: its variance keeps moving).
-        density: the fraction of coordinates sent per step (or ``k=`` in ``options``).
-        whole_model: one global selection over the model (True) or one per DDP bucket.
-        scaler: the run's ``torch.amp.GradScaler`` under float16 autocast, or None.
-        overlap: ``"stream"`` for gs: the sketch is all-reduced during backward.
-        total_steps: the run's length, if known: a run no longer than ``freeze_step`` is
-            dense throughout, and warns.
-        params: what the optimizer updates (parameters or param groups); default
-            ``model.parameters()``.
-        **options: the method's other options (``rows``, ``cols``, ``candidates``,
-            ``nonfinite``, ...); ``feedback``, ``momentum`` and ``start_iter`` are the
-            recipe's and are refused.
+        freeze_step: dense AdamW steps before the variance freezes (>= 1; a tenth of the
+            run is a good start); also the hook's first compressed iteration.
+        variance, unseen: the variance after ``freeze_step`` (``"frozen"``, 1-bit Adam's,
+            or ``"moving"``) and a coordinate's with none at the freeze
+            (:data:`gssgd.optim.UNSEEN_RULES`).
+        density, whole_model, scaler, overlap, params: as :func:`~gssgd.ddp.compressed_sgd`.
+        total_steps: the run's length, if known (a run no longer than ``freeze_step``
+            warns: it is dense throughout).
+        **options: the method's other options; the recipe's own three are refused.
 
     Returns:
-        A :class:`CompressedAdamW`: ``.optimizer`` to step, ``.hook`` registered, and
-        ``state_dict()``/``load_state_dict()`` for this rank's checkpoint.
+        A :class:`CompressedAdamW` (``.optimizer``, ``.hook``, this rank's ``state_dict()``).
 
     Raises:
-        ValueError: ``model`` is not a DDP model, ``method`` does not compress, an option
-            the recipe sets is given, or any setting out of range (the optimizer's and the
-            hook's own checks; the message names the value and the valid range).
+        ValueError: not a DDP model, a method that does not compress, an option the recipe
+            sets, or any setting out of range.
     """
     check_one_call("compressed_adamw", model, method, _refusal)
     _check_recipe_options(options)
     optimizer = FrozenVarianceAdamW(
         model.parameters() if params is None else params, lr=lr, betas=betas, eps=eps,
-        weight_decay=weight_decay, freeze_step=freeze_step, variance=variance, unseen=unseen,
-    )
-    hook = HookState(
-        method, density=density, start_iter=freeze_step, whole_model=whole_model,
-        model=model if whole_model else None, scaler=scaler, overlap=overlap,
-        feedback="onebit", momentum=float(optimizer.param_groups[0]["betas"][0]), **options,
-    )
+        weight_decay=weight_decay, freeze_step=freeze_step, variance=variance, unseen=unseen)
+    recipe = onebit_settings(freeze_step, float(optimizer.param_groups[0]["betas"][0]))
+    hook = HookState(method, density=density, whole_model=whole_model, scaler=scaler,
+                     model=model if whole_model else None, overlap=overlap, **recipe, **options)
     pair_adamw(optimizer, hook)
-    if total_steps is not None and total_steps <= freeze_step:
-        _warn_all_dense(total_steps, freeze_step)
+    _warn_all_dense(total_steps, freeze_step)
     model.register_comm_hook(hook, comm_hook)
     logger.info("gssgd: compressed_adamw: %s, %d dense AdamW steps, then the variance %s",
                 method, freeze_step, variance)
@@ -176,8 +157,10 @@ def _refusal(method: str) -> str | None:
     return None
 
 
-def _warn_all_dense(total_steps: int, freeze_step: int) -> None:
+def _warn_all_dense(total_steps: int | None, freeze_step: int) -> None:
     """A run no longer than its dense warm-up compresses nothing: say so."""
+    if total_steps is None or total_steps > freeze_step:
+        return
     warnings.warn(
         f"gssgd: total_steps={total_steps} is not longer than freeze_step={freeze_step}: "
         "the whole run is dense AdamW and nothing is compressed. Use a freeze_step "

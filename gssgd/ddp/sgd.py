@@ -13,7 +13,7 @@ learning rate, where without it the method is momentum SGD exactly. Dense and Po
 average a dense update, so the momentum stays in the optimizer (PowerSGD's paper trains
 that way).
 
-The one rule (:func:`momentum_placement`), from the user's dense settings
+The one rule (:func:`gssgd.recipes.momentum_placement`), from the user's dense settings
 ``lr, momentum, weight_decay``:
 
 * **in the hook** (a method that sends k of d coordinates and keeps a ``momentum``
@@ -30,12 +30,6 @@ The one rule (:func:`momentum_placement`), from the user's dense settings
 The hook's first ``start_iter`` iterations are plain all-reduces (DDP rebuilds its
 buckets after the first); with the momentum in the hook they step without momentum, so
 keep ``start_iter`` small (the default, 2).
-
-Measured (docs/study.md, "One call per optimizer"; two small CNNs on synthetic 32x32
-images, 2 gloo workers, SGD momentum 0.9, density 0.01 / PowerSGD rank 2, 200 steps, three
-seeds): PowerSGD within 1.5x dense's final loss; local Top-k 2.4x / 7.6x (the optimizer's
-momentum: 2.8x / 9.4x), gs 4.3x / 10.0x (3.2x / 8.7x): the hook's momentum helped Top-k,
-not gs, and neither came within 2x dense in that short a run.
 
 Example::
     >>> # xdoctest: +SKIP
@@ -63,9 +57,9 @@ from torch import nn
 from gssgd.aggregators import AGGREGATORS
 from gssgd.ddp.hook import comm_hook
 from gssgd.ddp.paired import PairedRun, check_one_call
-from gssgd.ddp.recipe import recipe_advice, sparse
 from gssgd.ddp.state import HookState
 from gssgd.log import logger
+from gssgd.recipes import momentum_placement, recipe_advice
 
 __all__ = ["CompressedSGD", "compressed_sgd", "momentum_placement"]
 
@@ -81,19 +75,6 @@ class CompressedSGD(PairedRun):
 
     optimizer: torch.optim.SGD
     placement: str = "optimizer"
-
-
-def momentum_placement(method: str) -> str:
-    """Where :func:`compressed_sgd` keeps ``method``'s momentum: ``"hook"`` for a method that
-    sends k of d coordinates with error feedback and takes a ``momentum`` option (DGC's
-    momentum correction), else ``"optimizer"`` (dense, PowerSGD).
-
-    Raises:
-        ValueError: an unknown method.
-    """
-    if method not in AGGREGATORS:
-        raise ValueError(f"unknown method {method!r}; valid methods: {', '.join(AGGREGATORS)}.")
-    return "hook" if sparse(method) and "momentum" in _option_names(method) else "optimizer"
 
 
 def _option_names(method: str) -> set[str]:
@@ -118,21 +99,18 @@ def compressed_sgd(
 ) -> CompressedSGD:
     """Momentum SGD on a DDP model whose gradients ``method`` averages, at your dense lr.
 
-    Steps: (1) decide where the momentum goes (:func:`momentum_placement`); (2) build the
-    hook state with it (or without) and ``torch.optim.SGD`` with the rest (the module doc
-    gives the rule); (3) check the pair is one the recipe warnings accept; (4) register the
-    hook on ``model``.
+    Steps: (1) decide where the momentum goes (:func:`~gssgd.recipes.momentum_placement`);
+    (2) build the hook state with it (or without) and ``torch.optim.SGD`` with the rest (the
+    module doc gives the rule); (3) check the pair is one the recipe warnings accept; (4)
+    register the hook on ``model``.
 
     Args:
         model: the ``DistributedDataParallel`` model (the hook is registered on it).
         method: any of :data:`gssgd.AGGREGATORS` (``"dense"`` too, for the baseline).
-        lr: the learning rate momentum SGD trains your model with, dense (kept as it is).
-        momentum: SGD's momentum, in [0, 1).
-        weight_decay: SGD's (L2) weight decay, >= 0.
-        nesterov: Nesterov momentum (dense and PowerSGD only).
+        lr, momentum, weight_decay, nesterov: your dense momentum SGD's settings (lr kept
+            as it is; momentum in [0, 1); Nesterov with dense and PowerSGD only).
         density: the fraction of coordinates sent per step (sparse methods; or ``k=``).
-        whole_model: one global selection over the model (True, as the papers) or one per
-            DDP bucket.
+        whole_model: one global selection over the model (True) or one per DDP bucket.
         start_iter: the hook's first compressed iteration (>= 1).
         scaler: the run's ``torch.amp.GradScaler`` under float16 autocast, or None.
         overlap: ``"stream"`` for gs: the sketch is all-reduced while backward runs.
@@ -152,6 +130,26 @@ def compressed_sgd(
     """
     check_one_call("compressed_sgd", model, method, lambda method: None)
     _check_settings(lr, momentum, weight_decay, nesterov, options)
+    placement = _placement(method, momentum, nesterov)
+    hook, optimizer = _build(model, method, placement, lr, momentum, weight_decay, nesterov,
+                             params, dict(density=density, start_iter=start_iter,
+                                          whole_model=whole_model, scaler=scaler,
+                                          overlap=overlap, **options))
+    _refuse_advised(optimizer, method, hook)
+    model.register_comm_hook(hook, comm_hook)
+    logger.info("gssgd: compressed_sgd: %s with momentum %s in the %s, SGD lr %s, weight "
+                "decay %s", method, momentum, placement, lr,
+                optimizer.param_groups[0]["weight_decay"])
+    return CompressedSGD(optimizer, hook, placement)
+
+
+def _placement(method: str, momentum: float, nesterov: bool) -> str:
+    """Where the momentum goes (:func:`~gssgd.recipes.momentum_placement`; none: the
+    optimizer).
+
+    Raises:
+        ValueError: Nesterov momentum with the momentum in the hook.
+    """
     placement = momentum_placement(method) if momentum else "optimizer"
     if placement == "hook" and nesterov:
         raise ValueError(
@@ -159,21 +157,21 @@ def compressed_sgd(
             "hook (DGC's momentum correction), which has no Nesterov form here. Use "
             "nesterov=False (the same lr), or a dense method or PowerSGD."
         )
-    hook, optimizer = _build(model, method, placement, lr, momentum, weight_decay, nesterov,
-                             params, dict(density=density, start_iter=start_iter,
-                                          whole_model=whole_model, scaler=scaler,
-                                          overlap=overlap, **options))
+    return placement
+
+
+def _refuse_advised(optimizer: torch.optim.SGD, method: str, hook: HookState) -> None:
+    """A plugin method whose momentum cannot move: say so, loudly.
+
+    Raises:
+        ValueError: the pair gets a recipe warning (:func:`~gssgd.recipes.recipe_advice`).
+    """
     advice = recipe_advice(optimizer, method, hook.options, hook.density)
-    if advice is not None:  # a plugin method whose momentum cannot move: say so, loudly
+    if advice is not None:
         raise ValueError(
             f"compressed_sgd cannot pair {method!r} with momentum SGD: {advice} "
             "Pass momentum=0 for plain SGD with its error feedback."
         )
-    model.register_comm_hook(hook, comm_hook)
-    logger.info("gssgd: compressed_sgd: %s with momentum %s in the %s, SGD lr %s, weight "
-                "decay %s", method, momentum, placement, lr,
-                optimizer.param_groups[0]["weight_decay"])
-    return CompressedSGD(optimizer, hook, placement)
 
 
 def _build(model: nn.Module, method: str, placement: str, lr: float, momentum: float,
