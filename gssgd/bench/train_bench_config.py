@@ -141,6 +141,8 @@ def train_flags(settings: Mapping[str, Any], always: Sequence[str] = ()) -> list
             out.append("--no-" + name.replace("_", "-"))  # --no-progress, --no-exact
         elif name in ("fail_at", "stall_at"):
             out += [flag, f"{value[0]}:{value[1]}"]
+        elif name == "options":  # the method's options by name: --opt NAME=VALUE each
+            out += [a for k, v in value.items() for a in ("--opt", f"{k}={v}")]
         else:
             out += [flag, str(value)]
     return out

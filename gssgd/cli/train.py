@@ -1,7 +1,8 @@
 """``gssgd train``: data-parallel training with one aggregation method.
 
-The flags map one to one onto :class:`gssgd.train.loop.TrainConfig`; ``gssgd compare``
-reuses them through :func:`add_training_flags` and :func:`settings_from_args`.
+The flags map one to one onto :class:`gssgd.train.config.TrainConfig`; ``--opt NAME=VALUE``
+sets any option of the method (a plugin's too) by its name. ``gssgd compare`` reuses the
+flags through :func:`add_training_flags` and :func:`settings_from_args`.
 """
 
 from __future__ import annotations
@@ -14,28 +15,26 @@ from gssgd.aggregators.options import FEEDBACKS, PAYLOAD_DTYPES
 from gssgd.amp import AMP_DTYPES
 from gssgd.cli.errors import run_command
 from gssgd.local_steps import DILOCO_OUTER_LR, DILOCO_OUTER_MOMENTUM
-from gssgd.methods import (
+from gssgd.methods import METHODS
+from gssgd.optim import UNSEEN_RULES, VARIANCES
+from gssgd.recipes import (
+    ADAMW_FREEZE_STEPS,
+    ADAMW_LM_LR,
+    ADAMW_LR,
     DENSE_RECIPE,
-    METHODS,
     SPARSE_RECIPE,
     SPARSE_WARMUP_STEPS,
     TEXT_RECIPE,
     TEXT_SPARSE_RECIPE,
 )
-from gssgd.optim import UNSEEN_RULES, VARIANCES
-from gssgd.train.config import (
-    ADAMW_FREEZE_STEPS,
-    ADAMW_LM_LR,
-    ADAMW_LR,
-    OPTIMIZERS,
-    TrainConfig,
-    setting_applies_to,
-)
+from gssgd.train.config import OPTIMIZERS, TrainConfig
 from gssgd.train.launch import DEVICES
 from gssgd.train.loop import STATUS_COMPLETED, run_training
+from gssgd.train.method_settings import merge_opts, parse_opt, setting_applies_to
 from gssgd.train.models import MODELS
 
 __all__ = ["Formatter", "add_parser", "add_training_flags", "run", "settings_from_args"]
+
 
 def method_list() -> str:
     """The registered methods, one line each (for ``--help``)."""
@@ -58,6 +57,8 @@ examples:
   gssgd train --dataset digits --workers 2 --steps 50           # a quick run
   gssgd train --method gs --dataset mnist --model cnn --workers 4 --steps 500 \\
               --density 0.001 --out runs/gs
+  gssgd train --method gs --opt rows=3 --opt candidates=16        # any option by name
+  gssgd train --plugin examples.randomk --method randomk --opt seed=3   # a plugin's option
   gssgd train --method topk --checkpoint-every 100 --out runs/t   # then, after a crash:
   gssgd train --method topk --resume runs/t                       # continues to --steps
   torchrun --standalone --nproc-per-node 4 -m gssgd.cli.main train --method gs
@@ -113,8 +114,8 @@ def _local_step_flags(parser: argparse.ArgumentParser) -> None:
     local = parser.add_argument_group(
         "local steps", "DiLoCo-style: H inner steps with no communication, then an outer step "
         "that aggregates the weights' change (the pseudo-gradient) with --method and its error "
-        "feedback (dense: DiLoCo; topk: a SparseLoCo-style gather; gs: a summed sketch) and "
-        "applies it with Nesterov SGD on every worker")
+        "feedback (a dense method: DiLoCo; a sparse one: SparseLoCo-style) and applies it "
+        "with Nesterov SGD on every worker")
     local.add_argument("--local-steps", type=int, default=None, metavar="H",
                        help="inner steps per outer step (default: off, every step aggregates); "
                        "the inner optimizer takes dense's recipe (--optimizer, --lr)")
@@ -127,7 +128,7 @@ def _local_step_flags(parser: argparse.ArgumentParser) -> None:
                        help="decay the outer step's residual by BETA before each "
                        "pseudo-gradient joins it (default 1: classic error feedback); "
                        "SparseLoCo's recipe: --outer-error-decay 0.95 --outer-momentum 0 "
-                       "--outer-lr 1 with --method topk")
+                       "--outer-lr 1 with a sparse method")
 
 
 def _applies(name: str) -> str:
@@ -187,8 +188,7 @@ def _optimisation_flags(parser: argparse.ArgumentParser) -> None:
     opt.add_argument("--adam-variance", choices=VARIANCES, default=None,
                      help="with --freeze-variance-after N: the variance after those N steps, "
                      "frozen (default, 1-bit Adam's) or moving (updated from the averaged "
-                     "gradient the compressed momentum implies; at density 0.001 better on "
-                     "a character LSTM, far worse on a character GPT: docs/study.md)")
+                     "gradient the compressed momentum implies)")
     opt.add_argument("--adam-unseen", choices=UNSEEN_RULES, default=None,
                      help="with the frozen variance: coordinates the dense steps gave no "
                      "gradient (an embedding row not seen yet) keep their variance moving "
@@ -224,8 +224,32 @@ def _worker_flags(parser: argparse.ArgumentParser) -> None:
 
 def _aggregation_flags(parser: argparse.ArgumentParser) -> None:
     agg = parser.add_argument_group(
-        "aggregation", "method-specific settings; a setting the method does not take is an error"
+        "aggregation", "the method's options and the hook's settings; a setting the method "
+        "does not take is an error. --opt NAME=VALUE sets any option of the method by its "
+        "name; the named flags are the common ones"
     )
+    agg.add_argument("--opt", dest="options", action="append", type=_opt, default=None,
+                     metavar="NAME=VALUE",
+                     help="set the method's option NAME (a field of its options dataclass, "
+                     "a plugin's too), VALUE read as its type (an integer, a number, true/false, "
+                     "a string or none), e.g. --opt rows=3; repeatable. A named flag below is "
+                     "the same option (--local-momentum is --opt momentum, --payload-dtype "
+                     "--opt dtype, --powersgd-rank --opt rank)")
+    _sparse_flags(agg)
+    _sketch_flags(agg)
+    _hook_flags(agg)
+
+
+def _opt(text: str) -> tuple[str, str]:
+    """argparse's type for ``--opt``: ``NAME=VALUE`` as ``(NAME, VALUE)``."""
+    try:
+        return parse_opt(text)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
+
+
+def _sparse_flags(agg: argparse._ArgumentGroup) -> None:
+    """The options of the methods that send k of d coordinates with error feedback."""
     sparse = agg.add_mutually_exclusive_group()
     sparse.add_argument("--density", type=float, default=None,
                         help="fraction of coordinates sent, k = max(1, round(density*d)) "
@@ -241,8 +265,7 @@ def _aggregation_flags(parser: argparse.ArgumentParser) -> None:
     agg.add_argument("--warmup-steps", type=int, default=None,
                      help="density warm-up (DGC): the first N aggregation steps send "
                      "exponentially fewer coordinates, from --warmup-density down to --density "
-                     f"({_applies('warmup_steps')}; default {SPARSE_WARMUP_STEPS}, the study's best; "
-                     "0 = off)")
+                     f"({_applies('warmup_steps')}; default {SPARSE_WARMUP_STEPS}; 0 = off)")
     agg.add_argument("--warmup-density", type=float, default=None,
                      help="the density of the first warm-up step (default 0.25)")
     agg.add_argument("--local-clip", type=float, default=None, metavar="NORM",
@@ -253,20 +276,26 @@ def _aggregation_flags(parser: argparse.ArgumentParser) -> None:
                      "update goes to the optimizer), ef21 (EF21-SGDM: a dense estimate of the "
                      "workers' mean (momentum) gradient, kept alike on every worker), global "
                      "(momentum on the averaged update, masked where coordinates are "
-                     "delivered) or fetchsgd (sketched and gs: FetchSGD's momentum and error "
-                     "in sketch space; with --no-exact and --rows > 1); --local-momentum is "
-                     "its momentum; default ef")
+                     "delivered) or fetchsgd (the sketching methods: FetchSGD's momentum and "
+                     "error in sketch space; with --no-exact and --rows > 1); --local-momentum "
+                     "is its momentum; default ef")
     agg.add_argument("--payload-dtype", choices=tuple(PAYLOAD_DTYPES), default=None,
                      help=f"{_applies('payload_dtype')}: dtype of the all-reduced gradient "
                      "(default float32; 16 bits are scaled by 1/P first)")
+    agg.add_argument("--powersgd-rank", type=int, default=None,
+                     help=f"{_applies('powersgd_rank')}: matrix approximation rank (default 2)")
+
+
+def _sketch_flags(agg: argparse._ArgumentGroup) -> None:
+    """The options of the methods that send a Count Sketch."""
     agg.add_argument("--rows", type=int, default=None,
                      help=f"sketch rows, odd ({_applies('rows')}; default 1)")
     agg.add_argument("--cols", type=int, default=None,
-                     help="sketch columns (default 40·k, capped at d/(4 rows); gs from 16 "
-                     "workers: 16·k)")
+                     help="sketch columns (default 40·k, capped at d/(4 rows); from 16 "
+                     "workers 16·k)")
     agg.add_argument("--candidates", type=int, default=None,
                      help="m: the sketch proposes m*k candidates (default 32, capped at m*k <= "
-                     "d/8; gs from 16 workers: 8)")
+                     "d/8; from 16 workers 8)")
     agg.add_argument("--exact", action=argparse.BooleanOptionalAction, default=None,
                      help=f"{_applies('exact')}: fetch exact sums of the candidates (default --exact)")
     agg.add_argument("--allreduce", choices=("recursive_doubling", "backend"), default=None,
@@ -288,8 +317,10 @@ def _aggregation_flags(parser: argparse.ArgumentParser) -> None:
                      "(Ok-Topk's reuse; default 1: sketch every step)")
     agg.add_argument("--chunk", type=int, default=None, metavar="C", help=f"{_applies('chunk')}: "
                      "select each chunk of C coordinates' share (DeMo, SparseLoCo; default 0: off)")
-    agg.add_argument("--powersgd-rank", type=int, default=None,
-                     help=f"{_applies('powersgd_rank')}: matrix approximation rank (default 2)")
+
+
+def _hook_flags(agg: argparse._ArgumentGroup) -> None:
+    """The DDP hook's settings (every aggregator method's)."""
     agg.add_argument("--start-iter", type=int, default=None,
                      help="steps of plain all-reduce before compression starts (default 2)")
     agg.add_argument("--per-bucket", action="store_true",
@@ -341,10 +372,17 @@ _SETTINGS = tuple(f.name for f in dataclasses.fields(TrainConfig) if f.name != "
 
 
 def settings_from_args(args: argparse.Namespace) -> dict[str, Any]:
-    """The TrainConfig keyword arguments the parsed flags hold."""
+    """The TrainConfig keyword arguments the parsed flags hold (``--opt`` as ``options``,
+    its values still text: the method's option types read them).
+
+    Raises:
+        ValueError: one ``--opt`` name given two values.
+    """
     settings = {name: getattr(args, name) for name in _SETTINGS if hasattr(args, name)}
     if "plugins" in settings:
         settings["plugins"] = tuple(settings["plugins"])
+    if "options" in settings:
+        settings["options"] = merge_opts(settings["options"])
     return settings
 
 

@@ -1,0 +1,309 @@
+"""The method's own settings in a training run: which flags apply to which method, and the
+method's options given by name (``--opt NAME=VALUE``).
+
+A run's config holds the method's name and, in ``options``, any option of the method's
+options dataclass (``gssgd.aggregators.AGGREGATORS[name].Options``) by its field name, so a
+plugin method's new option reaches the trainer with no edit here. Some options also have
+a named flag (``--rows``, ``--density``, ``--local-momentum`` for ``momentum``, ...): those
+are sugar for the same option, and :func:`split_options` moves an option given by name
+onto its named setting (giving one both ways with different values is an error).
+
+Which methods a setting applies to comes from the method registry
+(:func:`gssgd.methods.applies_to`); the values are validated by the options dataclass
+through :class:`gssgd.ddp.HookSettings`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import types
+import typing
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import torch
+
+from gssgd.aggregators import AGGREGATORS
+from gssgd.aggregators.options import PAYLOAD_DTYPES
+from gssgd.ddp import STREAMING_METHODS
+from gssgd.methods import METHODS, applies_to
+
+__all__ = [
+    "METHOD_SETTINGS",
+    "OPTION_SETTINGS",
+    "check_settings_apply",
+    "flag",
+    "import_plugins",
+    "merge_opts",
+    "option_types",
+    "parse_opt",
+    "setting_applies_to",
+    "settings_for",
+    "split_options",
+    "to_aggregator",
+]
+
+#: TrainConfig fields that are aggregator options under another name.
+OPTION_NAMES = {"local_momentum": "momentum", "payload_dtype": "dtype", "powersgd_rank": "rank"}
+#: TrainConfig fields that are sugar for one of the method's options (``--rows`` is
+#: ``--opt rows``, ``--local-momentum`` is ``--opt momentum``, ...).
+OPTION_SETTINGS: tuple[str, ...] = (
+    "density", "k", "local_momentum", "warmup_steps", "warmup_density", "local_clip",
+    "feedback", "payload_dtype", "rows", "cols", "candidates", "exact", "allreduce",
+    "table_dtype", "guard", "prefilter", "reuse", "chunk", "powersgd_rank",
+)
+#: TrainConfig fields that apply to some methods only (None or False = not given).
+METHOD_SETTINGS: tuple[str, ...] = OPTION_SETTINGS + (
+    "start_iter", "per_bucket", "overlap", "freeze_variance_after", "adam_variance",
+    "adam_unseen", "outer_error_decay",
+)
+#: Method-specific TrainConfig fields that are neither options nor hook settings, and the
+#: methods that take them.
+_ONLY_FOR: dict[str, tuple[str, ...]] = {"overlap": STREAMING_METHODS}
+#: Method-specific TrainConfig fields that apply to the methods taking another option.
+_APPLIES_LIKE = {"freeze_variance_after": "feedback", "adam_variance": "feedback",
+                 "adam_unseen": "feedback", "outer_error_decay": "feedback"}
+_TRUE, _FALSE = ("true", "yes", "on", "1"), ("false", "no", "off", "0")
+
+
+def flag(name: str) -> str:
+    """The command-line flag of a TrainConfig field: ``local_momentum`` -> ``--local-momentum``."""
+    return "--" + name.replace("_", "-")
+
+
+# --------------------------------------------------------------------------- named settings
+
+
+def setting_applies_to(name: str) -> tuple[str, ...]:
+    """The registered methods a TrainConfig field applies to (every method for generic ones)."""
+    if name not in METHOD_SETTINGS:
+        return tuple(METHODS)
+    if name in _ONLY_FOR:
+        return tuple(m for m in _ONLY_FOR[name] if m in METHODS)
+    takers = set(applies_to(_APPLIES_LIKE.get(name) or OPTION_NAMES.get(name, name)))
+    takers |= set(applies_to(name))  # a DDP built-in's train setting (its rank)
+    return tuple(m for m in METHODS if m in takers)
+
+
+def option_applies_to(name: str) -> tuple[str, ...]:
+    """The registered methods whose options take ``name`` (``--opt NAME=...``)."""
+    return tuple(m for m in METHODS if m in AGGREGATORS and name in option_types(m))
+
+
+def _which(methods: list[str]) -> str:
+    return f"--method {methods[0]}" if len(methods) == 1 else f"--methods {','.join(methods)}"
+
+
+def check_settings_apply(settings: Mapping[str, Any], methods: Iterable[str]) -> None:
+    """Refuse a method-specific setting (or ``--opt`` option) that none of ``methods`` takes.
+
+    The one check behind ``gssgd train`` (one method) and ``gssgd compare`` (several): a
+    setting a method would silently ignore is an error that names the flag and the fix.
+
+    Raises:
+        ValueError: such a setting.
+    """
+    methods = list(methods)
+    for name in METHOD_SETTINGS:
+        if settings.get(name) in (None, False):
+            continue
+        takers = setting_applies_to(name)
+        if not set(methods) & set(takers):
+            raise ValueError(
+                f"{flag(name)} does not apply to {_which(methods)}; it applies to "
+                f"{', '.join(takers) or 'no registered method'}. Drop {flag(name)} or pick "
+                "such a method."
+            )
+    for name, value in (settings.get("options") or {}).items():
+        takers = option_applies_to(name)
+        if not set(methods) & set(takers):
+            raise ValueError(
+                f"--opt {name}={value} does not apply to {_which(methods)}: no such method "
+                f"has an option {name!r}; it applies to {', '.join(takers) or 'no registered method'}"
+                f". Drop --opt {name}, or pick such a method.")
+
+
+def settings_for(method: str, settings: Mapping[str, Any]) -> dict[str, Any]:
+    """``settings`` (TrainConfig keyword arguments) without those ``method`` does not take
+    (``options`` too: only the options ``method`` has stay).
+
+    ``gssgd compare`` builds one config per method from the same flags this way.
+    """
+    out = {name: value for name, value in settings.items()
+           if name not in METHOD_SETTINGS or method in setting_applies_to(name)}
+    if out.get("options"):
+        takes = option_types(method) if method in AGGREGATORS else {}
+        out["options"] = {k: v for k, v in out["options"].items() if k in takes} or None
+    return out
+
+
+def import_plugins(modules: Iterable[str]) -> None:
+    """Import each module (it registers its methods with :func:`gssgd.register_method`).
+
+    Raises:
+        ValueError: a module that cannot be imported (the message names it and the fix).
+    """
+    for name in modules:
+        try:
+            importlib.import_module(name)
+        except ImportError as err:
+            raise ValueError(
+                f"--plugin {name!r} cannot be imported ({err}); give an importable module "
+                "name (on PYTHONPATH) whose import registers the method."
+            ) from err
+
+
+# --------------------------------------------------------------------------- --opt NAME=VALUE
+
+
+def parse_opt(text: str) -> tuple[str, str]:
+    """``NAME=VALUE`` (one ``--opt``) as ``(NAME, VALUE)``; VALUE stays text until the
+    method's option types are known (:func:`split_options`).
+
+    Raises:
+        ValueError: no ``=``, or an empty name.
+    """
+    name, sep, value = text.partition("=")
+    if not sep or not name.strip() or not name.strip().isidentifier():
+        raise ValueError(f"--opt {text!r} is not NAME=VALUE with NAME an option's name; for "
+                         "example --opt rows=3 (or a plugin's --opt levels=16)")
+    return name.strip(), value.strip()
+
+
+def merge_opts(pairs: Iterable[tuple[str, str]] | None) -> dict[str, str] | None:
+    """The ``--opt`` pairs as one mapping (None when there are none).
+
+    Raises:
+        ValueError: one name given two different values.
+    """
+    out: dict[str, str] = {}
+    for name, value in pairs or ():
+        if name in out and out[name] != value:
+            raise ValueError(f"--opt {name}={out[name]} and --opt {name}={value} give the "
+                             f"option {name!r} two values; give it once.")
+        out[name] = value
+    return out or None
+
+
+def option_types(method: str) -> dict[str, Any]:
+    """Option name -> type of ``method``'s options (its options dataclass's fields, ``k``
+    and ``density`` for a sparse method, and the aliases), from the registry."""
+    cls = AGGREGATORS[method]
+    fields = [f for f in dataclasses.fields(cls.Options) if f.name != "shapes"]
+    try:
+        hints = typing.get_type_hints(cls.Options)
+    except Exception:  # noqa: BLE001 - an annotation that does not resolve: read its text
+        hints = {}
+    found = {f.name: hints.get(f.name, f.type) for f in fields}
+    if not cls.sends_all:
+        found |= {"k": int, "density": float}
+    for alias, name in getattr(cls.Options, "aliases", {}).items():
+        found[alias] = found.get(name, Any)
+    return found
+
+
+def _members(hint: Any) -> tuple[Any, ...]:
+    """The types a field's annotation allows (``int | None`` -> ``(int, NoneType)``)."""
+    if isinstance(hint, str):  # an annotation that did not resolve
+        names = {"int": int, "float": float, "bool": bool, "str": str, "None": type(None),
+                 "torch.dtype": torch.dtype}
+        return tuple(names.get(part.strip(), part.strip()) for part in hint.split("|"))
+    if typing.get_origin(hint) in (typing.Union, types.UnionType):
+        return typing.get_args(hint)
+    return (hint,)
+
+
+def _kind(members: tuple[Any, ...]) -> str:
+    words = {int: "an integer", float: "a number", bool: "true or false", str: "a string",
+             type(None): "none", torch.dtype: f"a dtype ({', '.join(PAYLOAD_DTYPES)})"}
+    return " or ".join(words.get(m, str(m)) for m in members)
+
+
+def _parse(text: str, members: tuple[Any, ...]) -> Any:
+    """``text`` as the first of ``members`` it reads as (LookupError: none)."""
+    low = text.lower()
+    if type(None) in members and low in ("none", "null"):
+        return None
+    if bool in members and low in _TRUE + _FALSE:
+        return low in _TRUE
+    for kind in (int, float):
+        if kind in members:
+            try:
+                return kind(text)
+            except ValueError:
+                pass
+    if torch.dtype in members and text in PAYLOAD_DTYPES:
+        return text  # kept by name (the config stays JSON); :func:`to_aggregator` converts
+    if str in members:
+        return text
+    raise LookupError(text)
+
+
+def _option_error(method: str, name: str, value: object, why: str) -> ValueError:
+    valid = ", ".join(option_types(method))
+    return ValueError(f"--opt {name}={value} is invalid: {why}. The options of {method!r}: "
+                      f"{valid}.")
+
+
+def coerce_option(method: str, name: str, value: Any) -> Any:
+    """One option of ``method`` as its field's type: text (from the command line) parsed,
+    anything else kept for the options dataclass to check.
+
+    Raises:
+        ValueError: an unknown option, or text that is not of the option's type (the
+            message names the option, the value, the valid options and the fix).
+    """
+    types_ = option_types(method)
+    if name not in types_:
+        raise _option_error(method, name, value, f"method {method!r} has no option {name!r}. "
+                            "Use one of its options' names")
+    if not isinstance(value, str):
+        return value
+    members = _members(types_[name])
+    try:
+        return _parse(value, members)
+    except LookupError:
+        example = {int: "3", float: "0.5", bool: "true"}.get(members[0], "...")
+        raise _option_error(method, name, value, f"option {name!r} takes {_kind(members)}, "
+                            f"for example --opt {name}={example}") from None
+
+
+def split_options(method: str, options: Mapping[str, Any] | None
+                  ) -> tuple[dict[str, Any], dict[str, Any]]:
+    """``options`` of ``method`` (``--opt``) checked and typed, as ``(named, rest)``:
+    ``named`` maps the TrainConfig fields that are sugar for an option (``rows``,
+    ``local_momentum`` for ``momentum``, ...) to their values; ``rest`` holds the others
+    by option name.
+
+    Raises:
+        ValueError: a method with no options (a DDP built-in), an unknown option, or a
+            value that is not of the option's type.
+    """
+    if not options:
+        return {}, {}
+    if method not in AGGREGATORS:
+        name, value = next(iter(options.items()))
+        raise ValueError(f"--opt {name}={value} is invalid: method {method!r} is one of DDP's "
+                         "own hooks and has no options dataclass. Drop --opt; its settings "
+                         "are flags (gssgd train --help).")
+    fields = {OPTION_NAMES.get(f, f): f for f in OPTION_SETTINGS}
+    aliases = getattr(AGGREGATORS[method].Options, "aliases", {})
+    named, rest = {}, {}
+    for name, value in options.items():
+        typed = coerce_option(method, name, value)
+        field = fields.get(aliases.get(name, name))
+        if field is not None:
+            named[field] = typed
+        else:
+            rest[name] = typed
+    return named, rest
+
+
+def to_aggregator(method: str, options: Mapping[str, Any]) -> dict[str, Any]:
+    """``options`` as the aggregator takes them: a dtype option given by name becomes the
+    ``torch.dtype``."""
+    types_ = option_types(method)
+    return {name: PAYLOAD_DTYPES[value]
+            if isinstance(value, str) and torch.dtype in _members(types_.get(name)) else value
+            for name, value in options.items()}
