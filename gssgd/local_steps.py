@@ -9,13 +9,12 @@ the weights they started from, the same on every rank. :class:`LocalSteps` does 
 half for a user's own loop, with the pseudo-gradient aggregated by a gssgd method and its
 error feedback:
 
-- ``method="dense"``: DiLoCo (a float32 all-reduce; ``dtype=torch.bfloat16`` for a 16-bit
-  one);
-- ``method="topk"``: a SparseLoCo-style gather (each worker's top-k of its error-fed
+- the dense all-reduce: DiLoCo (float32; ``dtype=torch.bfloat16`` for a 16-bit one);
+- local Top-k: a SparseLoCo-style gather (each worker's top-k of its error-fed
   pseudo-gradient, all-gathered: what a worker receives grows with P);
-- ``method="gs"``: the pseudo-gradient as a summed Count Sketch (a message that stays
-  constant as P grows), then the exact values of its heavy coordinates;
-- any other registered method (``gtopk``, ``sketched``, ``powersgd``, one of yours).
+- gs: the pseudo-gradient as a summed Count Sketch (a message that stays constant as P
+  grows), then the exact values of its heavy coordinates;
+- any other registered aggregator method (:data:`gssgd.METHODS`, one of yours too).
 
 An outer step, on every rank alike:
 

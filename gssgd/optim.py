@@ -22,8 +22,7 @@ it catches up.
 shared momentum implies, ``g_hat = (m - beta1 * m_prev) / (1 - beta1)`` (``m_prev`` = 0 at
 the switch, where the aggregator's momentum starts): Adam's update compressed with its
 variance still adapting, and every rank's state still identical. ``g_hat`` is the
-compressed average, so ``v`` sees the bursts of late coordinates that freezing avoids;
-it is there to measure that (docs/study.md, "Keep your optimizer").
+compressed average, so ``v`` sees the bursts of late coordinates that freezing avoids.
 
 Coordinates the warm-up never gave a gradient (an embedding row of a token not seen yet,
 a parameter not used early) have ``v = 0`` at the freeze, and a frozen ``v`` would step
@@ -31,7 +30,7 @@ them ``lr * m / eps``: thousands of times AdamW's step. At the freeze every coor
 with ``sqrt(v_hat) <= eps`` is marked unseen, and its ``v`` keeps moving on ``g_hat``
 (bias-corrected from the freeze, as AdamW's ``v`` is from a coordinate's first gradient),
 so its steps are AdamW's size. Every other coordinate keeps 1-bit Adam's frozen ``v``.
-``unseen=`` chooses another rule, for measuring (:data:`UNSEEN_RULES`; docs/study.md).
+``unseen=`` chooses another rule (:data:`UNSEEN_RULES`).
 
 Build it with its hook in one call, :func:`gssgd.ddp.compressed_adamw`: the hook's
 ``start_iter`` equals ``freeze_step`` and its aggregator has ``feedback="onebit",
@@ -42,11 +41,6 @@ built by hand is checked at its first step, and a mismatch is a ``ValueError`` t
 both values (:mod:`gssgd.ddp.recipe`). Without a hook (a loop that aggregates by itself)
 it counts its own steps. ``gssgd train --freeze-variance-after N`` sets all three;
 ``--optimizer adamw`` does it with N = 150 for a sparse method (a tenth of a shorter run).
-
-Measured (docs/study.md, "Keep your optimizer"; character LSTM, P = 4, 1,500 steps): at
-density 0.01 it ended 1.2-3.1 % above dense AdamW's loss for the four sparse methods
-(three seeds), against 4.9-7.1 % for AdamW on the error-fed update and 2.5-3.3 % for AdamW
-after the same 150 dense steps (seed 0).
 """
 
 from __future__ import annotations

@@ -99,19 +99,8 @@ def gloo_ring_reduce(
        never a float32 accumulator over the ranks;
     4. the all-gather only copies, so every rank gets the same bits.
 
-    How it was found (``scripts/gloo_order_probe.py``; the record is in docs/benchmarks.md,
-    "Simulated ring in gloo's order"): real gloo processes (torch 2.13,
-    ``init_method=file://``) all-reduced rank-specific random values (float32 and float16,
-    magnitudes spread so the order of the additions shows in the bits) for P = 2, 3, 5, 6,
-    7, 16 and 17 (and 4 in tests/test_simulated.py) and lengths from 1 to 6,000,001 (not
-    multiples of P; past 2P MiB, where a chunk holds more than two segments). Every
-    element was compared with all P rotations of the ring in both directions and (float16)
-    with a float32 accumulator: the rule above matched every element of every case
-    bitwise, rank order 0..P-1 did not, and it is what gloo's source does. The ring is
-    unchanged in gloo since 2021 and PyTorch's pinned gloo (3135b0b, December 2025, kept
-    until June 2026 by pytorch/pytorch#187077) has it, so torch 2.11 should sum alike (not
-    tested here). Only gloo commits of 2026-01-09 to 2026-02-09 differ: their intra-node
-    shared-memory all-reduce summed in rank order, and was reverted.
+    This is the order of gloo's ring all-reduce source; tests/test_simulated.py checks it
+    bitwise against real gloo processes.
 
     Args:
         tensors: one tensor per rank, same shape and dtype, contiguous or not.

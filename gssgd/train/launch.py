@@ -17,15 +17,7 @@ Two ways in, one function (:func:`launch`):
 Every process group gets the run's ``timeout``: a peer that died or hangs makes the
 others fail after that many seconds instead of waiting forever.
 
-How a worker leaves (:func:`leave_process_group`), whether ``fn`` returned or raised: the
-failed run's objects (model, DDP's reducer, the aggregators' communicators: they hold the process
-group) are released and collected while Python is whole, then the group is destroyed (its
-gloo threads joined), and only then does the process end. A spawned worker then ends with
-``os._exit`` (its status: 0, or 1 after an error), skipping interpreter finalization: a
-gloo thread finishing late work there would need the GIL, which a finalizing interpreter
-no longer hands out, and C++ aborts the process (``terminate called without an active
-exception``). When one spawned worker fails, the parent gives the others
-:data:`LEAVE_GRACE_S` seconds to leave the same way before it stops them.
+How a worker leaves, whether ``fn`` returned or raised: :mod:`gssgd.train.leave`.
 
 Example::
 
@@ -37,9 +29,6 @@ Example::
 
 from __future__ import annotations
 
-import contextlib
-import gc
-import multiprocessing.util
 import os
 import pickle
 import sys
@@ -51,11 +40,13 @@ from dataclasses import dataclass
 from datetime import timedelta
 from multiprocessing.connection import wait as wait_for_sentinels
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any
 
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+
+from gssgd.train.leave import exit_worker, leave_process_group, leave_together, release
 
 __all__ = [
     "CUDA_BACKEND_ENV",
@@ -76,7 +67,7 @@ __all__ = [
 DEVICES: tuple[str, ...] = ("auto", "cpu", "cuda")
 #: The process group backend of ``--device cuda``: ``nccl`` (default; one GPU per worker)
 #: or ``gloo`` (CUDA tensors over gloo; workers may share a GPU, worker i on GPU
-#: i mod count: how ``scripts/gpu_check.sh`` runs 2 and 4 workers on one GPU, which NCCL
+#: i mod count: how ``tools/gpu_check.sh`` runs 2 and 4 workers on one GPU, which NCCL
 #: refuses). gloo moves CUDA tensors only in all-reduce and broadcast, not point to point.
 CUDA_BACKEND_ENV = "GSSGD_CUDA_BACKEND"
 
@@ -209,24 +200,7 @@ def launch(
     """
     kind = resolve_device_kind(device, world_size)
     if under_torchrun():
-        env_size = torchrun_world_size()
-        if env_size != world_size:
-            raise ValueError(
-                f"--workers {world_size} but torchrun started WORLD_SIZE={env_size} workers; "
-                "leave --workers out under torchrun (its --nproc-per-node and --nnodes decide)"
-            )
-        rank, local_rank = int(os.environ["RANK"]), int(os.environ["LOCAL_RANK"])
-        store = _restart_store(rank, world_size, timeout_s)
-        worker = _init(rank, world_size, local_rank, kind, timeout_s, store=store)
-        try:
-            result = fn(worker, *args)
-            _leave_together()
-        except BaseException as err:
-            _release(err)  # the caller reports it; the failed run's objects go first
-            raise
-        finally:
-            leave_process_group(rank)
-        return result if rank == 0 else None
+        return _as_torchrun_rank(fn, world_size, args, timeout_s, kind)
     with tempfile.TemporaryDirectory(prefix="gssgd-rendezvous-") as tmp:
         context = mp.start_processes(
             _spawned,
@@ -243,11 +217,34 @@ def launch(
             return pickle.load(f)
 
 
+def _as_torchrun_rank(fn: Callable[..., Any], world_size: int, args: tuple[Any, ...],
+                      timeout_s: float, kind: str) -> Any:
+    """Under torchrun: join its group as this rank, run ``fn``, leave (rank 0's result)."""
+    env_size = torchrun_world_size()
+    if env_size != world_size:
+        raise ValueError(
+            f"--workers {world_size} but torchrun started WORLD_SIZE={env_size} workers; "
+            "leave --workers out under torchrun (its --nproc-per-node and --nnodes decide)"
+        )
+    rank, local_rank = int(os.environ["RANK"]), int(os.environ["LOCAL_RANK"])
+    store = _restart_store(rank, world_size, timeout_s)
+    worker = _init(rank, world_size, local_rank, kind, timeout_s, store=store)
+    try:
+        result = fn(worker, *args)
+        leave_together()
+    except BaseException as err:
+        release(err)  # the caller reports it; the failed run's objects go first
+        raise
+    finally:
+        leave_process_group(rank)
+    return result if rank == 0 else None
+
+
 #: What the fork server imports once, so that every worker it forks starts with torch and
 #: the training loop already imported (a spawned interpreter spends seconds of a small
 #: machine's cores importing torch, for every worker of every run).
-#: torch._dynamo is what torch's optimizers import on their first construction (1.6 s on
-#: the development VM); zarr reads MNIST. A module that is not installed is skipped.
+#: torch._dynamo is what torch's optimizers import on their first construction; zarr reads
+#: MNIST. A module that is not installed is skipped.
 _PRELOAD = ["torch", "torch.distributed", "torch._dynamo", "numpy", "zarr", "gssgd.train.loop",
             "gssgd.train.simulate"]
 
@@ -345,68 +342,6 @@ def _init(
     return Worker(rank, world_size, local_rank, device, backend)
 
 
-def _leave_together() -> None:
-    """A last barrier after a successful run: no worker tears its connections down while a
-    peer is still inside a collective (seen as a rare SIGABRT in gloo at exit under load)."""
-    if dist.is_initialized() and dist.get_world_size() > 1:
-        dist.barrier()
-
-
-def _release(err: BaseException) -> None:
-    """Drop the locals of the frames ``err`` (and the errors it chains) passed through: they
-    hold the failed run (model, DDP, communicators, and through them the process group).
-    The traceback still prints; frames still executing are left alone."""
-    seen: set[int] = set()
-    while err is not None and id(err) not in seen:
-        seen.add(id(err))
-        traceback.clear_frames(err.__traceback__)
-        err = err.__cause__ or err.__context__
-
-
-def leave_process_group(rank: int) -> bool:
-    """Leave the process group cleanly: collect what still holds it (the run's DDP
-    reducer and communicators, often in reference cycles), then destroy it, so its gloo
-    threads are joined now and not at interpreter exit. Returns False if destroying failed
-    (said on stderr)."""
-    gc.collect()
-    ok = True
-    if dist.is_initialized():
-        try:
-            dist.destroy_process_group()
-        except Exception as err:  # noqa: BLE001 - the run's own outcome matters more
-            print(f"gssgd: rank {rank}: leaving the process group failed: {err}",
-                  file=sys.stderr, flush=True)
-            ok = False
-    gc.collect()
-    return ok
-
-
-def _exit_worker(rank: int, code: int) -> NoReturn:
-    """End a spawned worker: leave the group (:func:`leave_process_group`), release its
-    multiprocessing objects, flush, ``os._exit(code)``.
-
-    ``os._exit`` comes last, after the group is gone: it skips interpreter finalization,
-    where any gloo thread still finishing work would need the GIL and abort the process
-    (``terminate called without an active exception``). Files the run writes are flushed
-    or closed by then (metrics lines are flushed one by one, checkpoints written atomically).
-
-    It also skips multiprocessing's own exit handlers, so they run here first (the
-    finalizers a worker process runs when its target returns, priority >= 0): among them
-    the unlinking of named semaphores that libraries made in the worker (tqdm's write
-    lock, numcodecs' blosc lock when reading MNIST). Left alone, they were registered with
-    the parent's resource tracker, which reported them as "leaked semaphore objects" when
-    the parent exited.
-    """
-    if not leave_process_group(rank):
-        code = code or 1
-    with contextlib.suppress(Exception):  # a cleanup that fails must not change the status
-        multiprocessing.util._run_finalizers(0)
-    for stream in (sys.stdout, sys.stderr):
-        with contextlib.suppress(Exception):  # a closed stream holds nothing back
-            stream.flush()
-    os._exit(code)
-
-
 def _spawned(
     rank: int,
     world_size: int,
@@ -424,7 +359,7 @@ def _spawned(
 
     An exception is printed here, once and briefly for a user error, with its traceback for
     anything else. Then, whatever happened, the worker leaves the process group and ends
-    (:func:`_exit_worker`) with status 0, or 1 after an error; it never returns.
+    (:func:`~gssgd.train.leave.exit_worker`) with status 0, or 1 after an error; it never returns.
     """
     os.environ.clear()
     os.environ.update(env)
@@ -441,7 +376,7 @@ def _spawned(
             with open(os.path.join(rendezvous_dir, _RESULT_FILE), "wb") as f:
                 pickle.dump(result, f)
         del result
-        _leave_together()
+        leave_together()
     except KeyboardInterrupt:  # the parent stops the others with SIGINT/SIGTERM
         code = 1
     except SystemExit as err:  # fn chose its own status
@@ -455,10 +390,10 @@ def _spawned(
                 file=sys.stderr,
                 flush=True,
             )
-        _release(err)
+        release(err)
         code = 1
     # Outside the except blocks: the error and its traceback are gone from this frame.
-    _exit_worker(rank, code)
+    exit_worker(rank, code)
 
 
 def is_user_error(err: BaseException) -> bool:

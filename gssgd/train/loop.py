@@ -25,7 +25,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import inspect
-import math
 import os
 import sys
 import time
@@ -38,17 +37,13 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-try:  # the progress bar comes with the gssgd[cli] extra; the loop runs without it
-    from tqdm import tqdm
-except ImportError:  # pragma: no cover - exercised in a subprocess by tests/test_packaging.py
-    tqdm = None
-
 from gssgd.aggregators.guard import SketchCollapseError
 from gssgd.amp import AMP_DTYPES, make_scaler
 from gssgd.ddp.recipe import pair_adamw
 from gssgd.methods import METHODS
 from gssgd.optim import FrozenVarianceAdamW
 from gssgd.train import checkpoint
+from gssgd.train.collectives import agree_on_loss, collective_failure, gather_bytes
 from gssgd.train.config import TrainConfig, import_plugins, settings_for
 from gssgd.train.data import ImageData, TextData, load_dataset
 from gssgd.train.launch import Worker, WorkerFailed, launch
@@ -60,7 +55,6 @@ from gssgd.train.metrics import (
     SUMMARY_FILE,
     MetricsLog,
     RunTotals,
-    StepBytes,
     run_summary,
     step_record,
     summary_line,
@@ -68,6 +62,8 @@ from gssgd.train.metrics import (
 )
 from gssgd.train.models import build_model
 from gssgd.train.objective import batch_loss, evaluation_sums, make_optimizer, train_batch
+from gssgd.train.progress import progress_bar as _progress_bar
+from gssgd.train.progress import say as _say
 from gssgd.train.rundir import prepare
 from gssgd.train.simulate import simulate_training
 from gssgd.train.snapshot import save_run_checkpoint, set_rng_state
@@ -167,7 +163,7 @@ def train_worker(worker: Worker, cfg: TrainConfig) -> dict[str, Any] | None:
             if not _train_step(run, step):
                 break  # every rank stopped at this same step (run.status says why)
     except (RuntimeError, dist.DistBackendError) as err:
-        if isinstance(err, FloatingPointError) or not _collective_failure(err):
+        if isinstance(err, FloatingPointError) or not collective_failure(err):
             raise
         raise RuntimeError(
             f"step {step}: a collective failed or waited longer than --timeout {cfg.timeout:g} s "
@@ -259,7 +255,7 @@ def _train_step(run: _Run, step: int) -> bool:
     with _alone(run), _autocast(cfg, worker):
         loss, correct, count = batch_loss(run.ddp(x), y)
     t_forward = time.perf_counter() - t0
-    loss_sum, correct_sum, count_sum, nonfinite = _agree_on_loss(loss, correct, count, worker)
+    loss_sum, correct_sum, count_sum, nonfinite = agree_on_loss(loss, correct, count, worker)
     if nonfinite:
         run.status = STATUS_NONFINITE
         run.message = (
@@ -268,12 +264,22 @@ def _train_step(run: _Run, step: int) -> bool:
             f"--lr (now {cfg.lr}) or resume an earlier checkpoint with a lower --lr."
         )
         return False
-
     t1 = time.perf_counter()
+    if not _update(run, loss, step):
+        return False
+    seconds_step = t_forward + (time.perf_counter() - t1)  # the loss all-reduce left out
+    run.last_loss = loss_sum / count_sum
+    _after_step(run, step, _record(run, step, seconds_step, correct_sum / count_sum))
+    return True
+
+
+def _update(run: _Run, loss: torch.Tensor, step: int) -> bool:
+    """Backward (DDP averages the gradients there, through the method's hook; with --amp
+    fp16 the loss is scaled, and an overflow comes back as NaN gradients on every rank),
+    then the optimizer step. False when the sketch collapsed (on every rank alike)."""
+    cfg = run.cfg
     run.optimizer.zero_grad(set_to_none=True)
     try:
-        # DDP averages the gradients here, through the method's hook (with --amp fp16 the
-        # loss is scaled; an overflow comes back as NaN gradients on every rank)
         with _alone(run):
             (loss if run.scaler is None else run.scaler.scale(loss)).backward()
         _optimizer_step(run)
@@ -287,13 +293,15 @@ def _train_step(run: _Run, step: int) -> bool:
             else " The weights were not updated."
         )
         return False
-    seconds_step = t_forward + (time.perf_counter() - t1)  # the loss all-reduce left out
+    return True
 
-    run.last_loss = loss_sum / count_sum
-    record = _record(run, step, seconds_step, correct_sum / count_sum)
+
+def _after_step(run: _Run, step: int, record: dict[str, Any]) -> None:
+    """Evaluate when due, log the step (metrics, bar, TensorBoard), checkpoint when due."""
+    cfg = run.cfg
     done = step + 1
     if done == cfg.steps or (cfg.eval_every and done % cfg.eval_every == 0):
-        run.last_eval = evaluate(run.ddp.module, run.data, cfg, worker)
+        run.last_eval = evaluate(run.ddp.module, run.data, cfg, run.worker)
         record["test_loss"], record["test_accuracy"] = run.last_eval
     if run.log is not None:  # before the checkpoint: a resumed run finds every earlier line
         run.log.write(record)
@@ -305,8 +313,7 @@ def _train_step(run: _Run, step: int) -> bool:
                               loss_scale=run.scaler.get_scale() if run.scaler else None)
     if done == cfg.steps or (cfg.checkpoint_every and done % cfg.checkpoint_every == 0):
         save_run_checkpoint(Path(cfg.out), done, cfg, run.fingerprint, run.model,
-                            run.optimizer, run.sync, run.totals, worker)
-    return True
+                            run.optimizer, run.sync, run.totals, run.worker)
 
 
 def _no_forward_buffer_sync() -> dict[str, bool]:
@@ -339,24 +346,11 @@ def _autocast(cfg: TrainConfig, worker: Worker) -> torch.autocast:
     return torch.autocast(worker.device.type, dtype=dtype, enabled=cfg.amp is not None)
 
 
-def _agree_on_loss(
-    loss: torch.Tensor, correct: int, count: int, worker: Worker
-) -> tuple[float, float, float, float]:
-    """Sum (loss * count, correct, count, non-finite ranks) over the ranks: every rank
-    learns whether any loss is non-finite, so all stop together."""
-    value = float(loss.detach())
-    seen = torch.tensor([value * count, correct, count, not math.isfinite(value)],
-                        dtype=torch.float64, device=worker.device)
-    dist.all_reduce(seen)
-    loss_sum, correct_sum, count_sum, nonfinite = seen.tolist()
-    return loss_sum, correct_sum, count_sum, nonfinite
-
-
 def _record(run: _Run, step: int, seconds_step: float, train_accuracy: float) -> dict[str, Any]:
     """The step's ``metrics.jsonl`` line (bytes gathered over ranks), added to the totals."""
     stats = run.sync.step_stats(step)
     record = step_record(step, run.last_loss, train_accuracy, stats,
-                         _gather_bytes(stats, run.worker), run.totals.bytes_sent, seconds_step)
+                         gather_bytes(stats, run.worker), run.totals.bytes_sent, seconds_step)
     run.totals.add(record, measured=step >= run.cfg.measured_from_step)
     return record
 
@@ -412,57 +406,9 @@ def _rebuild_buckets(
     ddp.zero_grad(set_to_none=True)
 
 
-def _gather_bytes(stats: dict[str, Any], worker: Worker) -> StepBytes:
-    """This step's bytes sent and received over the ranks (mean and busiest)."""
-    mine = torch.tensor(
-        [stats["bytes_sent"], stats["bytes_received"]], dtype=torch.float64, device=worker.device
-    )
-    everyone = [torch.empty_like(mine) for _ in range(worker.world_size)]
-    dist.all_gather(everyone, mine)
-    return StepBytes.of([tuple(t.tolist()) for t in everyone])
-
-
-def _collective_failure(err: BaseException) -> bool:
-    """Whether an error came from a collective (gloo/NCCL timeouts, closed connections)."""
-    if isinstance(err, dist.DistBackendError):
-        return True
-    text = str(err).lower()
-    return any(w in text for w in ("timed out", "timeout", "connection", "gloo", "nccl", "peer"))
-
-
 def _die(message: str) -> None:
     print(f"gssgd: {message}", file=sys.stderr, flush=True)
     os._exit(1)
-
-
-def _say(message: str) -> None:
-    if tqdm is None:
-        print(message, file=sys.stderr, flush=True)
-    else:
-        tqdm.write(message, file=sys.stderr)  # above the bar, not through it
-
-
-class _NoBar:
-    """What the loop calls on a progress bar, doing nothing (no tqdm installed)."""
-
-    def update(self, n: int = 1) -> None:
-        pass
-
-    def set_postfix(self, **kwargs: Any) -> None:
-        pass
-
-    def close(self) -> None:
-        pass
-
-
-def _progress_bar(cfg: TrainConfig, start_step: int, show: bool) -> Any:
-    """tqdm's bar over the steps (disabled unless ``show``), or no bar without tqdm."""
-    if tqdm is not None:
-        return tqdm(total=cfg.steps, initial=start_step, desc=cfg.method, unit="step",
-                    disable=not show, dynamic_ncols=True, mininterval=0.5)
-    if show:
-        _say("gssgd train: no progress bar (tqdm is not installed: pip install 'gssgd[cli]')")
-    return _NoBar()
 
 
 # =========================================================================== entry point

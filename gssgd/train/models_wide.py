@@ -24,7 +24,7 @@ Putting the width in the head (as VGG and AlexNet do, the classic communication-
 of the gradient-compression literature) gives millions of parameters at a compute cost half
 a core can carry. The transformer does about ``6 * parameters`` operations per token, so its
 share of communication depends on the tokens per worker and step (``--batch-size`` times
-``--seq-len``); docs/benchmarks.md gives the measured step split.
+``--seq-len``).
 
 Like the small models: no BatchNorm and no buffers (the causal mask is applied by
 :func:`torch.nn.functional.scaled_dot_product_attention`, not stored), weights from

@@ -74,7 +74,20 @@ def prepare(cfg: TrainConfig) -> TrainConfig:
         where = "the model" if not cfg.per_bucket else "the model (its largest bucket may be smaller)"
         cfg.hook_settings().check_k(d, where)
         build_options(cfg.method, d, cfg.density, **cfg.aggregator_options())
+    resume = _checkpoint_to_resume(cfg, model_name, workers, d)
+    out = Path(cfg.out) if cfg.out else run_dir_of(resume) if resume else default_out(cfg)
+    if int(os.environ.get("RANK", "0")) == 0:  # under torchrun, rank 0 alone touches --out
+        continuing = resume is not None and out.resolve() == run_dir_of(resume).resolve()
+        claim_out(out, continuing=continuing, overwrite=cfg.overwrite)
+    return dataclasses.replace(
+        cfg, workers=workers, model=model_name, out=str(out), resume=str(resume) if resume else None
+    )
 
+
+def _checkpoint_to_resume(cfg: TrainConfig, model_name: str, workers: int, d: int
+                          ) -> Path | None:
+    """The checkpoint file ``--resume`` names, checked to belong to this run and to leave
+    steps to train (None without ``--resume``)."""
     resume = None
     if cfg.resume:
         resume = checkpoint.resolve_checkpoint(cfg.resume)
@@ -89,13 +102,7 @@ def prepare(cfg: TrainConfig) -> TrainConfig:
                 f"{resume} is at step {saved['step']} and --steps is {cfg.steps}: nothing to "
                 f"train. --steps is the total; pass a larger one, e.g. --steps {saved['step'] * 2}"
             )
-    out = Path(cfg.out) if cfg.out else run_dir_of(resume) if resume else default_out(cfg)
-    if int(os.environ.get("RANK", "0")) == 0:  # under torchrun, rank 0 alone touches --out
-        continuing = resume is not None and out.resolve() == run_dir_of(resume).resolve()
-        claim_out(out, continuing=continuing, overwrite=cfg.overwrite)
-    return dataclasses.replace(
-        cfg, workers=workers, model=model_name, out=str(out), resume=str(resume) if resume else None
-    )
+    return resume
 
 
 def batch_per_worker(global_batch: int, workers: int) -> int:

@@ -28,8 +28,7 @@ failure modes. The updates are bitwise those of real gloo processes: the aggrega
 the real ones, the simulated world's all-reduce sums in gloo's ring order
 (:func:`~gssgd.simulated.gloo_ring_reduce`), and the dense warm-up all-reduces the bucket
 buffers DDP would build, so gloo's chunks fall on the same weights
-(tests/train/test_simulate.py compares losses and final models with real processes; at
-P = 16 on the MNIST CNN: docs/benchmarks.md, "Simulated ring in gloo's order").
+(tests/train/test_simulate.py compares losses and final models with real processes).
 """
 
 from __future__ import annotations
