@@ -188,39 +188,24 @@ class Method:
 #: all-reduce, as usual.
 DENSE_RECIPE = (0.05, 0.9)
 #: SGD's (lr, momentum) by default for sparse methods with error feedback: plain SGD at a
-#: larger learning rate. docs/study.md, "Recipe" (MNIST CNN, P = 4, density 0.001): with
-#: optimizer momentum 0.9 gs reached 89 %; with plain SGD (one seed) lr 0.1 / 0.2 / 0.4 gave
-#: gs 96.7 / 96.9 / 97.7 %, topk 96.9 / 97.6 / 98.1 %, and lr 0.8 diverged or fell back.
-#: 0.4 is not the default: over three seeds it diverged once for Sketched-SGD at density
-#: 0.001 and for most sketch runs at 0.0001. 0.2 is the stable choice; pass --lr 0.4 for
-#: local Top-k, where it was best and stable at 0.001 (98.1 % over three seeds).
+#: larger learning rate (optimizer momentum on a sparse update trained far worse, and lr
+#: 0.4 diverged now and then for the sketching methods at low density; the recipe study
+#: has the runs).
 SPARSE_RECIPE = (0.2, 0.0)
 #: SGD's (lr, momentum) by default for dense methods on the language models (``lm``,
-#: ``gpt``), and for sparse methods there without a local momentum. docs/study.md, "Keep
-#: your optimizer": on the character LSTM (P = 4, 1,500 steps) dense's lr sweep with
-#: momentum 0.9 (0.05 / 0.1 / 0.2 / 0.4 / 0.8 / 1.6 / 3.2: 2.019 / 1.831 / 1.706 / 1.629 /
-#: 1.587 / 1.575 / 2.038, seed 0) peaks at 1.6 with 0.8 within 1.5 % (three seeds), and
-#: on another text (this repository's docs, 600 steps) 0.8 beat 1.6 by 2.4 %: 0.8 is
-#: the robust choice for dense.
+#: ``gpt``), and for sparse methods there without a local momentum: the robust end of
+#: dense's learning-rate sweep on text (the optimizer study).
 TEXT_RECIPE = (0.8, 0.9)
 #: A sparse method on a language model by default: (lr, the optimizer's momentum, the
 #: aggregator's local momentum): plain SGD at lr 1.6 with DGC's momentum correction and
-#: masking inside the aggregator (``TopkOptions.momentum``). docs/study.md, "Keep your
-#: optimizer" (character LSTM, P = 4, 1,500 steps, against dense at its best lr 1.6): at
-#: density 0.01 it put every sparse method within 3 % of dense (three seeds: Top-k 1.7,
-#: gTop-k 2.5, Sketched-SGD 1.9, gs 2.7 %), where the optimizer's own momentum at the
-#: same lr ended 2.4-4.6 % above and at lr 0.8 4.7-6.9 %; at 0.001 (three seeds) it gave
-#: Top-k 4.5, gTop-k 10.2, gs 11.0 % against 7.8, 12.6 and 11.4 % (Sketched-SGD: 22.6
-#: against 15.5 %, the one method where it lost).
+#: masking inside the aggregator (``TopkOptions.momentum``), which beat the optimizer's own
+#: momentum for every sparse method but Sketched-SGD (the optimizer study).
 TEXT_SPARSE_RECIPE = (1.6, 0.0, 0.9)
 #: Density warm-up steps (from 25 % down to the target density, DGC's schedule) that
-#: ``gssgd train`` uses by default for sparse methods. docs/study.md, "Recipe", part R4
-#: (MNIST CNN, P = 4, 400 steps, lr 0.2, three seeds): at density 0.001 it moved every sparse
-#: method to within 0.4 point of dense (topk -0.13, Sketched-SGD -0.14, gs -0.16, gTop-k
-#: -0.36; without: -0.30, -0.71, -0.74, -1.22), and at 0.0001 it kept every method training
-#: (without it, at lr 0.4, gs and Sketched-SGD collapsed). It costs bytes: the first steps
-#: send up to a quarter of the gradient. ``--warmup-steps 0`` turns it off. The DDP hook's
-#: library default stays 0 (it does not know the run's length).
+#: ``gssgd train`` uses by default for sparse methods: it moves them closer to dense at low
+#: density and keeps the sketching methods from collapsing, at the price of the first
+#: steps' larger messages. ``--warmup-steps 0`` turns it off. The DDP hook's library default
+#: stays 0 (it does not know the run's length).
 SPARSE_WARMUP_STEPS = 100
 
 #: Name -> method, in registration order (the order of ``--help`` and the reports).
@@ -426,3 +411,7 @@ register_method(
         train_settings=("powersgd_rank", "start_iter"),
     )
 )
+
+#: What ``gssgd bench train`` runs without ``--methods``: DDP's own all-reduce beside every
+#: built-in sparse method (the comparison the paper's throughput claims are about).
+TRAIN_BENCH_METHODS: tuple[str, ...] = ("ddp-allreduce", "topk", "gtopk", "sketched", "gs")

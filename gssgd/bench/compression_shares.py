@@ -7,8 +7,10 @@ import torch
 
 from gssgd.aggregators.options import resolve_k
 from gssgd.aggregators.sizing import default_candidates
+from gssgd.aggregators.sketching import SketchingAggregator
 from gssgd.bench.kernel_config import H200_ANCHOR, RESNET50_D, KernelBenchConfig
 from gssgd.bench.kernel_timing import median_ms, no_setup
+from gssgd.methods import METHODS
 from gssgd.sketch import CountSketch
 
 __all__ = ["compression_shares"]
@@ -60,8 +62,11 @@ def compression_shares(
     def local_topk(i: int) -> None:
         topk_indices(pool[i % 2].abs(), k)
 
-    timed = {"gs": sketch_recover, "sketched": sketch_recover, "topk": local_topk,
-             "gtopk": local_topk}
+    # every built-in sparse method: the sketching ones sketch and recover, the others select
+    timed = {name: sketch_recover if issubclass(method.aggregator, SketchingAggregator)
+             else local_topk
+             for name, method in METHODS.items()
+             if method.sparse and method.aggregator.__module__.startswith("gssgd.")}
     source = "given"
     if fwdbwd_ms is None:
         fwdbwd_ms, source = _resnet50_fwdbwd_ms(cfg)
