@@ -288,11 +288,6 @@ class Aggregator:
         return torch.zeros_like(grad)
 
     @property
-    def _feedback(self) -> str:
-        """The name of the error-feedback rule (``options.feedback``; "ef" without one)."""
-        return self.feedback.name
-
-    @property
     def residual(self) -> torch.Tensor | None:
         """This rank's residual ``e`` (None before the first step, or for a rule that keeps
         none)."""

@@ -16,12 +16,13 @@ from pathlib import Path
 from typing import Any
 
 from gssgd.bench.netns import parse_link_rate
+from gssgd.methods import TRAIN_BENCH_METHODS
 
 __all__ = ["DEFAULT_METHODS", "TrainBenchConfig", "train_argv", "train_flags"]
 
 #: What ``gssgd bench train`` runs unless told otherwise: the fastest dense baseline (DDP's
 #: own all-reduce, which overlaps with the backward pass) and the sparse methods.
-DEFAULT_METHODS: tuple[str, ...] = ("ddp-allreduce", "topk", "gtopk", "sketched", "gs")
+DEFAULT_METHODS: tuple[str, ...] = TRAIN_BENCH_METHODS
 #: Settings always written into the reproducing command (bench train's own defaults).
 _ALWAYS = ("workers", "dataset", "model", "steps", "batch_size", "eval_every", "device")
 #: TrainConfig fields a benchmark sets per method itself.

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field, fields
 from typing import Any
 
 from gssgd.aggregators import AGGREGATORS, build_options, canonical_options
+from gssgd.aggregators.feedback import SKETCH_RULES
 
 __all__ = [
     "OVERLAP_MODES", "STREAMING_METHODS", "HookSettings", "check_overlap", "is_int",
@@ -76,11 +77,12 @@ def check_overlap(overlap: object, method: str, whole_model: bool, options: dict
             f"reuse={options['reuse']!r} cannot be used with overlap='stream': the streamed "
             "buckets sketch every step. Use reuse=1 or overlap='none'."
         )
-    if options.get("feedback", "ef") not in ("ef", "onebit"):
+    streaming = [name for name, rule in SKETCH_RULES.items() if rule.streams]
+    if options.get("feedback", "ef") not in streaming:
         raise ValueError(
             f"feedback={options['feedback']!r} cannot be used with overlap='stream': the "
-            "streamed buckets keep classic error feedback or 1-bit Adam's ('onebit') only. "
-            "Use overlap='none' for feedback='ef21', 'global' or 'fetchsgd'."
+            f"streamed buckets compensate piece by piece, which only {streaming} do. "
+            "Use one of them, or overlap='none'."
         )
     if options.get("local_clip") is not None:
         raise ValueError(

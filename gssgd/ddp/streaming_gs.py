@@ -155,24 +155,9 @@ class StreamingGS(GlobalSketchSGD):
         start = time.perf_counter()
         part = it.sketch.piece(index)
         it.grad[part].copy_(grad)
-        g = grad.to(it.accumulated.dtype)
-        if self.residual is None:
-            self.residual = torch.zeros_like(it.accumulated)
-        elif self.residual.device != g.device or self.residual.dtype != g.dtype:
-            self.residual = self.residual.to(g.device, g.dtype)
-        if it.momentum is not None:  # u = rho * u + g, as Aggregator._error_compensated
-            if self.momentum_buffer is None:
-                self.momentum_buffer = torch.zeros_like(it.accumulated)
-            self.momentum_buffer = self.momentum_buffer.to(g.device, g.dtype)
-            torch.mul(self.momentum_buffer[part], self.options.momentum, out=it.momentum[part])
-            it.momentum[part].add_(g)
-            g = it.momentum[part]
-        elif self._feedback == "onebit":  # rho * m + (1 - rho) * g, m the last update
-            rho = self.options.momentum
-            g = g * (1 - rho)
-            if self.momentum_buffer is not None:
-                g.add_(self.momentum_buffer[part].to(g.device, g.dtype), alpha=rho)
-        torch.add(self.residual[part], g, out=it.accumulated[part])
+        # a_b = e_b + g_b (or the rule's own), the new velocity into the step's buffer
+        self.feedback.compensate_part(grad.to(it.accumulated.dtype), part, it.accumulated,
+                                      it.momentum)
         it.sketch.accumulate(index, it.accumulated[part])
         region = it.sketch.region_table(index)
         payload = self._table_payload(region)
@@ -203,8 +188,8 @@ class StreamingGS(GlobalSketchSGD):
         self.step_k = self._warmup.k_at(self.steps)
         dtype = state_dtype(grad.dtype)  # the residual's
         sketch, candidates = self._sketch_of_step(torch.empty(0, dtype=dtype, device=grad.device))
-        momentum = self.options.momentum > 0 and self._feedback == "ef"  # DGC's local u
-        return _Iteration(sketch, candidates, self.d, grad, dtype, momentum)  # type: ignore[arg-type]
+        velocity = self.feedback.keeps_step_velocity  # DGC's local u: a buffer of the step's
+        return _Iteration(sketch, candidates, self.d, grad, dtype, velocity)  # type: ignore[arg-type]
 
     def finish(self) -> torch.Tensor:
         """After the last bucket: wait for the regions, select, exact round, update.

@@ -43,6 +43,9 @@ class ErrorFeedback:
     name: ClassVar[str] = "ef"
     #: True for a rule that keeps the momentum itself, so the optimizer must add none
     owns_momentum: ClassVar[bool] = False
+    #: True for a rule that can compensate a vector piece by piece
+    #: (:meth:`compensate_part`, streaming gs-SGD's buckets)
+    streams: ClassVar[bool] = True
 
     def __init__(self, momentum: float = 0.0, masking: bool = True) -> None:
         self.momentum, self.masking = momentum, masking
@@ -82,6 +85,35 @@ class ErrorFeedback:
     def returned(self, update: torch.Tensor) -> torch.Tensor:
         """Step 4: what the step returns for the averaged ``update`` (here: ``update``)."""
         return update
+
+    # ------------------------------------------------------------------ piece by piece
+    @property
+    def keeps_step_velocity(self) -> bool:
+        """Whether a step computes a new per-rank velocity (here: with momentum), which a
+        streamed step writes into a buffer of its own until the step is taken."""
+        return self.momentum > 0
+
+    def compensate_part(self, grad: torch.Tensor, part: slice, out: torch.Tensor,
+                        velocity: torch.Tensor | None = None) -> None:
+        """Step 1 on the coordinates ``part`` of a vector whose gradient arrives in pieces
+        (streaming gs-SGD's buckets): ``out[part] = a[part]``, leaving the rule's state as it
+        was so that a step skipped later leaves no trace.
+
+        Args:
+            grad: the gradient of ``part`` (in the state's dtype).
+            part: the piece's coordinates in the whole vector.
+            out: the whole vector's ``a`` (the step's buffer; sets the state's device,
+                dtype and length).
+            velocity: with :attr:`keeps_step_velocity`, the step's new velocity buffer
+                (its ``part`` is written here; the taken step stores it as
+                :attr:`velocity`); else None.
+        """
+        residual = self._residual_like(out)
+        if velocity is not None:
+            torch.mul(self._velocity_like(out)[part], self.momentum, out=velocity[part])
+            velocity[part].add_(grad)
+            grad = velocity[part]
+        torch.add(residual[part], grad, out=out[part])
 
     # ------------------------------------------------------------------ state
     def _residual_like(self, grad: torch.Tensor) -> torch.Tensor:

@@ -35,6 +35,7 @@ class EF21Feedback(ErrorFeedback):
     """
 
     name = "ef21"
+    streams = False  # no piece-by-piece compensation: streaming gs-SGD refuses it
 
     def __init__(self, momentum: float = 0.0, masking: bool = True) -> None:
         super().__init__(momentum, masking=False)

@@ -121,6 +121,7 @@ class FetchSGDFeedback(ErrorFeedback):
     """
 
     name = "fetchsgd"
+    streams = False  # no piece-by-piece compensation: streaming gs-SGD refuses it
     owns_momentum = True
 
     def __init__(self, momentum: float = 0.0, masking: bool = True) -> None:

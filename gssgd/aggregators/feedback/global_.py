@@ -32,6 +32,7 @@ class GlobalMomentumFeedback(ErrorFeedback):
     """
 
     name = "global"
+    streams = False  # no piece-by-piece compensation: streaming gs-SGD refuses it
     owns_momentum = True
 
     def __init__(self, momentum: float = 0.0, masking: bool = True) -> None:

@@ -45,3 +45,14 @@ class OneBitFeedback(ErrorFeedback):
     def returned(self, update: torch.Tensor) -> torch.Tensor:
         self.velocity = update.clone()  # the shared momentum m
         return update
+
+    @property
+    def keeps_step_velocity(self) -> bool:
+        return False  # m is the last update: read during the step, replaced by returned()
+
+    def compensate_part(self, grad: torch.Tensor, part: slice, out: torch.Tensor,
+                        velocity: torch.Tensor | None = None) -> None:
+        own = grad * (1 - self.momentum)
+        if self.velocity is not None:
+            own.add_(self.velocity[part].to(own.device, own.dtype), alpha=self.momentum)
+        torch.add(self._residual_like(out)[part], own, out=out[part])
