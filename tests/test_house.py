@@ -172,41 +172,42 @@ def test_no_study_figure_in_a_module() -> None:
         "; ".join(found[:8]))
 
 
-DOCS = PACKAGE.parent / "docs"
-#: docs/ holds summaries and web-sized plots only (issue #38): what remakes them is in
-#: scripts/, the raw runs under runs/ (git-ignored).
-MAX_DOCS_FILES, MAX_DOCS_BYTES = 149, 4_000_000
+ROOT = PACKAGE.parent
+#: What docs/ and studies/ commit stays small: summaries and web-sized plots; the raw runs
+#: stay in runs/ (git-ignored) and are remade by each study's run script.
+MAX_RESULT_FILES, MAX_RESULT_BYTES = 260, 4_500_000
 
 
-def _docs_files() -> list[Path]:
-    """The files docs/ ships: git's list in a checkout (so a stray local file or the API
-    reference's local build does not count), else every file but docs/api/_build."""
+def _result_files() -> list[Path]:
+    """The files docs/ and studies/ ship: git's list in a checkout (so a stray local file
+    or the API reference's local build does not count), else every file there but builds
+    and caches."""
     import subprocess
 
-    listed = subprocess.run(["git", "ls-files", "docs"], cwd=DOCS.parent, capture_output=True,
-                            text=True, check=False)
+    listed = subprocess.run(["git", "ls-files", "docs", "studies"], cwd=ROOT,
+                            capture_output=True, text=True, check=False)
     if listed.returncode == 0 and listed.stdout.strip():
-        return [DOCS.parent / line for line in listed.stdout.splitlines()
-                if (DOCS.parent / line).is_file()]
-    return [p for p in DOCS.rglob("*") if p.is_file() and "_build" not in p.parts
-            and "__pycache__" not in p.parts]
+        return [ROOT / line for line in listed.stdout.splitlines() if (ROOT / line).is_file()]
+    return [p for top in ("docs", "studies") for p in (ROOT / top).rglob("*")
+            if p.is_file() and "_build" not in p.parts and "__pycache__" not in p.parts]
 
 
-def test_docs_stay_small() -> None:
-    files = _docs_files()
+def test_docs_and_study_results_stay_small() -> None:
+    files = _result_files()
     size = sum(p.stat().st_size for p in files)
-    assert len(files) <= MAX_DOCS_FILES, (
-        f"docs/ holds {len(files)} files (at most {MAX_DOCS_FILES}): commit summaries and the "
-        "plots a page shows; leave the rest in runs/ (PLOTS=0 scripts/publish_results.sh)")
-    assert size <= MAX_DOCS_BYTES, (
-        f"docs/ holds {size:,} bytes (at most {MAX_DOCS_BYTES:,}): size plots with "
-        "scripts/lib/report.py's shrink_png")
+    assert len(files) <= MAX_RESULT_FILES, (
+        f"docs/ and studies/ hold {len(files)} files (at most {MAX_RESULT_FILES}): commit "
+        "summaries and the plots a page shows; leave the rest in runs/ "
+        "(PLOTS=0 tools/publish_results.sh)")
+    assert size <= MAX_RESULT_BYTES, (
+        f"docs/ and studies/ hold {size:,} bytes (at most {MAX_RESULT_BYTES:,}): size plots "
+        "with studies/_lib/report.py's shrink_png")
 
 
 def test_committed_plots_are_web_sized() -> None:
     """Every plot is a palette PNG (shrink_png's output), not matplotlib's full-colour one."""
     from PIL import Image
 
-    full = [str(p.relative_to(DOCS)) for p in _docs_files() if p.suffix == ".png"
+    full = [str(p.relative_to(ROOT)) for p in _result_files() if p.suffix == ".png"
             and Image.open(p).mode != "P"]
     assert not full, f"plots not sized for the web (run shrink_png on them): {full}"

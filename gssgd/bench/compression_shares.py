@@ -1,5 +1,5 @@
 """Each method's per-step compression compute on CUDA, and its share of a forward +
-backward step (``scripts/gpu_check.sh`` prints it)."""
+backward step (``tools/gpu_check.sh`` prints it)."""
 
 from __future__ import annotations
 

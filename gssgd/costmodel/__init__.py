@@ -16,7 +16,7 @@ Every method's step costs this rank (Hockney's alpha-beta model plus a compute t
   phases of the step, each phase counted in its busier direction (links are full duplex:
   a recursive-doubling exchange sends and receives at once and costs its payload once).
 * ``header_bytes``: gloo's 48-byte preambles (:data:`gssgd.comm.HEADER_BYTES`, measured:
-  tests/test_wire_bytes.py) that cross the busiest link, summed over the phases like the
+  tests/comm/test_wire_bytes.py) that cross the busiest link, summed over the phases like the
   payload: a message carries two with it and sends one back (its receiver's ready note), so
   a link carries ``2s + r`` of them for ``s`` messages out and ``r`` in
   (``Traffic.critical_headers``). Per message they cost like latency; at many workers they

@@ -2,7 +2,7 @@
 (plain numpy and Python integers), for the distributed tests to compare with.
 
 The Count Sketch here does not use :class:`gssgd.CountSketch`: its hashes are computed from
-the scheme gssgd documents (``gssgd/sketch.py``), reimplemented below, so a hashing bug in
+the scheme gssgd documents (``gssgd/sketch/``), reimplemented below, so a hashing bug in
 gssgd shows up as a mismatch instead of cancelling out.
 """
 
