@@ -49,11 +49,6 @@ from gssgd.aggregators.topk import LocalTopk
 
 __all__ = [
     "BENCH_VARIANTS",
-    "DENSE_RECIPE",
-    "SPARSE_RECIPE",
-    "TEXT_RECIPE",
-    "TEXT_SPARSE_RECIPE",
-    "SPARSE_WARMUP_STEPS",
     "METHODS",
     "Method",
     "Variant",
@@ -105,9 +100,8 @@ class Method:
         cost_like: a method whose calibrated compute constant the cost model uses for this
             one until this one is calibrated (None: itself).
         lr, momentum: the training recipe ``gssgd train`` uses unless told otherwise (SGD's
-            learning rate and momentum). None: :data:`SPARSE_RECIPE` for a sparse method
-            (plain SGD with error feedback: optimizer momentum on top of a sparse update is
-            unstable), :data:`DENSE_RECIPE` for the others.
+            learning rate and momentum). None: :func:`gssgd.recipes.sgd_recipe`'s for its
+            kind (sparse or not).
 
     Raises:
         ValueError: an empty name, or an aggregator that is not an Aggregator subclass.
@@ -146,36 +140,6 @@ class Method:
         """Whether the method sends k of d coordinates (takes ``density`` / ``k``)."""
         return self.aggregator is not None and not self.aggregator.sends_all
 
-    def recipe(self, text: bool = False) -> tuple[float, float]:
-        """``(lr, momentum)`` of SGD that ``gssgd train`` uses by default for this method:
-        on a language model (``text``) :data:`TEXT_SPARSE_RECIPE`'s learning rate with the
-        optimizer's momentum 0.9 for a sparse method that keeps a local momentum (where
-        :meth:`recipe_local_momentum` applies, that momentum moves into the aggregator) and
-        :data:`TEXT_RECIPE` for the others; else :data:`SPARSE_RECIPE` or
-        :data:`DENSE_RECIPE`."""
-        if text and self.recipe_local_momentum(text=True) is not None:
-            lr, momentum = TEXT_SPARSE_RECIPE[0], TEXT_RECIPE[1]
-        elif text:
-            lr, momentum = TEXT_RECIPE
-        else:
-            lr, momentum = SPARSE_RECIPE if self.sparse else DENSE_RECIPE
-        return (lr if self.lr is None else self.lr,
-                momentum if self.momentum is None else self.momentum)
-
-    def recipe_local_momentum(self, text: bool = False) -> float | None:
-        """The aggregator's local momentum (DGC's, with masking) ``gssgd train`` uses by
-        default with plain SGD: :data:`TEXT_SPARSE_RECIPE`'s on a language model for a
-        sparse method whose options take ``momentum``; None otherwise."""
-        if text and self.sparse and "momentum" in self.option_names():
-            return TEXT_SPARSE_RECIPE[2]
-        return None
-
-    def recipe_warmup_steps(self) -> int:
-        """Density warm-up steps ``gssgd train`` uses by default: :data:`SPARSE_WARMUP_STEPS`
-        for a sparse method whose options take ``warmup_steps``, else 0."""
-        takes = self.sparse and "warmup_steps" in self.option_names()
-        return SPARSE_WARMUP_STEPS if takes else 0
-
     def option_names(self) -> tuple[str, ...]:
         """The aggregator's option names (``k`` included for a sparse method)."""
         if self.aggregator is None:
@@ -184,29 +148,6 @@ class Method:
         return names + (("k",) if self.sparse else ())
 
 
-#: SGD's (lr, momentum) by default for methods that send everything: momentum 0.9 after an
-#: all-reduce, as usual.
-DENSE_RECIPE = (0.05, 0.9)
-#: SGD's (lr, momentum) by default for sparse methods with error feedback: plain SGD at a
-#: larger learning rate (optimizer momentum on a sparse update trained far worse, and lr
-#: 0.4 diverged now and then for the sketching methods at low density; the recipe study
-#: has the runs).
-SPARSE_RECIPE = (0.2, 0.0)
-#: SGD's (lr, momentum) by default for dense methods on the language models (``lm``,
-#: ``gpt``), and for sparse methods there without a local momentum: the robust end of
-#: dense's learning-rate sweep on text (the optimizer study).
-TEXT_RECIPE = (0.8, 0.9)
-#: A sparse method on a language model by default: (lr, the optimizer's momentum, the
-#: aggregator's local momentum): plain SGD at lr 1.6 with DGC's momentum correction and
-#: masking inside the aggregator (``TopkOptions.momentum``), which beat the optimizer's own
-#: momentum for every sparse method but Sketched-SGD (the optimizer study).
-TEXT_SPARSE_RECIPE = (1.6, 0.0, 0.9)
-#: Density warm-up steps (from 25 % down to the target density, DGC's schedule) that
-#: ``gssgd train`` uses by default for sparse methods: it moves them closer to dense at low
-#: density and keeps the sketching methods from collapsing, at the price of the first
-#: steps' larger messages. ``--warmup-steps 0`` turns it off. The DDP hook's library default
-#: stays 0 (it does not know the run's length).
-SPARSE_WARMUP_STEPS = 100
 
 #: Name -> method, in registration order (the order of ``--help`` and the reports).
 METHODS: dict[str, Method] = {}

@@ -24,14 +24,7 @@ import torch
 
 from gssgd.aggregators import AGGREGATORS
 from gssgd.aggregators.options import DEFAULT_DENSITY, OWN_MOMENTUM_FEEDBACKS
-from gssgd.methods import (
-    DENSE_RECIPE,
-    SPARSE_RECIPE,
-    SPARSE_WARMUP_STEPS,
-    TEXT_RECIPE,
-    TEXT_SPARSE_RECIPE,
-    get_method,
-)
+from gssgd.methods import get_method
 from gssgd.optim import FrozenVarianceAdamW, dense_steps_for
 
 __all__ = [
@@ -56,6 +49,29 @@ __all__ = [
     "warmup_steps_recipe",
 ]
 
+#: SGD's (lr, momentum) by default for methods that send everything: momentum 0.9 after an
+#: all-reduce, as usual.
+DENSE_RECIPE = (0.05, 0.9)
+#: SGD's (lr, momentum) by default for sparse methods with error feedback: plain SGD at a
+#: larger learning rate (optimizer momentum on a sparse update trained far worse, and lr
+#: 0.4 diverged now and then for the sketching methods at low density; the recipe study
+#: has the runs).
+SPARSE_RECIPE = (0.2, 0.0)
+#: SGD's (lr, momentum) by default for dense methods on the language models (``lm``,
+#: ``gpt``), and for sparse methods there without a local momentum: the robust end of
+#: dense's learning-rate sweep on text (the optimizer study).
+TEXT_RECIPE = (0.8, 0.9)
+#: A sparse method on a language model by default: (lr, the optimizer's momentum, the
+#: aggregator's local momentum): plain SGD at lr 1.6 with DGC's momentum correction and
+#: masking inside the aggregator (``TopkOptions.momentum``), which beat the optimizer's own
+#: momentum for every sparse method but Sketched-SGD (the optimizer study).
+TEXT_SPARSE_RECIPE = (1.6, 0.0, 0.9)
+#: Density warm-up steps (from 25 % down to the target density, DGC's schedule) that
+#: ``gssgd train`` uses by default for sparse methods: it moves them closer to dense at low
+#: density and keeps the sketching methods from collapsing, at the price of the first
+#: steps' larger messages. ``--warmup-steps 0`` turns it off. The DDP hook's library default
+#: stays 0 (it does not know the run's length).
+SPARSE_WARMUP_STEPS = 100
 #: AdamW's learning rate when ``--lr`` is not given (the character LSTM's is
 #: :data:`ADAMW_LM_LR`).
 ADAMW_LR = 1e-3

@@ -31,7 +31,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 import gssgd
 from gssgd.amp import LossScaleFollower, make_scaler, scaler_options
 from gssgd.ddp import HookState, comm_hook
-from tests.ddp_scenarios import CAP_MB, batch, make_model
+from tests.ddp.scenarios import CAP_MB, batch, make_model
 from tests.dist_utils import raise_worker_errors, run_workers
 
 SKETCH = {"rows": 3, "cols": 160, "candidates": 2}

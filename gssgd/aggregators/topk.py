@@ -21,7 +21,7 @@ from typing import ClassVar
 import torch
 
 from gssgd._select import topk_indices
-from gssgd._validate import bad_value, is_int
+from gssgd._validate import bad_value, is_int, is_number
 from gssgd.aggregators.base import Aggregator, index_dtype
 from gssgd.aggregators.feedback import SPARSE_RULES, ErrorFeedback
 from gssgd.aggregators.options import CommonOptions
@@ -33,7 +33,7 @@ __all__ = ["LocalTopk", "TopkOptions"]
 def _check_momentum(value: float, masking: bool = True) -> None:
     if not isinstance(masking, bool):
         raise bad_value("momentum_masking", masking, "it must be True or False", "")
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < 1:
+    if not is_number(value) or not 0 <= value < 1:  # type: ignore[operator]
         raise bad_value(
             "momentum",
             value,

@@ -24,7 +24,8 @@ from gssgd.costmodel.advice import (
 from gssgd.costmodel.architectures import ARCHITECTURES, family_of, layer_shapes, model_shapes
 from gssgd.costmodel.cluster import Link, parse_latency, parse_link
 from gssgd.costmodel.devices import DEVICE_NAMES, cpu_fwdbwd_seconds, get_device
-from gssgd.methods import SPARSE_WARMUP_STEPS, parse_methods
+from gssgd.methods import parse_methods
+from gssgd.recipes import SPARSE_WARMUP_STEPS
 
 __all__ = ["add_parser", "render", "run"]
 

@@ -47,7 +47,8 @@ from gssgd.costmodel.devices import Device
 from gssgd.costmodel.evidence import Evidence, Study, evidence_for, row_key, study_for
 from gssgd.costmodel.method_specs import VARIANTS, MethodSpec, method_spec
 from gssgd.costmodel.network import Network, cluster_network
-from gssgd.methods import get_method, get_variant
+from gssgd.methods import get_variant
+from gssgd.recipes import warmup_steps_recipe
 
 __all__ = [
     "DEFAULT_RUN_STEPS",
@@ -249,7 +250,7 @@ class Advice:
             return " ".join(parts + [f"--local-steps {c.local_steps}"])
         if c.spec.k != c.spec.d:
             parts.append(f"--density {self.density:g}")
-        if c.spec.warmup_steps != get_method(c.method).recipe_warmup_steps():
+        if c.spec.warmup_steps != warmup_steps_recipe(c.method):
             parts.append(f"--warmup-steps {c.spec.warmup_steps}")
         for name, value in c.options().items():
             flag = {"dtype": "--payload-dtype", "rank": "--powersgd-rank"}.get(
@@ -352,7 +353,7 @@ def _candidate(name: str, params: int, workers: int, link: Link, device: Device,
     elif h:
         variant = "dense"
     method, _ = get_variant(variant)  # a clear error for an unknown name
-    warm = method.recipe_warmup_steps() if warmup_steps is None else warmup_steps
+    warm = warmup_steps_recipe(method.name) if warmup_steps is None else warmup_steps
     # gs's default shape depends on P (sketch_default_shape); streaming keeps the small-P
     # shape (its regions cannot pre-filter: gssgd.ddp.stream)
     shape_for = None if overlap is not None else workers

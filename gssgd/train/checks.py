@@ -4,11 +4,11 @@ naming the flag, the valid range and a fix; and the recipes that fill settings l
 
 from __future__ import annotations
 
-import math
 import warnings
 from collections.abc import Callable
 from typing import Any
 
+from gssgd._validate import bad_value, is_int, is_number
 from gssgd.local_steps import DILOCO_OUTER_LR, DILOCO_OUTER_MOMENTUM
 from gssgd.methods import get_method
 from gssgd.optim import UNSEEN_RULES, VARIANCES, dense_steps_for
@@ -33,21 +33,21 @@ OPTIMIZERS: tuple[str, ...] = ("sgd", "adamw")
 
 
 def bad(name: str, value: object, valid: str, fix: str = "") -> ValueError:
-    """The error for a TrainConfig field: ``--name=value is invalid: valid. fix``."""
-    return ValueError(f"{flag(name)}={value!r} is invalid: {valid}.{' ' + fix if fix else ''}")
+    """The error for a TrainConfig field, named by its flag: ``--name=value is invalid:
+    valid. fix`` (:func:`gssgd._validate.bad_value`)."""
+    return bad_value(flag(name), value, valid, fix)
 
 
 def check_int(name: str, value: object, minimum: int) -> None:
     """Raise :func:`bad` unless ``value`` is an integer >= ``minimum``."""
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+    if not is_int(value) or value < minimum:  # type: ignore[operator]
         raise bad(name, value, f"it must be an integer >= {minimum}")
 
 
 def check_real(name: str, value: object, valid: str, ok: Callable[[float], bool],
                fix: str = "") -> None:
     """Raise :func:`bad` unless ``value`` is a finite number for which ``ok`` holds."""
-    if (isinstance(value, bool) or not isinstance(value, (int, float))
-            or not math.isfinite(value) or not ok(value)):
+    if not is_number(value) or not ok(value):  # type: ignore[arg-type]
         raise bad(name, value, f"it must be a number {valid}", fix)
 
 

@@ -28,7 +28,7 @@ from gssgd.costmodel.cluster import Link
 from gssgd.costmodel.devices import get_device
 from gssgd.costmodel.method_specs import traffic
 from gssgd.ddp import HookState
-from gssgd.methods import SPARSE_WARMUP_STEPS
+from gssgd.recipes import SPARSE_WARMUP_STEPS
 from gssgd.train.config import TrainConfig
 
 ROOT = Path(__file__).resolve().parents[2]

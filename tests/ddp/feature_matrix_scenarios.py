@@ -8,7 +8,7 @@ order nor its reverse). Each case runs with every registered method
 bucket and over the whole model, and DDP's built-ins (its own all-reduce, its fp16 hook,
 PowerSGD). Beside the DDP model, an identical plain model does the same forward and
 backward passes; its local gradients go through reference aggregators
-(:class:`tests.ddp_scenarios.Reference`, ``gssgd.make_aggregator`` on the layouts DDP hands
+(:class:`tests.ddp.scenarios.Reference`, ``gssgd.make_aggregator`` on the layouts DDP hands
 the hook), so the parent can compare what DDP wrote into ``param.grad`` with the same math
 done in one process.
 
@@ -28,8 +28,8 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 import gssgd
 from gssgd.ddp import HookState, comm_hook
-from tests.ddp_scenarios import METHODS as OPTIONS
-from tests.ddp_scenarios import START, Reference, mean_over_ranks, recording
+from tests.ddp.scenarios import METHODS as OPTIONS
+from tests.ddp.scenarios import START, Reference, mean_over_ranks, recording
 
 ITERS = 4  # iterations per run: START dense ones, then compressed ones
 MICRO = 3  # micro-batches per iteration in the no_sync case (the first MICRO - 1 unsynced)

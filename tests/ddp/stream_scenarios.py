@@ -1,7 +1,7 @@
 """Worker functions for tests/ddp/test_stream.py (importable by spawned gloo processes).
 
 Streaming gs (``HookState("gs", whole_model=True, overlap="stream")``) trains the small MLP
-of ``tests/ddp_scenarios.py`` in DDP next to a plain copy whose local gradients go through
+of ``tests/ddp/scenarios.py`` in DDP next to a plain copy whose local gradients go through
 :class:`PartitionedReference`: the partitioned layout written out again from its
 definition (column split, per-region hashing, global top m*k, exact round, error
 feedback), independent of ``gssgd.ddp.stream`` and ``gssgd.sketch.partitioned``: its hashes
@@ -23,7 +23,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from gssgd.ddp import HookState, comm_hook
 from tests.aggregators.reference import buckets_and_signs
-from tests.ddp_scenarios import batch, flat_grads, local_grads, make_model, mean_over_ranks, sgd
+from tests.ddp.scenarios import batch, flat_grads, local_grads, make_model, mean_over_ranks, sgd
 
 #: DDP bucket caps (MB) and the layouts they give the MLP's 4010 parameters (8 tensors)
 #: after DDP's rebuild: many small buckets, uneven buckets, and a single bucket.

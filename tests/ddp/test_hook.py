@@ -12,7 +12,7 @@ import torch.distributed as dist
 
 from gssgd.comm import ring_allreduce
 from gssgd.ddp import HookState, comm_hook
-from tests import ddp_scenarios as scen
+from tests.ddp import scenarios as scen
 from tests.dist_utils import raise_worker_errors, run_workers
 
 WORLD_SIZES = [2, 3]

@@ -19,7 +19,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 import gssgd
 from gssgd.aggregators import build_options
 from gssgd.ddp import EveryRankHookState, HookState, comm_hook
-from tests.ddp_scenarios import CAP_MB, batch, make_model
+from tests.ddp.scenarios import CAP_MB, batch, make_model
 from tests.dist_utils import raise_worker_errors, run_each, run_workers
 
 

@@ -26,7 +26,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from gssgd.aggregators import build_options
 from gssgd.ddp import HookState, comm_hook
-from tests import ddp_scenarios as scen
+from tests.ddp import scenarios as scen
 from tests.dist_utils import raise_worker_errors, run_workers
 
 WORLD_SIZES = [2, 3]

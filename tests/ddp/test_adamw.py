@@ -31,7 +31,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from gssgd.ddp import HookState, comm_hook, compressed_adamw
 from gssgd.optim import FrozenVarianceAdamW
 from tests.aggregators.reference import ref_topk
-from tests.ddp_scenarios import CAP_MB, batch, make_model
+from tests.ddp.scenarios import CAP_MB, batch, make_model
 from tests.dist_utils import raise_worker_errors, run_workers
 
 SKETCH = {"rows": 3, "cols": 160, "candidates": 2}
