@@ -18,7 +18,7 @@ DDP's own all-reduce::
 Each run prints, and with ``--out`` writes as JSON, the final loss on the whole training
 set and on the test set, and the bytes this rank sent. ``--save-at N`` checkpoints every
 rank's state after step N (``OUT_DIR/ckpt.rankR.pt``) and ``--resume DIR`` continues from
-it; tests/test_adamw.py checks the resumed run against an independent reference.
+it; tests/ddp/test_adamw.py checks the resumed run against an independent reference.
 """
 
 from __future__ import annotations

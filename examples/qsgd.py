@@ -16,7 +16,8 @@ Use it::
 
     gssgd train --plugin examples.qsgd --method qsgd --opt levels=16 --dataset digits
 
-and in DDP: ``gssgd.ddp.HookState(process_group=None, method="qsgd", levels=16)``.
+and in DDP: ``ddp_model.register_comm_hook(HookState("qsgd", levels=16, model=ddp_model),
+comm_hook)`` (``from gssgd.ddp import HookState, comm_hook``).
 """
 
 from __future__ import annotations

@@ -36,6 +36,7 @@ __all__ = [
     "SPARSE_WARMUP_STEPS",
     "TEXT_RECIPE",
     "TEXT_SPARSE_RECIPE",
+    "ONEBIT_SETTINGS",
     "adamw_lr",
     "compresses",
     "default_freeze_steps",
@@ -186,6 +187,10 @@ def default_freeze_steps(steps: object) -> tuple[int, str | None]:
         + (f"{n} (a tenth of the run)" if n else "0 (AdamW on the error-fed update: the run "
            "is too short for a warm-up)")
         + ". Give --freeze-variance-after N to choose.")
+
+
+#: The hook settings 1-bit Adam's recipe sets itself (:func:`onebit_settings`' keys).
+ONEBIT_SETTINGS: tuple[str, ...] = ("feedback", "momentum", "start_iter")
 
 
 def onebit_settings(freeze_steps: int, beta1: float | None) -> dict[str, Any]:

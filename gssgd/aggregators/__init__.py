@@ -110,7 +110,8 @@ def make_aggregator(
         group: process group; None means the default group.
         hashes: a :class:`~gssgd.sketch.HashCache` to keep the sketch's hash tables in
             (None: the aggregator's own); share one among aggregators of one sketch shape.
-        **options: the method's options (see :mod:`gssgd.aggregators.options`), and ``k``.
+        **options: the method's options (its options dataclass, ``AGGREGATORS[name].Options``,
+            beside its aggregator), and ``k``.
 
     Returns:
         The aggregator; call ``agg.step(grad)`` on every rank, every step.

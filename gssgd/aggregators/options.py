@@ -106,6 +106,10 @@ class CommonOptions:
 
     def __init_subclass__(cls, **kwargs: object) -> None:
         super().__init_subclass__(**kwargs)
+        if "feedbacks" in cls.__dict__:
+            raise TypeError(
+                f"{cls.__name__} sets feedbacks; declare the rules instead: feedback_rules = "
+                "{name: rule class} (gssgd.aggregators.feedback), and feedbacks follows.")
         cls.feedbacks = tuple(cls.feedback_rules)
 
     def __post_init__(self) -> None:
@@ -131,4 +135,8 @@ class CommonOptions:
     def make_feedback(self) -> ErrorFeedback:
         """A fresh error-feedback rule of these options: the one ``feedback`` names (the
         method's "ef" rule when the options have no ``feedback``), with their momentum."""
-        return self.feedback_rules[getattr(self, "feedback", "ef")].from_options(self)
+        name = getattr(self, "feedback", "ef")
+        if name not in self.feedback_rules:
+            raise bad_value("feedback", name, f"it must be one of {', '.join(self.feedbacks)} "
+                            "for this method", "Use 'ef' (classic error feedback).")
+        return self.feedback_rules[name].from_options(self)

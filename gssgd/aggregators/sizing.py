@@ -29,8 +29,8 @@ MANY_WORKERS = 16
 
 
 def default_sketch_cols(d: int, k: int, rows: int = 1) -> int:
-    """The small-P sketch width: ``40 * k`` columns, at least 256 and never more than
-    ``d / (4 * rows)`` (past that, a sketch cannot beat sending the vector).
+    """The small-P sketch width: ``40 * k`` columns, capped at ``d / (4 * rows)`` (past that a
+    sketch cannot beat sending the vector) unless that cap is below 256 columns.
 
     One row of 40·k columns recovers as much of the exact global top-k mass, once the exact
     candidate round repairs the estimates, as five rows of 10·k at equal bytes, for a fifth

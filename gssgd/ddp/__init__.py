@@ -60,28 +60,36 @@ and compresses at once, so its resumed run is bitwise the uninterrupted one.
 Modules (each imports only those above it in this list):
 
 * :mod:`~gssgd.ddp.settings`: :class:`HookSettings`, validated; the ``overlap=`` values.
+* :mod:`~gssgd.ddp.stats`: :class:`RunningTotals`, what the hook sent in all.
 * :mod:`~gssgd.ddp.core`: :class:`~gssgd.ddp.core.HookCore`, the runtime trunk every mode
   shares (aggregators, layouts, statistics, waiting buckets, the dense warm-up).
-* :mod:`~gssgd.ddp.recipe`: the optimizer-momentum warning, and the check that pairs a
-  hand-built :class:`~gssgd.optim.FrozenVarianceAdamW` with its hook.
+* :mod:`~gssgd.ddp.recipe`: the optimizer step pre-hook: the recipe warnings of
+  :func:`gssgd.recipes.recipe_advice`, and the check that pairs a hand-built
+  :class:`~gssgd.optim.FrozenVarianceAdamW` with its hook.
 * :mod:`~gssgd.ddp.per_bucket`, :mod:`~gssgd.ddp.whole_model`: the two compressing modes.
-* :mod:`~gssgd.ddp.stream`: streaming gs (``overlap="stream"``), its aggregator and hook.
+* :mod:`~gssgd.ddp.overlap`, :mod:`~gssgd.ddp.streaming_gs`, :mod:`~gssgd.ddp.stream`:
+  streaming gs (``overlap="stream"``): its overlap record, its aggregator, its hook.
 * :mod:`~gssgd.ddp.state`: :class:`HookState`, the public state (construction, binding,
-  checkpoints, the scaler).
+  checkpoints, the scaler); :mod:`~gssgd.ddp.every_rank`: every rank's state in one.
 * :mod:`~gssgd.ddp.hook`: :func:`comm_hook`, which routes each bucket to its mode.
-* :mod:`~gssgd.ddp.adamw`: :func:`compressed_adamw`, AdamW and a compressing hook built
-  together (1-bit Adam's recipe, its values matched).
+* :mod:`~gssgd.ddp.paired`: :class:`PairedRun`, an optimizer and its hook built together;
+  :mod:`~gssgd.ddp.adamw` and :mod:`~gssgd.ddp.sgd`: :func:`compressed_adamw` (1-bit
+  Adam's recipe, its values matched) and :func:`compressed_sgd` (the momentum where the
+  method needs it).
 """
 
 from gssgd.ddp.adamw import CompressedAdamW, compressed_adamw
 from gssgd.ddp.every_rank import EveryRankHookState
 from gssgd.ddp.hook import comm_hook
+from gssgd.ddp.overlap import OVERLAP_LOG_ENV, OverlapStats
 from gssgd.ddp.paired import PairedRun
 from gssgd.ddp.settings import OVERLAP_MODES, STREAMING_METHODS, HookSettings, check_overlap
-from gssgd.ddp.sgd import CompressedSGD, compressed_sgd, momentum_placement
+from gssgd.ddp.sgd import CompressedSGD, compressed_sgd
 from gssgd.ddp.state import HookState
 from gssgd.ddp.stats import RunningTotals
-from gssgd.ddp.stream import OVERLAP_LOG_ENV, OverlapStats, StreamingGS, stream_hook, stream_traffic
+from gssgd.ddp.stream import stream_hook
+from gssgd.ddp.streaming_gs import StreamingGS, stream_traffic
+from gssgd.recipes import momentum_placement
 
 __all__ = [
     "OVERLAP_LOG_ENV",

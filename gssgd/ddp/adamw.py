@@ -43,16 +43,16 @@ from torch import nn
 from gssgd.aggregators import AGGREGATORS
 from gssgd.ddp.hook import comm_hook
 from gssgd.ddp.paired import PairedRun, check_one_call
-from gssgd.ddp.recipe import compresses, pair_adamw
+from gssgd.ddp.recipe import pair_adamw
 from gssgd.ddp.state import HookState
 from gssgd.log import logger
 from gssgd.optim import FrozenVarianceAdamW, dense_steps_for
-from gssgd.recipes import onebit_settings
+from gssgd.recipes import ONEBIT_SETTINGS, compresses, onebit_settings
 
 __all__ = ["CompressedAdamW", "compressed_adamw"]
 
 #: Hook options the recipe sets itself (from the optimizer's settings).
-_RECIPE_OPTIONS = tuple(sorted(onebit_settings(1, 0.9)))
+_RECIPE_OPTIONS = ONEBIT_SETTINGS
 
 
 @dataclass

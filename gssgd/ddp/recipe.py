@@ -26,14 +26,12 @@ from torch.optim.optimizer import register_optimizer_step_pre_hook
 
 from gssgd.ddp.core import hook_for
 from gssgd.optim import FrozenVarianceAdamW
-from gssgd.recipes import compresses, recipe_advice, sparse
+from gssgd.recipes import compresses, recipe_advice
 
 if TYPE_CHECKING:
     from gssgd.ddp.core import HookCore
 
-__all__ = [
-    "adamw_mismatch", "compresses", "pair_adamw", "recipe_advice", "sparse", "watch",
-]
+__all__ = ["adamw_mismatch", "pair_adamw", "watch"]
 
 #: The compressing hook states alive in this process (for the recipe warning).
 _COMPRESSING_STATES: weakref.WeakSet[HookCore] = weakref.WeakSet()

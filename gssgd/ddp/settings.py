@@ -6,11 +6,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field, fields
 from typing import Any
 
+from gssgd._validate import is_int
 from gssgd.aggregators import AGGREGATORS, build_options, canonical_options
 from gssgd.aggregators.feedback import SKETCH_RULES
 
 __all__ = [
-    "OVERLAP_MODES", "STREAMING_METHODS", "HookSettings", "check_overlap", "is_int",
+    "OVERLAP_MODES", "STREAMING_METHODS", "HookSettings", "check_overlap",
     "own_options",
 ]
 
@@ -18,11 +19,6 @@ __all__ = [
 OVERLAP_MODES: tuple[str, ...] = ("none", "stream")
 #: The methods ``overlap="stream"`` serves (it relies on the Count Sketch being linear).
 STREAMING_METHODS: tuple[str, ...] = ("gs",)
-
-
-def is_int(value: object) -> bool:
-    """An ``int`` that is not a ``bool``."""
-    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def own_options(method: str) -> str:
@@ -81,8 +77,8 @@ def check_overlap(overlap: object, method: str, whole_model: bool, options: dict
     if options.get("feedback", "ef") not in streaming:
         raise ValueError(
             f"feedback={options['feedback']!r} cannot be used with overlap='stream': the "
-            f"streamed buckets compensate piece by piece, which only {streaming} do. "
-            "Use one of them, or overlap='none'."
+            "streamed buckets compensate piece by piece, which only feedback="
+            f"{' or '.join(repr(n) for n in streaming)} do. Use one of them, or overlap='none'."
         )
     if options.get("local_clip") is not None:
         raise ValueError(

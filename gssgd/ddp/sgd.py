@@ -61,7 +61,7 @@ from gssgd.ddp.state import HookState
 from gssgd.log import logger
 from gssgd.recipes import momentum_placement, recipe_advice
 
-__all__ = ["CompressedSGD", "compressed_sgd", "momentum_placement"]
+__all__ = ["CompressedSGD", "compressed_sgd"]
 
 @dataclass
 class CompressedSGD(PairedRun):

@@ -13,10 +13,11 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from gssgd._validate import is_int
 from gssgd.amp import scaler_options
 from gssgd.ddp import recipe
 from gssgd.ddp.core import HookCore
-from gssgd.ddp.settings import HookSettings, is_int
+from gssgd.ddp.settings import HookSettings
 from gssgd.ddp.stats import RunningTotals
 from gssgd.log import logger
 
@@ -72,7 +73,7 @@ class HookState(HookCore):
             ``candidates``, ``exact``, ``allreduce``, ``table_dtype``, ``momentum``,
             ``feedback`` ("ef", "ef21", "global", "onebit" or "fetchsgd"), ``seed``,
             ``dtype``, ``nonfinite``: "skip", "raise" or "propagate"; see
-            :func:`gssgd.make_aggregator`). The recipes :mod:`gssgd.ddp.recipe`
+            :func:`gssgd.make_aggregator`). The recipes :mod:`gssgd.recipes`
             recommends on a language model: with SGD, ``momentum=0.9`` here and the
             optimizer's momentum 0 (DGC's momentum correction) at dense's learning rate;
             with AdamW, 1-bit Adam's
@@ -81,7 +82,7 @@ class HookState(HookCore):
             :class:`~gssgd.optim.FrozenVarianceAdamW` and ``start_iter=N,
             feedback="onebit", momentum=beta1``, checked at the first step). On image models,
             plain SGD on the classic error-fed update. The other combinations are
-            warned about once (:mod:`gssgd.ddp.recipe`).
+            warned about once (:func:`gssgd.recipes.recipe_advice`).
 
     Attributes:
         iter: the number of DDP iterations this state has seen (saved in checkpoints).
@@ -161,7 +162,7 @@ class HookState(HookCore):
 
     def _watch_recipe(self) -> None:
         """For a sparse method: warn (once per process) if an optimizer steps on this state
-        in a combination :mod:`gssgd.ddp.recipe` warns against."""
+        in a combination :func:`gssgd.recipes.recipe_advice` warns against."""
         recipe.watch(self)
 
     def __repr__(self) -> str:

@@ -39,7 +39,7 @@ Differences from whole-model gs, by design:
   the region's bytes), the only one that runs asynchronously, and by default so is the
   exact round (``allreduce=`` still chooses it; whole-model gs below 16 workers uses
   recursive doubling).
-* The sketch keeps the small-P shape (:func:`~gssgd.aggregators.options.sketch_default_shape`:
+* The sketch keeps the small-P shape (:func:`~gssgd.aggregators.sizing.sketch_default_shape`:
   40·k columns, m = 32, float32) at every ``P`` and sketches every coordinate: the
   pre-filter needs the whole gradient before bucket 0, and the many-workers shape's narrow
   table relies on it.
@@ -65,17 +65,9 @@ import torch.distributed as dist
 from gssgd.aggregators import build_options
 from gssgd.comm import completed_future, new_future
 from gssgd.ddp.core import HookCore, Layout
-from gssgd.ddp.overlap import OVERLAP_LOG_ENV, OverlapStats
-from gssgd.ddp.streaming_gs import StreamingGS, stream_traffic
+from gssgd.ddp.streaming_gs import StreamingGS
 
-__all__ = [
-    "OVERLAP_LOG_ENV",
-    "OverlapStats",
-    "StreamSession",
-    "StreamingGS",
-    "stream_hook",
-    "stream_traffic",
-]
+__all__ = ["StreamSession", "stream_hook"]
 
 
 class StreamSession:

@@ -18,8 +18,8 @@ are configurations of the pieces here, in the order a report uses them:
    (:func:`gssgd.cli.compare.busier_bytes`, re-exported): per step after the warm-up
    (:func:`steady_bytes`) and cumulative (:func:`busier_totals`).
 6. **Write** markdown tables (:func:`markdown_table`, :func:`markdown_row`; byte counts
-   with :func:`gssgd.bench.report.fmt_bytes` and docs splices with
-   :func:`gssgd.bench.report.splice_markdown`, both re-exported) and plots
+   with :func:`gssgd.bench.formatting.fmt_bytes` and docs splices with
+   :func:`gssgd.bench.markdown.splice_markdown`, both re-exported) and plots
    (:func:`figure`, :func:`draw_band`, :func:`save_png`, :func:`shrink_png`), and the
    ``summary.json`` / ``summary.md`` pair a study commits (:func:`write_summary`).
 
@@ -46,7 +46,8 @@ from itertools import accumulate
 from pathlib import Path
 from typing import Any, TypeVar
 
-from gssgd.bench.report import fmt_bytes, splice_markdown
+from gssgd.bench.formatting import fmt_bytes
+from gssgd.bench.markdown import splice_markdown
 from gssgd.cli.compare import busier_bytes
 from gssgd.train.metrics import read_metrics, read_run
 

@@ -23,7 +23,7 @@ import torch
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from gssgd.ddp import HookState, comm_hook, compressed_sgd, momentum_placement
-from gssgd.ddp.recipe import recipe_advice
+from gssgd.recipes import recipe_advice
 from tests.aggregators.reference import ref_topk
 from tests.ddp.scenarios import CAP_MB, batch, make_model
 from tests.dist_utils import raise_worker_errors, run_workers
