@@ -163,7 +163,8 @@ class Aggregator:
         The message pattern of ``step`` as :mod:`gssgd.comm` formulas, control messages
         included (every step starts with the all-gather of a 4-byte non-finite flag:
         :meth:`control_traffic`); values are counted as float32. Payload bytes are what
-        each rank's process puts on the wire, data a ring forwards for others included. It must equal what
+        each rank's process puts on the wire, data a ring forwards for others included. It
+        must equal what
         ``last_stats`` reports (tests check this for every method), and the cost model reads
         it. A subclass that does not override it cannot be predicted by the cost model.
 

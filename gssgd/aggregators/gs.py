@@ -97,7 +97,8 @@ class GSOptions(SketchedOptions):
             and the rest never move. 0 (default): one selection over the whole vector.
             Needs the exact round.
 
-    ``allreduce`` left None takes :func:`~gssgd.aggregators.sizing.sketch_default_shape`'s value too.
+    ``allreduce`` left None takes
+    :func:`~gssgd.aggregators.sizing.sketch_default_shape`'s value too.
     """
 
     exact: bool = True
@@ -116,10 +117,10 @@ class GSOptions(SketchedOptions):
         chunks = -(-d // self.chunk) if self.chunk else 0
         if chunks > k:
             raise bad_value("chunk", self.chunk,
-                       f"it cuts d={d} into {chunks} chunks, more than the k={k} coordinates "
-                       "a step delivers, so the lower chunks would take every share and the "
-                       "rest would never move",
-                       f"Use chunk >= ceil(d / k) = {-(-d // k)}, or a higher density.")
+                            f"it cuts d={d} into {chunks} chunks, more than the k={k} coordinates "
+                            "a step delivers, so the lower chunks would take every share and the "
+                            "rest would never move",
+                            f"Use chunk >= ceil(d / k) = {-(-d // k)}, or a higher density.")
         return super().resolved(d, k, world_size)  # type: ignore[return-value]
 
     def __post_init__(self) -> None:
@@ -134,27 +135,29 @@ class GSOptions(SketchedOptions):
                 "Use 'backend' for a bandwidth-optimal ring at large P.",
             )
         if self.guard not in ("grow", "raise", "off"):
-            raise bad_value("guard", self.guard, "it must be 'grow', 'raise' or 'off'", "Use 'grow'.")
+            raise bad_value("guard", self.guard, "it must be 'grow', 'raise' or 'off'",
+                            "Use 'grow'.")
         if not is_int(self.reuse) or self.reuse < 1:
             raise bad_value("reuse", self.reuse,
-                       "it must be an integer >= 1 (1: sketch every step; R: every R-th)",
-                       "Use reuse=1, or for example reuse=2 to sketch every other step.")
+                            "it must be an integer >= 1 (1: sketch every step; R: every R-th)",
+                            "Use reuse=1, or for example reuse=2 to sketch every other step.")
         if self.reuse > 1 and not self.exact:
             raise bad_value("reuse", self.reuse,
-                       "reusing the candidate set needs the exact round, which exact=False "
-                       "turns off", "Use exact=True with reuse > 1, or reuse=1.")
+                            "reusing the candidate set needs the exact round, which exact=False "
+                            "turns off", "Use exact=True with reuse > 1, or reuse=1.")
         if not is_int(self.chunk) or self.chunk < 0:
             raise bad_value("chunk", self.chunk,
-                       "it must be an integer >= 0 (0: one selection over the whole vector; "
-                       "C: by chunk of C coordinates)", "For example chunk=4096 (SparseLoCo's).")
+                            "it must be an integer >= 0 (0: one selection over the whole vector; "
+                            "C: by chunk of C coordinates)",
+                            "For example chunk=4096 (SparseLoCo's).")
         if self.chunk and not self.exact:
             raise bad_value("chunk", self.chunk,
-                       "selecting by chunk needs the exact round, which exact=False turns off",
-                       "Use exact=True with chunk, or chunk=0.")
+                            "selecting by chunk needs the exact round, which exact=False turns off",
+                            "Use exact=True with chunk, or chunk=0.")
         if self.feedback == "fetchsgd" and self.exact:
             raise bad_value("exact", self.exact,
-                       "feedback='fetchsgd' keeps the error in sketch space and has no exact "
-                       "round", "Pass exact=False (--no-exact) with feedback='fetchsgd'.")
+                            "feedback='fetchsgd' keeps the error in sketch space and has no exact "
+                            "round", "Pass exact=False (--no-exact) with feedback='fetchsgd'.")
 
 
 class GlobalSketchSGD(SketchingAggregator):

@@ -137,30 +137,32 @@ class PowerSGDOptions(CommonOptions):
     def __post_init__(self) -> None:
         super().__post_init__()
         if self.feedback not in self.feedbacks:
-            raise bad_value("feedback", self.feedback, f"PowerSGD takes {' or '.join(self.feedbacks)}",
-                       "Use 'ef' (PyTorch's error feedback) or 'onebit' with "
-                       "gssgd.ddp.compressed_adamw.")
+            raise bad_value("feedback", self.feedback,
+                            f"PowerSGD takes {' or '.join(self.feedbacks)}",
+                            "Use 'ef' (PyTorch's error feedback) or 'onebit' with "
+                            "gssgd.ddp.compressed_adamw.")
         if not is_int(self.rank) or self.rank < 1:
             raise bad_value("rank", self.rank, "it must be an integer >= 1 (each matrix then uses "
-                       "min(rank, rows, cols))", "Start with rank=1 or 2 and double it while "
-                       "accuracy improves (--powersgd-rank).")
+                            "min(rank, rows, cols))", "Start with rank=1 or 2 and double it while "
+                            "accuracy improves (--powersgd-rank).")
         if not isinstance(self.warm_start, bool):
             raise bad_value("warm_start", self.warm_start, "it must be True or False",
-                       "Use warm_start=True (the paper's power iteration across steps).")
+                            "Use warm_start=True (the paper's power iteration across steps).")
         if not is_number(self.min_compression_rate) or self.min_compression_rate < 1:
             raise bad_value("min_compression_rate", self.min_compression_rate,
-                       "it must be a number >= 1 (below 1, factors larger than the matrix "
-                       "would be sent)", "Use 2 (PyTorch's default).")
+                            "it must be a number >= 1 (below 1, factors larger than the matrix "
+                            "would be sent)", "Use 2 (PyTorch's default).")
         if not is_number(self.epsilon) or self.epsilon < 0:
             raise bad_value("epsilon", self.epsilon, "it must be a number >= 0",
-                       "Use 0 (exact), or 1e-8 as PyTorch suggests for vanishing gradients.")
+                            "Use 0 (exact), or 1e-8 as PyTorch suggests for vanishing gradients.")
         if not is_int(self.seed) or not 0 <= self.seed < 2**64:
             raise bad_value("seed", self.seed, "it must be an integer in [0, 2**64)",
                        "For example seed=0.")
         momentum = self.momentum
         if not is_number(momentum) or not 0 <= momentum < 1:
             raise bad_value("momentum", momentum, "it must be a number in [0, 1) (0 turns local "
-                       "momentum off)", "Use 0 and the optimizer's momentum, as the paper does.")
+                            "momentum off)",
+                            "Use 0 and the optimizer's momentum, as the paper does.")
         object.__setattr__(self, "shapes", _check_shapes(self.shapes))
 
     def resolved(self, d: int, k: int, world_size: int | None = None) -> PowerSGDOptions:
@@ -174,8 +176,8 @@ class PowerSGDOptions(CommonOptions):
         total = sum(math.prod(s) for s in shapes)
         if total != d:
             raise bad_value("shapes", shapes, f"their sizes add up to {total}, not to the vector's "
-                       f"d={d}", "Pass the shapes of exactly the tensors the vector "
-                       "concatenates, in its order.")
+                            f"d={d}", "Pass the shapes of exactly the tensors the vector "
+                            "concatenates, in its order.")
         return replace(self, shapes=shapes)
 
 

@@ -56,7 +56,8 @@ def resolve_k(d: int, density: float | None, k: int | None) -> int:
         ValueError: both given, or either out of range.
     """
     if not is_int(d) or d < 1:
-        raise bad_value("d", d, "it must be an integer >= 1", "Pass the number of gradient elements.")
+        raise bad_value("d", d, "it must be an integer >= 1",
+                        "Pass the number of gradient elements.")
     if density is not None and k is not None:
         raise ValueError(
             f"both density={density!r} and k={k!r} were given; give only one of them "
@@ -73,7 +74,8 @@ def resolve_k(d: int, density: float | None, k: int | None) -> int:
         or not math.isfinite(density)
         or not 0 < density <= 1
     ):
-        raise bad_value("density", density, "it must be a number in (0, 1]", "For example density=0.01.")
+        raise bad_value("density", density, "it must be a number in (0, 1]",
+                        "For example density=0.01.")
     return max(1, round(density * d))
 
 

@@ -138,7 +138,8 @@ class SketchedSGD(SketchingAggregator):
         if self.rank == 0:
             with self._timed("decompress"):
                 summed = self._summed_sketch(sketch, tables)
-                chosen, values = self.feedback.tables.recover(summed, k)  # type: ignore[attr-defined]
+                assert isinstance(self.feedback, FetchSGDFeedback)
+                chosen, values = self.feedback.tables.recover(summed, k)
                 final = [chosen.to(final[0].dtype), values]
         final_idx, final_vals = self.comm.broadcast_from_root(final)
         with self._timed("decompress"):

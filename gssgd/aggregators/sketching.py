@@ -63,7 +63,8 @@ class SketchedOptions(TopkOptions):
             Costs a local top-``f*k`` selection per step. None: by the number of workers.
 
     ``cols``, ``candidates``, ``table_dtype`` and ``prefilter`` left None take
-    :func:`~gssgd.aggregators.sizing.sketch_default_shape`'s values for the run's d, k and number of workers.
+    :func:`~gssgd.aggregators.sizing.sketch_default_shape`'s values
+    for the run's d, k and number of workers.
     """
 
     rows: int = DEFAULT_ROWS
@@ -74,7 +75,8 @@ class SketchedOptions(TopkOptions):
     table_dtype: torch.dtype | None = None
     prefilter: int | None = None
     feedback_rules: ClassVar[dict[str, type[ErrorFeedback]]] = SKETCH_RULES
-    #: the fields :meth:`resolved` fills from :func:`~gssgd.aggregators.sizing.sketch_default_shape` when left None
+    #: the fields :meth:`resolved` fills from the sizing rule
+    #: (:func:`~gssgd.aggregators.sizing.sketch_default_shape`) when left None
     shape_fields: ClassVar[tuple[str, ...]] = ("cols", "candidates", "table_dtype", "prefilter")
 
     def use_hash_cache(self, d: int) -> bool:
@@ -96,8 +98,9 @@ class SketchedOptions(TopkOptions):
 
     def resolved(self, d: int, k: int, world_size: int | None = None) -> SketchedOptions:
         """These options with every default (None) among :attr:`shape_fields` filled in
-        from :func:`~gssgd.aggregators.sizing.sketch_default_shape` for ``d``, ``k`` and ``world_size`` ranks (None:
-        unknown, the small-P shape): one rule sizes both sketching methods."""
+        from :func:`~gssgd.aggregators.sizing.sketch_default_shape` for ``d``, ``k`` and
+        ``world_size`` ranks (None: unknown, the small-P shape): one rule sizes both
+        sketching methods."""
         shape = sketch_default_shape(d, k, self.rows, world_size)
         defaults = {name: getattr(shape, name) for name in self.shape_fields}
         if self.feedback == "fetchsgd":
@@ -142,7 +145,8 @@ class SketchedOptions(TopkOptions):
                 "For example rows=5.",
             )
         if self.cols is not None and (not is_int(self.cols) or self.cols < 1):
-            raise bad_value("cols", self.cols, "it must be an integer >= 1 or None", "Leave it None.")
+            raise bad_value("cols", self.cols, "it must be an integer >= 1 or None",
+                            "Leave it None.")
         if self.candidates is not None and (not is_int(self.candidates) or self.candidates < 1):
             raise bad_value(
                 "candidates",
@@ -171,12 +175,12 @@ class SketchedOptions(TopkOptions):
             or self.prefilter < 0
         ):
             raise bad_value("prefilter", self.prefilter,
-                       "it must be an integer >= 0 (0: off; f: each rank sketches its f*k "
-                       "largest coordinates)", "Use 8, or 0 to sketch the whole vector.")
+                            "it must be an integer >= 0 (0: off; f: each rank sketches its f*k "
+                            "largest coordinates)", "Use 8, or 0 to sketch the whole vector.")
         if self.feedback == "fetchsgd" and self.prefilter:
             raise bad_value("prefilter", self.prefilter,
-                       "feedback='fetchsgd' keeps no residual on the ranks, so a pre-filter "
-                       "would lose what it drops", "Use prefilter=0 with feedback='fetchsgd'.")
+                            "feedback='fetchsgd' keeps no residual on the ranks, so a pre-filter "
+                            "would lose what it drops", "Use prefilter=0 with feedback='fetchsgd'.")
 
 
 class SketchingAggregator(Aggregator):

@@ -92,27 +92,28 @@ class TopkOptions(CommonOptions):
             sketching = "" if "fetchsgd" in self.feedbacks else (
                 " ('fetchsgd' needs a sketching method: sketched or gs)")
             raise bad_value("feedback", self.feedback,
-                       f"it must be one of {', '.join(self.feedbacks)} for this method"
-                       + sketching,
-                       "Use 'ef' (the default) or 'ef21' (with momentum=0.9: EF21-SGDM).")
+                            f"it must be one of {', '.join(self.feedbacks)} for this method"
+                            + sketching,
+                            "Use 'ef' (the default) or 'ef21' (with momentum=0.9: EF21-SGDM).")
         if self.feedback == "fetchsgd" and self.warmup_steps:
             raise bad_value("warmup_steps", self.warmup_steps,
-                       "feedback='fetchsgd' keeps its error in tables of one shape, which cannot "
-                       "recover a warm-up's larger k", "Use warmup_steps=0 (--warmup-steps 0).")
+                            "feedback='fetchsgd' keeps its error in tables of one shape, which "
+                            "cannot recover a warm-up's larger k",
+                            "Use warmup_steps=0 (--warmup-steps 0).")
         if self.feedback == "global" and self.momentum == 0:
             raise bad_value("momentum", self.momentum,
-                       "feedback='global' is the aggregator's momentum, so it must be in "
-                       "(0, 1)", "For example momentum=0.9 (--local-momentum 0.9).")
+                            "feedback='global' is the aggregator's momentum, so it must be in "
+                            "(0, 1)", "For example momentum=0.9 (--local-momentum 0.9).")
         if not is_int(self.warmup_steps) or self.warmup_steps < 0:
             raise bad_value("warmup_steps", self.warmup_steps, "it must be an integer >= 0",
-                       "For example warmup_steps=100, or 0 for no density warm-up.")
+                            "For example warmup_steps=100, or 0 for no density warm-up.")
         if (
             isinstance(self.warmup_density, bool)
             or not isinstance(self.warmup_density, (int, float))
             or not 0 < self.warmup_density <= 1
         ):
             raise bad_value("warmup_density", self.warmup_density, "it must be a number in (0, 1]",
-                       "For example warmup_density=0.25 (DGC's starting density).")
+                            "For example warmup_density=0.25 (DGC's starting density).")
         if self.local_clip is not None and (
             isinstance(self.local_clip, bool)
             or not isinstance(self.local_clip, (int, float))
@@ -120,7 +121,7 @@ class TopkOptions(CommonOptions):
             or self.local_clip <= 0
         ):
             raise bad_value("local_clip", self.local_clip, "it must be a number > 0 or None",
-                       "For example local_clip=1.0, or None for no clipping.")
+                            "For example local_clip=1.0, or None for no clipping.")
 
 
 
