@@ -33,8 +33,9 @@ from gssgd.methods import (
     register_method,
     unregister_method,
 )
-from gssgd.train.config import TrainConfig, setting_applies_to
+from gssgd.train.config import TrainConfig
 from gssgd.train.loop import run_training
+from gssgd.train.method_settings import setting_applies_to
 from gssgd.train.metrics import read_metrics
 from tests.dist_utils import raise_worker_errors, run_on_prefixes, run_workers
 
@@ -139,7 +140,7 @@ def test_a_registered_method_reaches_every_layer(randomk) -> None:
 
 def test_a_registered_method_trains_through_the_hook(tmp_path: Path, randomk) -> None:
     # --plugin makes every spawned worker import (and so register) the method too
-    cfg = TrainConfig(method="randomk", plugins=(PLUGIN,), dataset="digits", workers=2,
+    cfg = TrainConfig.build(method="randomk", plugins=(PLUGIN,), dataset="digits", workers=2,
                       steps=20, batch_size=16, lr=0.2, momentum=0.0, density=0.25,
                       eval_every=0, progress=False, out=str(tmp_path), timeout=60.0)
     summary = run_training(cfg)

@@ -90,10 +90,11 @@ def _timeout(cfg: TrainBenchConfig, method: str, d: int, link_bps: int | None) -
     tcfg = cfg.configs[method]
     share = max(1.0, cfg.workers * tcfg.threads / (os.cpu_count() or 1))
     try:
-        sizes = {"rows": tcfg.rows} if tcfg.rows is not None else {}
+        opt = tcfg.option
+        sizes = {"rows": opt("rows")} if opt("rows") is not None else {}
         # a DDP built-in (ddp-allreduce, ddp-fp16, powersgd) is bounded by a dense all-reduce
-        spec = method_spec(method if method in VARIANTS else "dense", d, tcfg.density,
-                           k=tcfg.k, cols=tcfg.cols, candidates=tcfg.candidates,
+        spec = method_spec(method if method in VARIANTS else "dense", d, opt("density"),
+                           k=opt("k"), cols=opt("cols"), candidates=opt("candidates"),
                            **sizes)  # fmt: skip
         comm = CostModel.default().predict(spec, cfg.workers, link_bps, share).total
     except ValueError:

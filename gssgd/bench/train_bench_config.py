@@ -34,7 +34,7 @@ class TrainBenchConfig:
     """One ``gssgd bench train`` run.
 
     Attributes:
-        settings: :class:`gssgd.train.loop.TrainConfig` keyword arguments shared by every
+        settings: :meth:`gssgd.train.config.TrainConfig.build` keyword arguments shared by every
             method (``workers``, ``dataset``, ``model``, ``steps``, ``batch_size``,
             ``density``, ``eval_every``, ...); method-specific ones go to the methods that
             take them. Not ``method``, ``out``, ``resume``, ``overwrite``, ``fail_at``.
@@ -61,7 +61,8 @@ class TrainBenchConfig:
 
     def __post_init__(self) -> None:
         from gssgd.methods import parse_methods
-        from gssgd.train.config import TrainConfig, settings_for
+        from gssgd.train.config import TrainConfig
+        from gssgd.train.method_settings import settings_for
 
         settings = dict(self.settings)
         settings.pop("progress", None)  # the runs never show a progress bar
@@ -90,8 +91,8 @@ class TrainBenchConfig:
             raise ValueError(f"timeout_s={self.timeout_s!r} must be > 0 seconds (or None)")
         # The trainer's own checks, method by method, before anything runs.
         configs = {
-            m: TrainConfig(
-                method=m, **settings_for(m, settings), out=m, overwrite=True, progress=False
+            m: TrainConfig.build(
+                m, **settings_for(m, settings), out=m, overwrite=True, progress=False
             )  # fmt: skip
             for m in self.methods
         }
@@ -108,7 +109,7 @@ class TrainBenchConfig:
         return int(self.settings["workers"])
 
     def train_config(self, method: str, run_dir: Path) -> Any:
-        """The :class:`~gssgd.train.loop.TrainConfig` of ``method``, writing to ``run_dir``."""
+        """The :class:`~gssgd.train.config.TrainConfig` of ``method``, writing to ``run_dir``."""
         return dataclasses.replace(self.configs[method], out=str(run_dir))
 
     def command_line(self, out: Path | str) -> str:
@@ -126,9 +127,9 @@ class TrainBenchConfig:
 
 
 def train_flags(settings: Mapping[str, Any], always: Sequence[str] = ()) -> list[str]:
-    """``gssgd train`` arguments for TrainConfig settings: those that differ from its
-    defaults, and those named in ``always`` when they are not None."""
-    from gssgd.train.loop import TrainConfig
+    """``gssgd train`` arguments for TrainConfig settings (and named option flags): those
+    that differ from its defaults, and those named in ``always`` when they are not None."""
+    from gssgd.train.config import TrainConfig
 
     defaults = {f.name: f.default for f in dataclasses.fields(TrainConfig)}
     out: list[str] = []
@@ -152,10 +153,21 @@ def train_flags(settings: Mapping[str, Any], always: Sequence[str] = ()) -> list
 def train_argv(cfg: Any) -> list[str]:
     """The arguments after ``gssgd`` that make ``gssgd train`` run ``cfg`` (a TrainConfig).
 
-    Every field that differs from TrainConfig's default becomes its flag (the flags map
-    one to one onto the fields); ``--method`` and ``--workers`` are always given.
+    Every field that differs from TrainConfig's default becomes its flag (the run's
+    settings map one to one onto the fields), and each of the method's options its named
+    flag (``--rows 3``, ``--local-momentum 0.9``) or ``--opt NAME=VALUE``; ``--method``
+    and ``--workers`` are always given.
     """
-    settings = dataclasses.asdict(cfg)
-    method = settings.pop("method")
-    return ["train", "--method", method, *train_flags(settings, always=("workers",))]
+    from gssgd.train.method_settings import OPTION_FLAGS
 
+    settings = dataclasses.asdict(cfg)
+    method, options = settings.pop("method"), dict(settings.pop("options"))
+    named = {name: options.pop(option) for name, option in OPTION_FLAGS.items()
+             if option in options}
+    ordered: dict[str, Any] = {}
+    for name, value in settings.items():
+        if name == "start_iter":  # the named option flags sit before the hook's settings
+            ordered.update(named)
+        ordered[name] = value
+    ordered["options"] = options or None
+    return ["train", "--method", method, *train_flags(ordered, always=("workers",))]

@@ -142,7 +142,7 @@ def run(args: argparse.Namespace) -> int:
     a bad list exits through the parser (status 2), as a bad flag does.
     """
     from gssgd.cli.train import settings_from_args
-    from gssgd.train.config import import_plugins
+    from gssgd.train.method_settings import import_plugins
 
     try:
         import_plugins(settings_from_args(args).get("plugins", ()))
@@ -161,7 +161,7 @@ def _run(args: argparse.Namespace) -> None:
     from gssgd.bench.train_bench import run_train_bench
     from gssgd.bench.train_bench_config import TrainBenchConfig
     from gssgd.cli.train import settings_from_args
-    from gssgd.train.config import check_settings_apply
+    from gssgd.train.method_settings import check_settings_apply
 
     settings = settings_from_args(args)
     settings.pop("out", None)  # bench train's --out is the parent of the runs

@@ -19,16 +19,16 @@ from typing import Any
 from gssgd.cli.errors import run_command
 from gssgd.cli.train import Formatter, add_training_flags, settings_from_args
 from gssgd.methods import METHODS, parse_methods
-from gssgd.train.config import (
-    TrainConfig,
+from gssgd.train.config import TrainConfig
+from gssgd.train.data import TextData, load_dataset
+from gssgd.train.launch import is_user_error
+from gssgd.train.loop import run_training
+from gssgd.train.method_settings import (
     check_settings_apply,
     import_plugins,
     setting_applies_to,
     settings_for,
 )
-from gssgd.train.data import TextData, load_dataset
-from gssgd.train.launch import is_user_error
-from gssgd.train.loop import run_training
 from gssgd.train.metrics import METRICS_FILE, read_metrics, write_json
 
 __all__ = ["DEFAULTS", "add_parser", "run"]
@@ -147,7 +147,7 @@ def _configs(args: argparse.Namespace, methods: list[str], out: Path) -> dict[st
         settings["density"] = DEFAULTS["density"]  # compare's default, for the methods taking it
     check_settings_apply(settings, methods)
     return {
-        m: TrainConfig(method=m, **settings_for(m, settings), out=str(out / m), overwrite=True)
+        m: TrainConfig.build(m, **settings_for(m, settings), out=str(out / m), overwrite=True)
         for m in methods
     }
 

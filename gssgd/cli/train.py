@@ -1,8 +1,11 @@
 """``gssgd train``: data-parallel training with one aggregation method.
 
-The flags map one to one onto :class:`gssgd.train.config.TrainConfig`; ``--opt NAME=VALUE``
-sets any option of the method (a plugin's too) by its name. ``gssgd compare`` reuses the
-flags through :func:`add_training_flags` and :func:`settings_from_args`.
+The flags map onto :class:`gssgd.train.config.TrainConfig`: the run's settings one to one,
+and the method's options: ``--opt NAME=VALUE`` sets any of them (a plugin's too) by its
+name, and the named flags (``--rows``, ``--local-momentum`` for ``momentum``, ...) write the
+same options (:meth:`TrainConfig.build <gssgd.train.config.TrainConfig.build>`).
+``gssgd compare`` reuses the flags through :func:`add_training_flags` and
+:func:`settings_from_args`.
 """
 
 from __future__ import annotations
@@ -27,10 +30,11 @@ from gssgd.recipes import (
     TEXT_RECIPE,
     TEXT_SPARSE_RECIPE,
 )
-from gssgd.train.config import OPTIMIZERS, TrainConfig
+from gssgd.train.checks import OPTIMIZERS
+from gssgd.train.config import TrainConfig
 from gssgd.train.launch import DEVICES
 from gssgd.train.loop import STATUS_COMPLETED, run_training
-from gssgd.train.method_settings import merge_opts, parse_opt, setting_applies_to
+from gssgd.train.method_settings import OPTION_FLAGS, merge_opts, parse_opt, setting_applies_to
 from gssgd.train.models import MODELS
 
 __all__ = ["Formatter", "add_parser", "add_training_flags", "run", "settings_from_args"]
@@ -367,13 +371,16 @@ def _fault_flags(parser: argparse.ArgumentParser) -> None:
                        "(reliability tests)")
 
 
-#: The argparse destinations that are TrainConfig fields (everything but method/methods).
-_SETTINGS = tuple(f.name for f in dataclasses.fields(TrainConfig) if f.name != "method")
+#: The argparse destinations that are TrainConfig fields (everything but method/methods)
+#: or named option flags.
+_SETTINGS = tuple(f.name for f in dataclasses.fields(TrainConfig) if f.name != "method"
+                  ) + tuple(OPTION_FLAGS)
 
 
 def settings_from_args(args: argparse.Namespace) -> dict[str, Any]:
-    """The TrainConfig keyword arguments the parsed flags hold (``--opt`` as ``options``,
-    its values still text: the method's option types read them).
+    """The :meth:`TrainConfig.build <gssgd.train.config.TrainConfig.build>` keyword
+    arguments the parsed flags hold: the run's settings, the named option flags, and
+    ``--opt`` as ``options`` (its values still text: the method's option types read them).
 
     Raises:
         ValueError: one ``--opt`` name given two values.
@@ -406,7 +413,7 @@ def run(args: argparse.Namespace) -> int:
     130 interrupted)."""
 
     def body() -> int:
-        summary = run_training(TrainConfig(method=args.method, **settings_from_args(args)))
+        summary = run_training(TrainConfig.build(args.method, **settings_from_args(args)))
         if summary is None:  # a torchrun rank other than 0
             return 0
         return 0 if summary["status"] == STATUS_COMPLETED else 1

@@ -14,9 +14,11 @@ from gssgd.methods import get_method
 from gssgd.optim import UNSEEN_RULES, VARIANCES, dense_steps_for
 from gssgd.recipes import adamw_lr, default_freeze_steps, onebit_settings, sgd_settings
 from gssgd.train.method_settings import (
+    METHOD_FLAGS,
     METHOD_SETTINGS,
-    OPTION_NAMES,
+    OPTION_FLAGS,
     flag,
+    flag_of,
     setting_applies_to,
 )
 
@@ -24,8 +26,8 @@ from gssgd.train.method_settings import (
 TrainConfig = Any
 
 __all__ = [
-    "apply_frozen_variance", "apply_optimizer_recipe", "bad", "check_int", "check_local_steps",
-    "check_real", "check_simulated", "rank_step",
+    "OPTIMIZERS", "apply_frozen_variance", "apply_optimizer_recipe", "bad", "check_int",
+    "check_local_steps", "check_real", "check_simulated", "rank_step",
 ]
 
 #: What ``--optimizer`` accepts.
@@ -64,11 +66,11 @@ def rank_step(name: str, value: object) -> tuple[int, int] | None:
 
 def as_flags(message: str, opts: object = None) -> str:
     """An options dataclass's message (``rows=4 is invalid: ...``) with the option named as
-    the user gave it: its flag (``--rows=4 is invalid: ...``), or ``--opt`` for an option
-    in ``opts`` (the options given by name)."""
+    the user gave it: its flag (``--rows=4 is invalid: ...``, a hook setting's too), or
+    ``--opt`` for another option in ``opts`` (the config's options)."""
     name, sep, rest = message.partition("=")
-    field = {option: f for f, option in OPTION_NAMES.items()}.get(name, name)
-    if sep and field in METHOD_SETTINGS:
+    field = {option: f for f, option in OPTION_FLAGS.items()}.get(name, name)
+    if sep and field in METHOD_FLAGS:
         return flag(field) + sep + rest
     if sep and isinstance(opts, dict) and name in opts:
         return f"--opt {name}{sep}{rest}"
@@ -97,9 +99,10 @@ def apply_optimizer_recipe(cfg: TrainConfig) -> None:
             cfg.lr = adamw_lr(cfg.model == "lm" or (cfg.model is None and cfg.trains_text))
         cfg.momentum = 0.0
         return
-    cfg.lr, cfg.momentum, cfg.local_momentum = sgd_settings(
-        cfg.method, cfg.trains_text, cfg.lr, cfg.momentum, cfg.local_momentum, cfg.feedback,
-        bool(cfg.local_steps))
+    cfg.lr, cfg.momentum, local_momentum = sgd_settings(
+        cfg.method, cfg.trains_text, cfg.lr, cfg.momentum, cfg.option("momentum"),
+        cfg.option("feedback"), bool(cfg.local_steps))
+    cfg.set_option("momentum", local_momentum)
 
 
 def _check_adam_choices(cfg: TrainConfig) -> None:
@@ -113,7 +116,7 @@ def _freeze_steps(cfg: TrainConfig) -> int | None:
     """``freeze_variance_after``, or its default for a sparse method under AdamW whose
     error feedback, start and local momentum were left out (warned when the run is short)."""
     n = cfg.freeze_variance_after
-    chosen = (cfg.feedback, cfg.start_iter, cfg.local_momentum)
+    chosen = (cfg.option("feedback"), cfg.start_iter, cfg.option("momentum"))
     if n is None and cfg.optimizer == "adamw" and chosen == (None, None, None):
         n, warning = default_freeze_steps(cfg.steps)
         cfg.freeze_variance_after = n
@@ -166,13 +169,17 @@ def apply_frozen_variance(cfg: TrainConfig) -> None:
     cfg.adam_variance = cfg.adam_variance or VARIANCES[0]
     cfg.adam_unseen = cfg.adam_unseen or UNSEEN_RULES[0]
     beta1 = float(cfg.betas[0]) if isinstance(cfg.betas, (tuple, list)) else None
-    for option, value in onebit_settings(n, beta1).items():
-        name = {o: f for f, o in OPTION_NAMES.items()}.get(option, option)
-        given = getattr(cfg, name)
+    for name, value in onebit_settings(n, beta1).items():
+        setting = name in METHOD_SETTINGS  # start_iter; else one of the method's options
+        given, shown = (getattr(cfg, name), flag(name)) if setting else (cfg.option(name),
+                                                                          flag_of(name))
         if given is not None and given != value:
-            raise bad(name, given, f"--freeze-variance-after {n} sets it to {value!r}",
-                      f"Drop {flag(name)}: the frozen-variance recipe sets it.")
-        setattr(cfg, name, value)
+            raise bad_value(shown, given, f"--freeze-variance-after {n} sets it to {value!r}",
+                            f"Drop {shown}: the frozen-variance recipe sets it.")
+        if setting:
+            setattr(cfg, name, value)
+        else:
+            cfg.set_option(name, value)
 
 
 # --------------------------------------------------------------------------- combinations

@@ -12,17 +12,15 @@ runs, so every option has exactly one rule and one message. The defaults a run f
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from gssgd.aggregators.lowrank import DEFAULT_POWERSGD_RANK as _DEFAULT_RANK
-from gssgd.aggregators.options import PAYLOAD_DTYPES
 from gssgd.amp import AMP_DTYPES
 from gssgd.ddp import HookSettings
 from gssgd.methods import METHODS, get_method, renamed_hint
-from gssgd.recipes import ADAMW_FREEZE_STEPS, ADAMW_LM_LR, ADAMW_LR, warmup_steps_recipe
+from gssgd.recipes import warmup_steps_recipe
 from gssgd.train.checks import (
-    OPTIMIZERS,
     apply_frozen_variance,
     apply_optimizer_recipe,
     as_flags,
@@ -37,33 +35,16 @@ from gssgd.train.checks import (
 from gssgd.train.launch import DEVICES
 from gssgd.train.method_settings import (
     METHOD_SETTINGS,
-    OPTION_NAMES,
+    OPTION_FLAGS,
     check_settings_apply,
-    flag,
+    flags_to_options,
     import_plugins,
-    setting_applies_to,
-    settings_for,
-    split_options,
     to_aggregator,
+    typed_options,
 )
 from gssgd.train.models import MODELS, TEXT_MODELS
 
-__all__ = [
-    "ADAMW_FREEZE_STEPS",
-    "ADAMW_LM_LR",
-    "ADAMW_LR",
-    "DEFAULT_POWERSGD_RANK",
-    "DEFAULT_START_ITER",
-    "DEFAULT_WORKERS",
-    "METHOD_SETTINGS",
-    "OPTIMIZERS",
-    "TrainConfig",
-    "check_settings_apply",
-    "flag",
-    "import_plugins",
-    "setting_applies_to",
-    "settings_for",
-]
+__all__ = ["DEFAULT_POWERSGD_RANK", "DEFAULT_START_ITER", "DEFAULT_WORKERS", "TrainConfig"]
 
 #: Workers spawned when neither ``--workers`` nor torchrun says how many.
 DEFAULT_WORKERS = 4
@@ -79,14 +60,14 @@ class TrainConfig:
     """Every setting of a training run: the run's settings, the method's name and the
     method's own options; ``gssgd train --help`` shows the same as flags.
 
-    The method's options are its options dataclass's fields
-    (``gssgd.aggregators.AGGREGATORS[method].Options``): ``options`` holds any of them by
-    name (``--opt NAME=VALUE``, text parsed to the field's type), and the named fields
-    below the "aggregation" line are sugar for the common ones (``rows`` is
-    ``options={"rows": ...}``, ``local_momentum`` is ``momentum``, ``payload_dtype``
-    ``dtype``, ``powersgd_rank`` ``rank``). On construction an option with a named field
-    moves onto it (given both ways with different values: an error), so ``options`` keeps
-    the others.
+    ``options`` holds the method's options by the field names of its options dataclass
+    (``gssgd.aggregators.AGGREGATORS[method].Options``; ``k`` and ``density`` for a sparse
+    method), e.g. ``{"density": 0.001, "rows": 3, "momentum": 0.9, "dtype": "float16"}``.
+    Text values (``--opt NAME=VALUE``) are read as the field's type and a ``torch.dtype``
+    is kept by name, so the config stays JSON; an alias becomes its option's name; None is
+    the option's default. Read one with :meth:`option`. The command line's named flags
+    (``--rows``, ``--local-momentum`` for ``momentum``, ...) write the same options:
+    :meth:`build` takes them as keyword arguments.
 
     Values are checked on construction (``ValueError`` naming the flag, the valid range
     and a fix); ``None`` means "the default", which may depend on the data or the launcher.
@@ -118,31 +99,11 @@ class TrainConfig:
     timeout: float = 300.0  # seconds a collective waits for a peer before the run fails
     simulate: bool = False  # run the workers as a simulated world in this process (large P)
     global_batch: int | None = None  # samples per step over all workers (sets batch_size)
-    # -- aggregation; None: the method's own default (checked by its options dataclass)
-    density: float | None = None  # fraction of coordinates sent (default 0.01), or give k
-    k: int | None = None  # coordinates sent per worker, instead of density
-    local_momentum: float | None = None  # the error feedback's momentum (0: off; by feedback)
-    warmup_steps: int | None = None  # density warm-up: steps from warmup_density down to density
-    warmup_density: float | None = None  # the warm-up's starting density (default 0.25)
-    local_clip: float | None = None  # clip each worker's gradient to this norm / sqrt(P)
-    feedback: str | None = None  # error feedback: ef (default), ef21, global, onebit, fetchsgd
-    payload_dtype: str | None = None  # the all-reduced payload: float32 (default), float16, bfloat16
-    rows: int | None = None  # sketch rows, odd (default 1)
-    cols: int | None = None  # sketch columns (default 40·k, capped at d/(4 rows))
-    candidates: int | None = None  # m: the sketch proposes m*k candidates (default 32, m*k <= d/8)
-    exact: bool | None = None  # fetch exact values of the candidates (default True)
-    allreduce: str | None = None  # how sketches are summed: recursive_doubling or backend
-    table_dtype: str | None = None  # sketch tables on the wire: float32, float16, bfloat16
-    guard: str | None = None  # on a collapsed sketch grow it (default), raise, or off
-    prefilter: int | None = None  # sketch only each worker's own prefilter*k largest
-    reuse: int | None = None  # sketch every reuse-th step, reusing its candidates between
-    chunk: int | None = None  # select by chunk of this many coordinates (DeMo/SparseLoCo)
-    powersgd_rank: int | None = None  # low-rank methods: the rank r (default 2)
+    # -- the DDP hook (aggregator methods); the method's options are in ``options``
     start_iter: int | None = None  # steps of plain all-reduce before compression (default 2)
     per_bucket: bool = False  # aggregate each DDP bucket apart, not the whole model at once
     overlap: str | None = None  # "stream": all-reduce the sketch bucket by bucket in backward
     bucket_cap_mb: float | None = None  # DDP's bucket size in MB (None: DDP's default, 25)
-    options: dict[str, Any] | None = None  # any option of the method by name (--opt NAME=VALUE)
     # -- local steps (DiLoCo family: gssgd.local_steps); None: every step aggregates
     local_steps: int | None = None  # H inner steps with no communication per outer step
     outer_lr: float | None = None  # the outer Nesterov step's lr (default DiLoCo's 0.7)
@@ -159,15 +120,14 @@ class TrainConfig:
     # -- fault injection (reliability tests)
     fail_at: tuple[int, int] | None = None  # (rank, step): that rank exits abruptly there
     stall_at: tuple[int, int] | None = None  # (rank, step): that rank hangs there (a stalled peer)
+    # -- the method's options by name (--opt NAME=VALUE and the named flags); last, by keyword
+    options: dict[str, Any] = field(default_factory=dict, kw_only=True)
 
     def __post_init__(self) -> None:
         self.plugins = tuple(self.plugins)
         import_plugins(self.plugins)
-        if self.method not in METHODS:
-            raise bad("method", self.method, f"it must be one of {', '.join(METHODS)}",
-                      "A method of your own needs --plugin MODULE that registers it."
-                      + renamed_hint(str(self.method)))
-        self._take_options()
+        check_method(self.method)
+        self.options = typed_options(self.method, self.options)
         if not isinstance(self.dataset, str) or not self.dataset:
             raise bad("dataset", self.dataset, "it must name a dataset", "For example digits.")
         if self.model is not None and self.model not in MODELS:
@@ -176,32 +136,47 @@ class TrainConfig:
         check_local_steps(self)
         apply_optimizer_recipe(self)
         apply_frozen_variance(self)
-        if self.warmup_steps is None and self.feedback != "fetchsgd" and not self.local_steps:
-            self.warmup_steps = warmup_steps_recipe(self.method) or None
+        if (self.option("warmup_steps") is None and self.option("feedback") != "fetchsgd"
+                and not self.local_steps):
+            self.set_option("warmup_steps", warmup_steps_recipe(self.method) or None)
+        self.options = typed_options(self.method, self.options)  # the recipes' too
         self._check_run()
         check_settings_apply({n: getattr(self, n) for n in METHOD_SETTINGS}, [self.method])
         self._check_method_settings()
         self.fail_at = rank_step("fail_at", self.fail_at)
         self.stall_at = rank_step("stall_at", self.stall_at)
 
-    def _take_options(self) -> None:
-        """The options given by name (``--opt``), typed by the method's options dataclass;
-        those with a named field move onto it.
+    @classmethod
+    def build(cls, method: str = "gs", *, options: dict[str, Any] | None = None,
+              **settings: Any) -> TrainConfig:
+        """A config from the command line's spelling: the run's settings (the fields) and
+        the named option flags (``density=0.001``, ``rows=3``, ``local_momentum=0.9`` for
+        the option ``momentum``, ``payload_dtype``, ``powersgd_rank``: the keys of
+        :data:`~gssgd.train.method_settings.OPTION_FLAGS`), which go into ``options``.
+        ``TrainConfig.build(method="gs", density=0.001, rows=3)`` is
+        ``TrainConfig(method="gs", options={"density": 0.001, "rows": 3})``.
 
         Raises:
-            ValueError: an option the method does not have, a value not of its type, or
-                one given both by name and by its flag with different values."""
-        named, rest = split_options(self.method, self.options)
-        for field, value in named.items():
-            given = getattr(self, field)
-            if given is not None and given != value:
-                option = OPTION_NAMES.get(field, field)
-                raise ValueError(
-                    f"{flag(field)} {given!r} and --opt {option}={value!r} give the option "
-                    f"{option!r} of {self.method!r} two values; give it once ({flag(field)} "
-                    f"is --opt {option}).")
-            setattr(self, field, value)
-        self.options = rest or None
+            ValueError: as the constructor; a flag the method does not take, or one also
+                given in ``options`` with another value (the message names the flag).
+            TypeError: a keyword that is neither a field nor a named option flag.
+        """
+        flags = {name: settings.pop(name) for name in list(settings) if name in OPTION_FLAGS}
+        import_plugins(tuple(settings.get("plugins", ())))
+        check_method(method)
+        return cls(method=method, **settings, options=flags_to_options(method, flags, options))
+
+    def option(self, name: str, default: Any = None) -> Any:
+        """The method's option ``name`` (its options dataclass's field name, ``k`` or
+        ``density``), or ``default`` when it was not given."""
+        return self.options.get(name, default)
+
+    def set_option(self, name: str, value: Any) -> None:
+        """Set the method's option ``name`` (None: back to its default)."""
+        if value is None:
+            self.options.pop(name, None)
+        else:
+            self.options[name] = value
 
     def _check_run(self) -> None:
         """The generic settings: counts, rates, devices, outputs."""
@@ -251,12 +226,8 @@ class TrainConfig:
     def _check_method_settings(self) -> None:
         """The method's own checks: its options dataclass (through HookSettings) or, for
         a DDP built-in, its rank and start; both before any worker starts."""
-        for name in ("table_dtype", "payload_dtype"):
-            value = getattr(self, name)
-            if value is not None and value not in PAYLOAD_DTYPES:
-                raise bad(name, value, f"it must be one of {', '.join(PAYLOAD_DTYPES)}")
-        if self.powersgd_rank is not None:
-            check_int("powersgd_rank", self.powersgd_rank, 1)
+        if self.option("rank") is not None and get_method(self.method).aggregator is None:
+            check_int("powersgd_rank", self.option("rank"), 1)
         if get_method(self.method).aggregator is not None:
             self.hook_settings()  # start_iter >= 1 and every option, by their own rules
         elif self.start_iter is not None:
@@ -265,20 +236,13 @@ class TrainConfig:
 
     # ---------------------------------------------------------------- derived settings
     def aggregator_options(self) -> dict[str, Any]:
-        """The keyword options of the aggregator (``k`` included), defaults left out: the
-        named fields, the run's ``seed`` where the method takes one, then ``options``."""
-        opts: dict[str, Any] = {}
+        """The keyword options of the aggregator (``k`` included, ``density`` apart),
+        defaults left out: the run's ``seed`` where the method takes one, then
+        ``options`` (a dtype given by name as the ``torch.dtype``)."""
         takes = get_method(self.method).option_names()
-        for name in METHOD_SETTINGS:
-            option = OPTION_NAMES.get(name, name)
-            value = getattr(self, name)
-            if value is None or option not in takes:
-                continue
-            opts[option] = PAYLOAD_DTYPES[value] if option in ("dtype", "table_dtype") else value
-        if "seed" in takes:
-            opts["seed"] = self.seed
-        if self.options:
-            opts.update(to_aggregator(self.method, self.options))
+        opts: dict[str, Any] = {"seed": self.seed} if "seed" in takes else {}
+        opts.update(to_aggregator(self.method, {name: value for name, value in
+                                                self.options.items() if name in takes}))
         return opts
 
     def hook_settings(self) -> HookSettings:
@@ -290,7 +254,7 @@ class TrainConfig:
         try:
             return HookSettings(
                 self.method,
-                density=self.density,
+                density=self.option("density"),
                 start_iter=self.resolved_start_iter,
                 whole_model=not self.per_bucket,
                 options=self.aggregator_options(),
@@ -313,13 +277,23 @@ class TrainConfig:
 
     @classmethod
     def from_saved(cls, saved: dict[str, Any]) -> TrainConfig:
-        """The config a run directory's ``config.json`` (or a checkpoint's ``config``)
-        recorded, from this version or an earlier one (fields it lacks take their
-        defaults; what it holds besides the fields, ``world_size`` and ``d``, is left out).
+        """The config a run directory's ``config.json`` (or a checkpoint's or summary's
+        ``config``) recorded, from this version or an earlier one: fields it lacks take
+        their defaults, the named option fields of earlier versions (``rows``,
+        ``local_momentum``, ...) go into ``options`` (:meth:`build`), and what it holds
+        besides (``world_size``, ``d``) is left out.
         """
-        known = set(cls.__dataclass_fields__)
+        known = set(cls.__dataclass_fields__) | set(OPTION_FLAGS)
         kept = {k: v for k, v in saved.items() if k in known}
         for name in ("betas", "fail_at", "stall_at", "plugins"):
             if isinstance(kept.get(name), list):
                 kept[name] = tuple(kept[name])  # JSON wrote the tuples as lists
-        return cls(**kept)
+        return cls.build(**kept)
+
+
+def check_method(method: object) -> None:
+    """Raise unless ``method`` names a registered method (the message names the fix)."""
+    if method not in METHODS:
+        raise bad("method", method, f"it must be one of {', '.join(METHODS)}",
+                  "A method of your own needs --plugin MODULE that registers it."
+                  + renamed_hint(str(method)))

@@ -44,9 +44,10 @@ from gssgd.methods import METHODS
 from gssgd.optim import FrozenVarianceAdamW
 from gssgd.train import checkpoint
 from gssgd.train.collectives import agree_on_loss, collective_failure, gather_bytes
-from gssgd.train.config import TrainConfig, import_plugins, settings_for
+from gssgd.train.config import TrainConfig
 from gssgd.train.data import ImageData, TextData, load_dataset
 from gssgd.train.launch import Worker, WorkerFailed, launch
+from gssgd.train.method_settings import import_plugins
 from gssgd.train.metrics import (
     METRICS_FILE,
     STATUS_COLLAPSED,
@@ -80,7 +81,6 @@ __all__ = [
     "evaluate",
     "prepare",
     "run_training",
-    "settings_for",
     "train_worker",
 ]
 

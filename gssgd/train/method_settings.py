@@ -1,12 +1,12 @@
 """The method's own settings in a training run: which flags apply to which method, and the
-method's options given by name (``--opt NAME=VALUE``).
+method's options given by name (``--opt NAME=VALUE``) or by their named flags.
 
-A run's config holds the method's name and, in ``options``, any option of the method's
-options dataclass (``gssgd.aggregators.AGGREGATORS[name].Options``) by its field name, so a
-plugin method's new option reaches the trainer with no edit here. Some options also have
-a named flag (``--rows``, ``--density``, ``--local-momentum`` for ``momentum``, ...): those
-are sugar for the same option, and :func:`split_options` moves an option given by name
-onto its named setting (giving one both ways with different values is an error).
+A run's config holds the method's name and, in ``options``, the method's options by the
+field names of its options dataclass (``gssgd.aggregators.AGGREGATORS[name].Options``), so
+a plugin method's new option reaches the trainer with no edit here. Some options also have
+a named flag (``--rows``, ``--density``, ``--local-momentum`` for ``momentum``, ...:
+:data:`OPTION_FLAGS`): the flag writes the same option, and :func:`flags_to_options` moves
+the flags given into ``options`` (one given both ways with different values is an error).
 
 Which methods a setting applies to comes from the method registry
 (:func:`gssgd.methods.applies_to`); the values are validated by the options dataclass
@@ -24,40 +24,47 @@ from typing import Any
 
 import torch
 
+from gssgd._validate import bad_value, is_int
 from gssgd.aggregators import AGGREGATORS
 from gssgd.aggregators.options import PAYLOAD_DTYPES
 from gssgd.ddp import STREAMING_METHODS
-from gssgd.methods import METHODS, applies_to
+from gssgd.methods import METHODS, applies_to, get_method
 
 __all__ = [
+    "METHOD_FLAGS",
     "METHOD_SETTINGS",
-    "OPTION_SETTINGS",
+    "OPTION_FLAGS",
     "check_settings_apply",
     "flag",
+    "flag_of",
+    "flags_to_options",
     "import_plugins",
     "merge_opts",
     "option_types",
     "parse_opt",
     "setting_applies_to",
     "settings_for",
-    "split_options",
     "to_aggregator",
+    "typed_options",
 ]
 
-#: TrainConfig fields that are aggregator options under another name.
-OPTION_NAMES = {"local_momentum": "momentum", "payload_dtype": "dtype", "powersgd_rank": "rank"}
-#: TrainConfig fields that are sugar for one of the method's options (``--rows`` is
-#: ``--opt rows``, ``--local-momentum`` is ``--opt momentum``, ...).
-OPTION_SETTINGS: tuple[str, ...] = (
-    "density", "k", "local_momentum", "warmup_steps", "warmup_density", "local_clip",
-    "feedback", "payload_dtype", "rows", "cols", "candidates", "exact", "allreduce",
-    "table_dtype", "guard", "prefilter", "reuse", "chunk", "powersgd_rank",
-)
-#: TrainConfig fields that apply to some methods only (None or False = not given).
-METHOD_SETTINGS: tuple[str, ...] = OPTION_SETTINGS + (
+#: The named flags that set one of the method's options: the flag's name (``--rows``:
+#: ``rows``) -> the option's name (``--local-momentum`` is ``--opt momentum``,
+#: ``--payload-dtype`` ``--opt dtype``, ``--powersgd-rank`` ``--opt rank``).
+OPTION_FLAGS: dict[str, str] = {
+    "density": "density", "k": "k", "local_momentum": "momentum", "warmup_steps": "warmup_steps",
+    "warmup_density": "warmup_density", "local_clip": "local_clip", "feedback": "feedback",
+    "payload_dtype": "dtype", "rows": "rows", "cols": "cols", "candidates": "candidates",
+    "exact": "exact", "allreduce": "allreduce", "table_dtype": "table_dtype", "guard": "guard",
+    "prefilter": "prefilter", "reuse": "reuse", "chunk": "chunk", "powersgd_rank": "rank",
+}
+#: TrainConfig fields (run settings, not options) that apply to some methods only.
+METHOD_SETTINGS: tuple[str, ...] = (
     "start_iter", "per_bucket", "overlap", "freeze_variance_after", "adam_variance",
     "adam_unseen", "outer_error_decay",
 )
+#: Every flag that applies to some methods only (None or False = not given).
+METHOD_FLAGS: tuple[str, ...] = tuple(OPTION_FLAGS) + METHOD_SETTINGS
 #: Method-specific TrainConfig fields that are neither options nor hook settings, and the
 #: methods that take them.
 _ONLY_FOR: dict[str, tuple[str, ...]] = {"overlap": STREAMING_METHODS}
@@ -68,27 +75,39 @@ _TRUE, _FALSE = ("true", "yes", "on", "1"), ("false", "no", "off", "0")
 
 
 def flag(name: str) -> str:
-    """The command-line flag of a TrainConfig field: ``local_momentum`` -> ``--local-momentum``."""
+    """The command-line flag of a TrainConfig field or named option flag:
+    ``local_momentum`` -> ``--local-momentum``."""
     return "--" + name.replace("_", "-")
+
+
+#: Option name -> the name of its named flag (``momentum`` -> ``local_momentum``).
+_FLAG_OF = {option: name for name, option in OPTION_FLAGS.items()}
+
+
+def flag_of(option: str) -> str:
+    """How a user names the option ``option``: its named flag (``momentum`` ->
+    ``--local-momentum``), else ``--opt NAME``."""
+    return flag(_FLAG_OF[option]) if option in _FLAG_OF else f"--opt {option}"
 
 
 # --------------------------------------------------------------------------- named settings
 
 
 def setting_applies_to(name: str) -> tuple[str, ...]:
-    """The registered methods a TrainConfig field applies to (every method for generic ones)."""
-    if name not in METHOD_SETTINGS:
+    """The registered methods a TrainConfig field or named option flag applies to (every
+    method for generic ones)."""
+    if name not in METHOD_FLAGS:
         return tuple(METHODS)
     if name in _ONLY_FOR:
         return tuple(m for m in _ONLY_FOR[name] if m in METHODS)
-    takers = set(applies_to(_APPLIES_LIKE.get(name) or OPTION_NAMES.get(name, name)))
+    takers = set(applies_to(_APPLIES_LIKE.get(name) or OPTION_FLAGS.get(name, name)))
     takers |= set(applies_to(name))  # a DDP built-in's train setting (its rank)
     return tuple(m for m in METHODS if m in takers)
 
 
 def option_applies_to(name: str) -> tuple[str, ...]:
     """The registered methods whose options take ``name`` (``--opt NAME=...``)."""
-    return tuple(m for m in METHODS if m in AGGREGATORS and name in option_types(m))
+    return tuple(m for m in METHODS if name in option_types(m))
 
 
 def _which(methods: list[str]) -> str:
@@ -96,7 +115,8 @@ def _which(methods: list[str]) -> str:
 
 
 def check_settings_apply(settings: Mapping[str, Any], methods: Iterable[str]) -> None:
-    """Refuse a method-specific setting (or ``--opt`` option) that none of ``methods`` takes.
+    """Refuse a method-specific setting, named option flag or ``--opt`` option (in
+    ``settings["options"]``) that none of ``methods`` takes.
 
     The one check behind ``gssgd train`` (one method) and ``gssgd compare`` (several): a
     setting a method would silently ignore is an error that names the flag and the fix.
@@ -105,7 +125,7 @@ def check_settings_apply(settings: Mapping[str, Any], methods: Iterable[str]) ->
         ValueError: such a setting.
     """
     methods = list(methods)
-    for name in METHOD_SETTINGS:
+    for name in METHOD_FLAGS:
         if settings.get(name) in (None, False):
             continue
         takers = setting_applies_to(name)
@@ -125,15 +145,16 @@ def check_settings_apply(settings: Mapping[str, Any], methods: Iterable[str]) ->
 
 
 def settings_for(method: str, settings: Mapping[str, Any]) -> dict[str, Any]:
-    """``settings`` (TrainConfig keyword arguments) without those ``method`` does not take
-    (``options`` too: only the options ``method`` has stay).
+    """``settings`` (:meth:`TrainConfig.build <gssgd.train.config.TrainConfig.build>`
+    keyword arguments: run settings, named option flags, ``options``) without those
+    ``method`` does not take (only the options ``method`` has stay).
 
     ``gssgd compare`` builds one config per method from the same flags this way.
     """
     out = {name: value for name, value in settings.items()
-           if name not in METHOD_SETTINGS or method in setting_applies_to(name)}
+           if name not in METHOD_FLAGS or method in setting_applies_to(name)}
     if out.get("options"):
-        takes = option_types(method) if method in AGGREGATORS else {}
+        takes = option_types(method)
         out["options"] = {k: v for k, v in out["options"].items() if k in takes} or None
     return out
 
@@ -188,8 +209,13 @@ def merge_opts(pairs: Iterable[tuple[str, str]] | None) -> dict[str, str] | None
 
 def option_types(method: str) -> dict[str, Any]:
     """Option name -> type of ``method``'s options (its options dataclass's fields, ``k``
-    and ``density`` for a sparse method, and the aliases), from the registry."""
-    cls = AGGREGATORS[method]
+    and ``density`` for a sparse method, and the aliases), from the registry. A DDP
+    built-in has the option flags among its train settings (``torch-powersgd``: ``rank``,
+    an integer)."""
+    spec = get_method(method)
+    if spec.aggregator is None:
+        return {OPTION_FLAGS[s]: int for s in spec.train_settings if s in OPTION_FLAGS}
+    cls = spec.aggregator
     fields = [f for f in dataclasses.fields(cls.Options) if f.name != "shapes"]
     try:
         hints = typing.get_type_hints(cls.Options)
@@ -198,9 +224,15 @@ def option_types(method: str) -> dict[str, Any]:
     found = {f.name: hints.get(f.name, f.type) for f in fields}
     if not cls.sends_all:
         found |= {"k": int, "density": float}
-    for alias, name in getattr(cls.Options, "aliases", {}).items():
+    for alias, name in _aliases(method).items():
         found[alias] = found.get(name, Any)
     return found
+
+
+def _aliases(method: str) -> dict[str, str]:
+    """Alias -> option name of ``method``'s options (``matrix_approximation_rank``)."""
+    cls = AGGREGATORS.get(method)
+    return dict(getattr(cls.Options, "aliases", {})) if cls is not None else {}
 
 
 def _members(hint: Any) -> tuple[Any, ...]:
@@ -258,6 +290,10 @@ def coerce_option(method: str, name: str, value: Any) -> Any:
     if name not in types_:
         raise _option_error(method, name, value, f"method {method!r} has no option {name!r}. "
                             "Use one of its options' names")
+    if isinstance(value, torch.dtype) and torch.dtype in _members(types_[name]):
+        for text, dtype in PAYLOAD_DTYPES.items():
+            if dtype == value:
+                return text  # kept by name: the config stays JSON
     if not isinstance(value, str):
         return value
     members = _members(types_[name])
@@ -269,35 +305,68 @@ def coerce_option(method: str, name: str, value: Any) -> Any:
                             f"for example --opt {name}={example}") from None
 
 
-def split_options(method: str, options: Mapping[str, Any] | None
-                  ) -> tuple[dict[str, Any], dict[str, Any]]:
-    """``options`` of ``method`` (``--opt``) checked and typed, as ``(named, rest)``:
-    ``named`` maps the TrainConfig fields that are sugar for an option (``rows``,
-    ``local_momentum`` for ``momentum``, ...) to their values; ``rest`` holds the others
-    by option name.
+def typed_options(method: str, options: Mapping[str, Any] | None) -> dict[str, Any]:
+    """``options`` of ``method`` checked and typed (:func:`coerce_option`), by the options'
+    own names (an alias becomes its option), in the order of :func:`option_types`; a None
+    value (the option's default) is left out.
 
     Raises:
-        ValueError: a method with no options (a DDP built-in), an unknown option, or a
-            value that is not of the option's type.
+        ValueError: a DDP built-in without that option, an unknown option, a value that is
+            not of the option's type, or an option given by two names with two values.
     """
-    if not options:
-        return {}, {}
-    if method not in AGGREGATORS:
-        name, value = next(iter(options.items()))
-        raise ValueError(f"--opt {name}={value} is invalid: method {method!r} is one of DDP's "
-                         "own hooks and has no options dataclass. Drop --opt; its settings "
-                         "are flags (gssgd train --help).")
-    fields = {OPTION_NAMES.get(f, f): f for f in OPTION_SETTINGS}
-    aliases = getattr(AGGREGATORS[method].Options, "aliases", {})
-    named, rest = {}, {}
-    for name, value in options.items():
-        typed = coerce_option(method, name, value)
-        field = fields.get(aliases.get(name, name))
-        if field is not None:
-            named[field] = typed
-        else:
-            rest[name] = typed
-    return named, rest
+    types_ = option_types(method)
+    aliases = _aliases(method)
+    found: dict[str, Any] = {}
+    for name, value in (options or {}).items():
+        if name not in types_ and get_method(method).aggregator is None:
+            raise ValueError(f"--opt {name}={value} is invalid: method {method!r} is one of "
+                             "DDP's own hooks and has no options dataclass. Drop --opt; its "
+                             "settings are flags (gssgd train --help).")
+        typed, option = coerce_option(method, name, value), aliases.get(name, name)
+        if typed is None:
+            continue
+        if found.get(option, typed) != typed:
+            raise ValueError(f"--opt {name}={value!r} and --opt {option}={found[option]!r} give "
+                             f"the option {option!r} of {method!r} two values; give it once.")
+        found[option] = typed
+    return {name: found[name] for name in types_ if name in found}
+
+
+def _check_flag(name: str, value: Any) -> None:
+    """The checks of a named flag's value that name the flag (the others are the options
+    dataclass's, through HookSettings)."""
+    if name in ("payload_dtype", "table_dtype") and not isinstance(value, torch.dtype) \
+            and value not in PAYLOAD_DTYPES:
+        raise bad_value(flag(name), value, f"it must be one of {', '.join(PAYLOAD_DTYPES)}")
+    if name == "powersgd_rank" and (not is_int(value) or value < 1):
+        raise bad_value(flag(name), value, "it must be an integer >= 1")
+
+
+def flags_to_options(method: str, flags: Mapping[str, Any],
+                     options: Mapping[str, Any] | None) -> dict[str, Any]:
+    """``options`` (``--opt``) with the named option flags given (``rows=3``,
+    ``local_momentum=0.9``; None, or False for a method the flag does not apply to: not
+    given) written in under their options' names (:data:`OPTION_FLAGS`).
+
+    Raises:
+        ValueError: a flag the method does not take (naming the flag), a bad option, or
+            one given both by its flag and by ``--opt`` with different values.
+    """
+    merged = typed_options(method, options)
+    given = {name: value for name, value in flags.items()
+             if value is not None and not (value is False
+                                           and method not in setting_applies_to(name))}
+    check_settings_apply(given, [method])
+    for name, value in given.items():
+        _check_flag(name, value)
+        option = OPTION_FLAGS[name]
+        if option in merged and merged[option] != coerce_option(method, option, value):
+            raise ValueError(
+                f"{flag(name)} {value!r} and --opt {option}={merged[option]!r} give the option "
+                f"{option!r} of {method!r} two values; give it once ({flag(name)} is --opt "
+                f"{option}).")
+        merged[option] = value
+    return merged
 
 
 def to_aggregator(method: str, options: Mapping[str, Any]) -> dict[str, Any]:

@@ -73,7 +73,7 @@ def prepare(cfg: TrainConfig) -> TrainConfig:
     if get_method(cfg.method).aggregator is not None:
         where = "the model" if not cfg.per_bucket else "the model (its largest bucket may be smaller)"
         cfg.hook_settings().check_k(d, where)
-        build_options(cfg.method, d, cfg.density, **cfg.aggregator_options())
+        build_options(cfg.method, d, cfg.option("density"), **cfg.aggregator_options())
     resume = _checkpoint_to_resume(cfg, model_name, workers, d)
     out = Path(cfg.out) if cfg.out else run_dir_of(resume) if resume else default_out(cfg)
     if int(os.environ.get("RANK", "0")) == 0:  # under torchrun, rank 0 alone touches --out

@@ -48,9 +48,10 @@ from gssgd.ddp import HookState, comm_hook
 from gssgd.ddp.recipe import pair_adamw
 from gssgd.optim import FrozenVarianceAdamW
 from gssgd.simulated import SimulatedWorld, gloo_ring_reduce
-from gssgd.train.config import TrainConfig, import_plugins
+from gssgd.train.config import TrainConfig
 from gssgd.train.data import load_dataset
 from gssgd.train.ddp_buckets import DDPBuckets, SimulatedBucket
+from gssgd.train.method_settings import import_plugins
 from gssgd.train.metrics import (
     STATUS_COLLAPSED,
     STATUS_COMPLETED,

@@ -99,7 +99,8 @@ def local_steps_for(cfg: TrainConfig, model: torch.nn.Module, group: Any = None,
     ``--outer-momentum``, ``--outer-error-decay``, the method and its options), on ``group``
     (a simulated rank, or None: the default group)."""
     assert cfg.local_steps and cfg.outer_lr is not None and cfg.outer_momentum is not None
-    return LocalSteps(model, cfg.method, local_steps=cfg.local_steps, density=cfg.density,
+    return LocalSteps(model, cfg.method, local_steps=cfg.local_steps,
+                      density=cfg.option("density"),
                       outer_lr=cfg.outer_lr, outer_momentum=cfg.outer_momentum,
                       error_decay=cfg.outer_error_decay or 1.0, group=group,
                       broadcast=broadcast, **cfg.aggregator_options())
@@ -150,7 +151,7 @@ class GradientSync:
         self.scaler = scaler
         self.shapes = [p.shape for p in ddp.module.parameters() if p.requires_grad]
         self.start_iter = cfg.resolved_start_iter
-        self.powersgd_rank = cfg.powersgd_rank or DEFAULT_POWERSGD_RANK
+        self.powersgd_rank = cfg.option("rank") or DEFAULT_POWERSGD_RANK
         self.hook_state: Any = None
         self.powersgd: powersgd.PowerSGDState | None = None
         self.local: LocalSteps | None = None

@@ -170,8 +170,8 @@ def run(spec: str, workers: int, steps: int, density: float, global_batch: int,
     busiest rank's bytes a step after the warm-up."""
     method, overrides = parse_method(spec)
     cfg = TrainConfig(method=method, dataset="shakespeare", model="lm", workers=workers,
-                      simulate=True, density=density, seed=seed, steps=steps,
-                      progress=False)
+                      simulate=True, seed=seed, steps=steps, progress=False,
+                      options={"density": density})
     cfg.batch_size = max(1, global_batch // workers)
     torch.manual_seed(seed)
     data = load_dataset(cfg.dataset)
@@ -207,7 +207,7 @@ def run(spec: str, workers: int, steps: int, density: float, global_batch: int,
             grads.append(torch.cat([g.reshape(-1) for g in parts_]))
         updates = world.run(lambda rank, g=grads: aggs[rank.rank].step(g[rank.rank]))
         probe.record(step, captured, grads, updates[0], aggs[0].step_k)  # type: ignore[arg-type]
-        if step >= (cfg.warmup_steps or 0):
+        if step >= (cfg.option("warmup_steps") or 0):
             busiest.append(max(max(a.last_stats.bytes_sent, a.last_stats.bytes_received)
                                for a in aggs))
         for p, piece in zip(params, updates[0].split([p.numel() for p in params]), strict=True):
@@ -217,7 +217,7 @@ def run(spec: str, workers: int, steps: int, density: float, global_batch: int,
         loss_value = statistics.mean(losses)
     return {"final_train_loss": loss_value, "d": d, "k": aggs[0].k, "options": overrides,
             "busiest_bytes_per_step": statistics.median(busiest) if busiest else None,
-            **probe.summary(skip=cfg.warmup_steps or 0)}
+            **probe.summary(skip=cfg.option("warmup_steps") or 0)}
 
 
 def markdown(results: dict[str, dict[str, Any]]) -> str:

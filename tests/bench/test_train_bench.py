@@ -131,7 +131,7 @@ def test_summaries_give_throughput_compute_and_gs_ratios():
 def test_train_argv_round_trips_through_the_train_parser():
     from gssgd.cli.train import add_parser as add_train_parser
     from gssgd.cli.train import settings_from_args
-    from gssgd.train.loop import TrainConfig
+    from gssgd.train.config import TrainConfig
 
     cfg = TrainBenchConfig(
         settings={
@@ -151,9 +151,9 @@ def test_train_argv_round_trips_through_the_train_parser():
         parser = argparse.ArgumentParser()
         add_train_parser(parser.add_subparsers())
         args = parser.parse_args(train_argv(tcfg))
-        assert TrainConfig(method=args.method, **settings_from_args(args)) == tcfg
-    assert cfg.configs["dense"].density is None  # method-specific settings stay with theirs
-    assert cfg.configs["gs"].rows == 3 and cfg.configs["gs"].exact is False
+        assert TrainConfig.build(method=args.method, **settings_from_args(args)) == tcfg
+    assert cfg.configs["dense"].option("density") is None  # method-specific settings stay with theirs
+    assert cfg.configs["gs"].option("rows") == 3 and cfg.configs["gs"].option("exact") is False
     assert "--link none" in cfg.command_line("out") and "--rows 3" in cfg.command_line("out")
 
 

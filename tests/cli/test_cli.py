@@ -176,8 +176,8 @@ def test_compare_writes_results_plots_and_a_table(
     table = capsys.readouterr().out
     assert "bytes/worker/step" in table and "dense" in table and "gs" in table
     # --rows went to gs only: its run used 3 rows, dense's config has none.
-    assert json.loads((out / "gs" / "config.json").read_text())["rows"] == 3
-    assert json.loads((out / "dense" / "config.json").read_text())["rows"] is None
+    assert json.loads((out / "gs" / "config.json").read_text())["options"]["rows"] == 3
+    assert "rows" not in json.loads((out / "dense" / "config.json").read_text())["options"]
 
 
 def test_compare_table_shows_each_method_against_dense_and_its_optimizer() -> None:

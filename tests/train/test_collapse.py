@@ -58,7 +58,7 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Path, dict
     trains them in turn, each from scratch as ``run_training`` would start it (starting
     the workers costs about as much as a run)."""
     root = tmp_path_factory.mktemp("collapse")
-    cfgs = [prepare(TrainConfig(out=str(root / name), **{**SETUP, **settings}))
+    cfgs = [prepare(TrainConfig.build(out=str(root / name), **{**SETUP, **settings}))
             for name, settings in RUNS.items()]  # fmt: skip
     summaries = launch(train_all, 2, (cfgs,), timeout_s=SETUP["timeout"])
     assert len(summaries) == len(RUNS) and all(s is not None for s in summaries)

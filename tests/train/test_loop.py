@@ -14,8 +14,8 @@ import torch
 
 from gssgd.comm import ring_allreduce_bytes
 from gssgd.optim import FrozenVarianceAdamW
+from gssgd.recipes import ADAMW_FREEZE_STEPS
 from gssgd.train.checkpoint import CHECKPOINT_DIR, CheckpointError, resolve_checkpoint
-from gssgd.train.config import ADAMW_FREEZE_STEPS
 from gssgd.train.launch import WorkerFailed, launch
 from gssgd.train.loop import (
     STATUS_COMPLETED,
@@ -23,8 +23,8 @@ from gssgd.train.loop import (
     TrainConfig,
     prepare,
     run_training,
-    settings_for,
 )
+from gssgd.train.method_settings import settings_for
 from gssgd.train.metrics import read_metrics
 from gssgd.train.objective import make_optimizer
 from gssgd.train.sync import builtin_hook_bytes
@@ -54,7 +54,7 @@ def first_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Path
         "nonfinite": dict(method="ddp-allreduce", steps=30, lr=1e6),
     }
     cfgs = [
-        prepare(TrainConfig(out=str(root / name), **s, **DIGITS)) for name, s in settings.items()
+        prepare(TrainConfig.build(out=str(root / name), **s, **DIGITS)) for name, s in settings.items()
     ]
     summaries = launch(train_all, 2, (cfgs,), timeout_s=DIGITS["timeout"])
     assert len(summaries) == len(settings) and all(s is not None for s in summaries)
@@ -103,12 +103,12 @@ def test_killed_and_resumed_run_ends_bitwise_equal_to_the_uninterrupted_one(
 ) -> None:
     uninterrupted, _ = gs_run
     out = tmp_path / "run"
-    cfg = TrainConfig(method="gs", steps=STEPS, checkpoint_every=8, out=str(out), **DIGITS)
+    cfg = TrainConfig.build(method="gs", steps=STEPS, checkpoint_every=8, out=str(out), **DIGITS)
     with pytest.raises(WorkerFailed, match=f"--resume {out}"):
-        run_training(TrainConfig(**{**cfg.__dict__, "fail_at": (1, 11)}))
+        run_training(TrainConfig.build(**{**cfg.__dict__, "fail_at": (1, 11)}))
     assert resolve_checkpoint(out).name == "step-00000008.pt"
 
-    summary = run_training(TrainConfig(**{**cfg.__dict__, "resume": str(out)}))
+    summary = run_training(TrainConfig.build(**{**cfg.__dict__, "resume": str(out)}))
     assert summary is not None and summary["status"] == STATUS_COMPLETED
     want, got = _model(uninterrupted), _model(out)
     assert all(torch.equal(want[k], got[k]) for k in want)
@@ -132,11 +132,11 @@ def test_powersgd_resume_is_bitwise_too(tmp_path: Path, method: str) -> None:
     full, part = tmp_path / "full", tmp_path / "part"
     base = dict(method=method, steps=steps, **{**DIGITS, "workers": 1, "eval_every": 0})
     # The whole run and the first half share one launch; the resume gets a fresh one.
-    first = [prepare(TrainConfig(out=str(full), **base)),
-             prepare(TrainConfig(out=str(part), **{**base, "steps": steps // 2}))]  # fmt: skip
+    first = [prepare(TrainConfig.build(out=str(full), **base)),
+             prepare(TrainConfig.build(out=str(part), **{**base, "steps": steps // 2}))]  # fmt: skip
     launch(train_all, 1, (first,), timeout_s=DIGITS["timeout"])
     assert resolve_checkpoint(part).name == "step-00000004.pt"
-    run_training(TrainConfig(out=str(part), resume=str(part), **base))
+    run_training(TrainConfig.build(out=str(part), resume=str(part), **base))
     want, got = _model(full), _model(part)
     assert all(torch.equal(want[k], got[k]) for k in want)
     saved = torch.load(resolve_checkpoint(part), weights_only=True)["ranks"][0]["sync"]
@@ -162,7 +162,7 @@ def test_resuming_another_run_is_refused_naming_what_differs(
     gs_run, tmp_path: Path, change: dict[str, Any], match: str
 ) -> None:
     out, _ = gs_run
-    cfg = TrainConfig(**{**DIGITS, "steps": 40, "resume": str(out), "out": str(tmp_path),
+    cfg = TrainConfig.build(**{**DIGITS, "steps": 40, "resume": str(out), "out": str(tmp_path),
                          "method": "gs", **change})
     with pytest.raises(ValueError, match=match):
         prepare(cfg)
@@ -174,7 +174,7 @@ def test_corrupt_checkpoint_is_a_clear_error_naming_the_file(gs_run, tmp_path: P
     shutil.copytree(out, copy)
     latest = resolve_checkpoint(copy)
     latest.write_bytes(latest.read_bytes()[:1000])
-    cfg = TrainConfig(method="gs", steps=40, resume=str(copy), **DIGITS)
+    cfg = TrainConfig.build(method="gs", steps=40, resume=str(copy), **DIGITS)
     with pytest.raises(CheckpointError, match="corrupt or truncated") as info:
         prepare(cfg)
     assert str(latest) in str(info.value) and "step-00000016.pt" in str(info.value)
@@ -183,7 +183,7 @@ def test_corrupt_checkpoint_is_a_clear_error_naming_the_file(gs_run, tmp_path: P
 def test_resuming_a_finished_run_says_to_raise_steps(gs_run) -> None:
     out, _ = gs_run
     with pytest.raises(ValueError, match="nothing to train.*--steps 40"):
-        prepare(TrainConfig(method="gs", steps=STEPS, resume=str(out), **DIGITS))
+        prepare(TrainConfig.build(method="gs", steps=STEPS, resume=str(out), **DIGITS))
 
 
 def test_a_fresh_run_does_not_write_over_an_earlier_one(gs_run, tmp_path: Path) -> None:
@@ -191,8 +191,8 @@ def test_a_fresh_run_does_not_write_over_an_earlier_one(gs_run, tmp_path: Path) 
     copy = tmp_path / "copy"
     shutil.copytree(out, copy)
     with pytest.raises(ValueError, match="already holds a run.*--resume.*--overwrite"):
-        prepare(TrainConfig(method="gs", steps=5, out=str(copy), **DIGITS))
-    prepare(TrainConfig(method="gs", steps=5, out=str(copy), overwrite=True, **DIGITS))
+        prepare(TrainConfig.build(method="gs", steps=5, out=str(copy), **DIGITS))
+    prepare(TrainConfig.build(method="gs", steps=5, out=str(copy), overwrite=True, **DIGITS))
     assert not (copy / "metrics.jsonl").exists()
     assert not list((copy / CHECKPOINT_DIR).glob("step-*.pt"))
 
@@ -270,7 +270,7 @@ def test_bad_settings_name_the_flag_the_range_and_the_fix(
     settings: dict[str, Any], match: str
 ) -> None:
     with pytest.raises(ValueError, match=match):
-        TrainConfig(**settings)
+        TrainConfig.build(**settings)
 
 
 @pytest.mark.parametrize(
@@ -304,17 +304,18 @@ def test_bad_settings_name_the_flag_the_range_and_the_fix(
 def test_the_default_recipe_follows_the_model_family_and_the_optimizer(
     settings: dict[str, Any], lr: float, momentum: float, local: float | None
 ) -> None:
-    cfg = TrainConfig(**settings)
+    cfg = TrainConfig.build(**settings)
     for checked in (cfg, dataclasses.replace(cfg)):  # checked again on the workers
-        assert (checked.lr, checked.momentum, checked.local_momentum) == (lr, momentum, local)
+        assert (checked.lr, checked.momentum, checked.option("momentum")) == (lr, momentum,
+                                                                          local)
 
 
 def test_freezing_the_variance_sets_1bit_adams_recipe() -> None:
     """N dense AdamW steps, then the momentum (beta1) compressed: the hook's start, its
     feedback and its momentum follow from the one flag, and the optimizer freezes at N."""
-    cfg = TrainConfig(method="gs", dataset="shakespeare", optimizer="adamw",
+    cfg = TrainConfig.build(method="gs", dataset="shakespeare", optimizer="adamw",
                       betas=(0.8, 0.99), freeze_variance_after=50)
-    assert (cfg.start_iter, cfg.feedback, cfg.local_momentum) == (50, "onebit", 0.8)
+    assert (cfg.start_iter, cfg.option("feedback"), cfg.option("momentum")) == (50, "onebit", 0.8)
     assert cfg.aggregator_options()["feedback"] == "onebit"
     opt = make_optimizer(torch.nn.Linear(2, 2), cfg)
     assert isinstance(opt, FrozenVarianceAdamW) and opt.defaults["freeze_step"] == 50
@@ -338,10 +339,10 @@ def test_freezing_the_variance_sets_1bit_adams_recipe() -> None:
 def test_a_sparse_method_under_adamw_freezes_the_variance_by_default(
     settings: dict[str, Any], freeze: int | None
 ) -> None:
-    cfg = TrainConfig(**settings)
+    cfg = TrainConfig.build(**settings)
     for checked in (cfg, dataclasses.replace(cfg)):  # a config is checked again on workers
         assert checked.freeze_variance_after == freeze
-        assert (checked.feedback == "onebit") == bool(freeze)
+        assert (checked.option("feedback") == "onebit") == bool(freeze)
         assert isinstance(make_optimizer(torch.nn.Linear(2, 2), checked),
                           FrozenVarianceAdamW) == bool(freeze)
 
@@ -355,7 +356,7 @@ def test_a_run_shorter_than_the_default_warm_up_lowers_it_and_says_so(
     with pytest.warns(UserWarning, match=rf"--steps {steps} is not longer than AdamW's "
                       rf"default dense warm-up of {ADAMW_FREEZE_STEPS} steps.*"
                       rf"--freeze-variance-after {freeze}"):
-        cfg = TrainConfig(method="gs", optimizer="adamw", steps=steps)
+        cfg = TrainConfig.build(method="gs", optimizer="adamw", steps=steps)
     assert cfg.freeze_variance_after == freeze and (cfg.start_iter == freeze or not freeze)
     with warnings.catch_warnings(record=True) as seen:
         warnings.simplefilter("always")
@@ -377,19 +378,19 @@ def test_a_run_shorter_than_the_default_warm_up_lowers_it_and_says_so(
 def test_1bit_adams_variance_is_frozen_unless_given(
     settings: dict[str, Any], variance: str
 ) -> None:
-    cfg = TrainConfig(method="gs", optimizer="adamw", **settings)
+    cfg = TrainConfig.build(method="gs", optimizer="adamw", **settings)
     for checked in (cfg, dataclasses.replace(cfg)):  # a config is checked again on workers
         assert checked.adam_variance == variance
         opt = make_optimizer(torch.nn.Linear(2, 2), checked)
         assert isinstance(opt, FrozenVarianceAdamW) and opt.defaults["variance"] == variance
-    off = TrainConfig(method="gs", optimizer="adamw", freeze_variance_after=0, **{
+    off = TrainConfig.build(method="gs", optimizer="adamw", freeze_variance_after=0, **{
         key: value for key, value in settings.items() if key != "adam_variance"})
     assert off.adam_variance is None  # no 1-bit Adam's recipe: no variance to choose
 
 
 def test_density_too_small_for_k_is_caught_before_any_worker_starts(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="k"):
-        prepare(TrainConfig(method="topk", k=10**9, out=str(tmp_path), **DIGITS))
+        prepare(TrainConfig.build(method="topk", k=10**9, out=str(tmp_path), **DIGITS))
 
 
 def test_settings_for_drops_what_a_method_does_not_take() -> None:
@@ -439,17 +440,17 @@ def test_builtin_hooks_are_counted_with_the_ring_figure() -> None:
 )
 def test_bad_local_step_settings_are_clear_errors(settings: dict[str, Any], match: str) -> None:
     with pytest.raises(ValueError, match=match):
-        TrainConfig(**{**DIGITS, "method": "gs", **settings})
+        TrainConfig.build(**{**DIGITS, "method": "gs", **settings})
 
 
 def test_local_steps_take_denses_inner_recipe_and_no_warm_up() -> None:
     """The inner optimizer trains alone, as dense does (momentum SGD at dense's lr, not the
     sparse methods' plain SGD at 0.2); the outer step has DiLoCo's defaults, and the density
     warm-up (counted in aggregation steps) is off."""
-    cfg = TrainConfig(**{**DIGITS, "method": "gs", "local_steps": 10})
-    dense = TrainConfig(**{**DIGITS, "method": "dense"})
+    cfg = TrainConfig.build(**{**DIGITS, "method": "gs", "local_steps": 10})
+    dense = TrainConfig.build(**{**DIGITS, "method": "dense"})
     assert (cfg.lr, cfg.momentum) == (dense.lr, dense.momentum)
-    assert (cfg.outer_lr, cfg.outer_momentum, cfg.warmup_steps) == (0.7, 0.9, None)
+    assert (cfg.outer_lr, cfg.outer_momentum, cfg.option("warmup_steps")) == (0.7, 0.9, None)
     assert cfg.outer_error_decay is None  # classic error feedback unless told
-    adamw = TrainConfig(**{**DIGITS, "method": "gs", "local_steps": 10, "optimizer": "adamw"})
+    adamw = TrainConfig.build(**{**DIGITS, "method": "gs", "local_steps": 10, "optimizer": "adamw"})
     assert not adamw.freeze_variance_after  # plain AdamW inside, no 1-bit Adam schedule

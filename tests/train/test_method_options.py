@@ -1,7 +1,8 @@
-"""The method's own options in a training run: ``--opt NAME=VALUE`` passes any option of the
-chosen method (a plugin's new one too) to every rank's aggregator, the named flags stay
-sugar for the same options, and a bad ``--opt`` is refused with the option, the value, the
-valid options and the fix."""
+"""The method's own options in a training run: the config holds them in one place
+(``options``, by the options dataclass's field names); ``--opt NAME=VALUE`` passes any option
+of the chosen method (a plugin's new one too) to every rank's aggregator, the named flags
+write the same options, saved configs of earlier versions load, and a bad ``--opt`` is
+refused with the option, the value, the valid options and the fix."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import torch
 
 from gssgd.cli.main import build_parser, main
 from gssgd.cli.train import settings_from_args
@@ -24,7 +26,7 @@ from gssgd.train.method_settings import (
     merge_opts,
     parse_opt,
     settings_for,
-    split_options,
+    typed_options,
 )
 
 PLUGIN = "tests.train.toy_levels"
@@ -76,14 +78,14 @@ def test_a_plugin_option_reaches_compare_and_the_simulated_world(toy: Path,
                  "--out", str(out)])
     assert code == 0
     assert set(_recorded(toy)) == {32}
-    assert json.loads((out / "dense" / "config.json").read_text())["options"] is None
+    assert json.loads((out / "dense" / "config.json").read_text())["options"] == {}
     assert json.loads((out / "toylevels" / "config.json").read_text())["options"] == {
         "levels": 32}
 
 
 def test_a_builtin_option_without_a_flag_reaches_the_aggregator() -> None:
     cfg = TrainConfig(method="gs", dataset="digits", options={"nonfinite": "skip"})
-    assert cfg.options == {"nonfinite": "skip"}
+    assert cfg.options == {"nonfinite": "skip", "warmup_steps": 100}  # and the recipe's
     assert cfg.aggregator_options()["nonfinite"] == "skip"
     assert cfg.hook_settings().options["nonfinite"] == "skip"
 
@@ -119,21 +121,50 @@ def test_a_named_flag_is_the_same_option_as_opt(method: str, flags: list[str],
                                                 opts: list[str]) -> None:
     parser = build_parser()
     configs = [
-        TrainConfig(method=method, **settings_from_args(
+        TrainConfig.build(method, **settings_from_args(
             parser.parse_args(["train", "--method", method, "--dataset", "digits", *argv])))
         for argv in (flags, _opts(*opts), flags + _opts(*opts))  # both ways, agreeing: fine
     ]
     assert configs[0] == configs[1] == configs[2]
-    assert configs[0].options is None  # the option sits on its named field, as the flag's
     assert configs[0].aggregator_options() == configs[1].aggregator_options()
+    name = opts[0].split("=")[0]
+    assert configs[0].option({"matrix_approximation_rank": "rank"}.get(name, name)) is not None
 
 
-def test_named_flags_keep_their_fields_and_saved_configs_load() -> None:
-    cfg = TrainConfig(method="gs", dataset="digits", rows=3, cols=600, exact=False)
-    assert (cfg.rows, cfg.cols, cfg.exact, cfg.options) == (3, 600, False, None)
+def test_the_options_sit_in_one_mapping_and_named_flags_write_it() -> None:
+    cfg = TrainConfig.build(method="gs", dataset="digits", rows=3, cols=600, exact=False)
+    assert cfg == TrainConfig(method="gs", dataset="digits",
+                              options={"rows": "3", "cols": 600, "exact": False})
+    assert (cfg.option("rows"), cfg.option("cols"), cfg.option("exact")) == (3, 600, False)
+    assert not {"rows", "density", "local_momentum"} & {f.name for f in dataclasses.fields(cfg)}
+    fields = dataclasses.fields(TrainConfig)
+    assert fields[-1].name == "options" and fields[-1].kw_only  # by keyword, last in config.json
+    assert list(dataclasses.asdict(cfg))[-1] == "options"
+    # the named flags' options under the options' own names
+    topk = TrainConfig.build(method="topk", local_momentum=0.9, k=7)
+    assert (topk.option("momentum"), topk.option("k")) == (0.9, 7)
+    assert TrainConfig.build(method="powersgd", powersgd_rank=4).option("rank") == 4
+    assert TrainConfig.build(method="torch-powersgd", powersgd_rank=4).option("rank") == 4
+
+
+def test_a_typed_dtype_is_kept_by_name() -> None:
+    typed = TrainConfig(method="dense", options={"dtype": torch.float16})
+    assert typed.options == {"dtype": "float16"}
+    assert typed == TrainConfig.build(method="dense", payload_dtype="float16")
+    assert typed.aggregator_options()["dtype"] is torch.float16
+    assert json.loads(json.dumps(dataclasses.asdict(typed)))["options"] == {"dtype": "float16"}
+
+
+def test_saved_configs_load_old_and_new() -> None:
+    cfg = TrainConfig.build(method="gs", dataset="digits", rows=3, cols=600, exact=False)
     saved = json.loads(json.dumps({**dataclasses.asdict(cfg), "world_size": 2, "d": 100}))
-    saved.pop("options")  # a config.json written before options existed
     assert TrainConfig.from_saved(saved) == cfg
+    # a config.json of an earlier version: the options as fields of their own
+    old = {k: v for k, v in saved.items() if k != "options"}
+    old |= {"rows": 3, "cols": 600, "exact": False, "warmup_steps": 100, "density": None,
+            "local_momentum": None, "powersgd_rank": None}
+    assert TrainConfig.from_saved(old) == cfg
+    assert TrainConfig.from_saved({**old, "options": None}) == cfg
 
 
 # --------------------------------------------------------------------------- refusals
@@ -186,8 +217,10 @@ def test_values_are_read_as_the_option_field_type() -> None:
     assert coerce_option("topk", "local_clip", "1e-3") == 1e-3
     assert coerce_option("gs", "guard", "raise") == "raise"
     assert coerce_option("gs", "rows", 5) == 5  # typed values are kept for the dataclass
-    assert split_options("dense", {"dtype": "bfloat16", "nonfinite": "skip"}) == (
-        {"payload_dtype": "bfloat16"}, {"nonfinite": "skip"})
+    assert typed_options("dense", {"dtype": "bfloat16", "nonfinite": "skip"}) == {
+        "nonfinite": "skip", "dtype": "bfloat16"}
+    assert typed_options("powersgd", {"matrix_approximation_rank": "3"}) == {"rank": 3}
+    assert typed_options("gs", {"cols": None, "rows": "3"}) == {"rows": 3}  # None: default
     assert merge_opts([("rows", "3"), ("rows", "3")]) == {"rows": "3"}
     assert merge_opts([]) is None
 

@@ -71,7 +71,7 @@ def _cases() -> list:
             if method not in ONLY_FOR.get(variant, (method,)):
                 continue
             try:
-                TrainConfig(method=method, steps=STEPS, **BASE, **settings)
+                TrainConfig.build(method=method, steps=STEPS, **BASE, **settings)
             except ValueError as err:  # e.g. local momentum for a method without residuals,
                 # or a feedback mode PowerSGD lacks (it has classic and 1-bit Adam's)
                 if "does not apply" not in str(err) and "PowerSGD takes" not in str(err):
@@ -139,12 +139,12 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[tuple[str, str], dict
     first = []
     for (method, variant), d in dirs.items():
         settings = {"method": method, **BASE, **MOMENTUM[variant]}
-        first.append(prepare(TrainConfig(steps=STEPS, out=str(d["full"]), **settings)))
-        first.append(prepare(TrainConfig(steps=STEPS // 2, out=str(d["part"]), **settings)))
+        first.append(prepare(TrainConfig.build(steps=STEPS, out=str(d["full"]), **settings)))
+        first.append(prepare(TrainConfig.build(steps=STEPS // 2, out=str(d["part"]), **settings)))
     launch(train_all, 2, (first,), timeout_s=BASE["timeout"])
     second = [
         prepare(
-            TrainConfig(method=method, steps=STEPS, out=str(d["part"]), resume=str(d["part"]),
+            TrainConfig.build(method=method, steps=STEPS, out=str(d["part"]), resume=str(d["part"]),
                         **BASE, **MOMENTUM[variant])  # fmt: skip
         )
         for (method, variant), d in dirs.items()

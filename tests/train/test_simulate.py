@@ -66,7 +66,7 @@ def _assert_simulated_is_real(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, m
     runs = {}
     for sim in (False, True):
         out = tmp_path / f"{method}-{sim}"
-        cfg = TrainConfig(method=method, workers=workers, steps=8, simulate=sim, out=str(out),
+        cfg = TrainConfig.build(method=method, workers=workers, steps=8, simulate=sim, out=str(out),
                           **{**DIGITS, "density": None if method in ("dense", "powersgd") else 0.01,
                              **settings})
         summary = run_training(cfg)
@@ -92,7 +92,7 @@ def test_256_simulated_workers_train_the_mnist_cnn_with_exact_bytes(tmp_path: Pa
     """P = 256 on the MNIST CNN (global batch 256: one sample per worker): gs, in its
     many-workers shape (ring all-reduce, float16 tables), sends what the traffic formula
     says, on every rank alike."""
-    cfg = TrainConfig(method="gs", dataset="mnist", workers=256, global_batch=256, steps=3,
+    cfg = TrainConfig.build(method="gs", dataset="mnist", workers=256, global_batch=256, steps=3,
                       start_iter=1, warmup_steps=0, density=0.001, simulate=True,
                       eval_every=0, progress=False, out=str(tmp_path / "p256"))
     summary = run_training(cfg)
@@ -110,7 +110,7 @@ def test_simulated_powersgd_sends_its_formula_for_the_models_own_layers(tmp_path
     """``gssgd train --method powersgd --simulate`` on 16 workers: every rank's bytes of a
     compressed step are PowerSGD's traffic formula for the model's parameter shapes (the
     hook passes them), not for the bare vector's default layout."""
-    cfg = TrainConfig(method="powersgd", workers=16, steps=3, start_iter=1, simulate=True,
+    cfg = TrainConfig.build(method="powersgd", workers=16, steps=3, start_iter=1, simulate=True,
                       powersgd_rank=2, out=str(tmp_path / "p16"),
                       **{**DIGITS, "density": None, "eval_every": 0})
     summary = run_training(cfg)
@@ -127,12 +127,12 @@ def test_simulated_powersgd_sends_its_formula_for_the_models_own_layers(tmp_path
 
 
 def test_the_global_batch_is_split_over_the_workers(tmp_path: Path) -> None:
-    cfg = prepare(TrainConfig(method="topk", workers=8, global_batch=64, simulate=True,
+    cfg = prepare(TrainConfig.build(method="topk", workers=8, global_batch=64, simulate=True,
                               out=str(tmp_path / "a"), **DIGITS))
     assert cfg.batch_size == 8
     with pytest.raises(ValueError, match=r"--global-batch 60 does not split evenly over "
                        r"--workers 8: it must be a multiple of the workers, e.g. 56 or 64"):
-        prepare(TrainConfig(method="topk", workers=8, global_batch=60, out=str(tmp_path / "b"),
+        prepare(TrainConfig.build(method="topk", workers=8, global_batch=60, out=str(tmp_path / "b"),
                             **DIGITS))
 
 
@@ -147,7 +147,7 @@ def test_the_global_batch_is_split_over_the_workers(tmp_path: Path) -> None:
 def test_simulate_refuses_what_it_cannot_simulate(settings: dict, message: str) -> None:
     base = {**DIGITS, "method": "gs", "workers": 4, "simulate": True, **settings}
     with pytest.raises(ValueError, match=message):
-        TrainConfig(**base)
+        TrainConfig.build(**base)
 
 
 def test_compare_simulates_many_workers_and_dense_alone_needs_no_density(
@@ -171,7 +171,7 @@ def test_the_guard_catches_a_collapse_in_the_many_workers_shape(tmp_path: Path) 
     """16 simulated workers take gs's many-workers shape (pre-filter, float16 tables, ring
     all-reduce); a far too small table in it (52 columns, m = 1 at k = 172) is found by the
     guard's audit, which stops every rank together (guard="raise") instead of training on."""
-    cfg = TrainConfig(method="gs", dataset="digits", model="mlp", workers=16, global_batch=64,
+    cfg = TrainConfig.build(method="gs", dataset="digits", model="mlp", workers=16, global_batch=64,
                       density=0.01, cols=52, candidates=1, guard="raise", lr=0.2, momentum=0.0,
                       warmup_steps=0, steps=60, eval_every=0, progress=False, simulate=True,
                       out=str(tmp_path / "collapse"))
