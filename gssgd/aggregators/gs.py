@@ -48,9 +48,17 @@ import torch
 
 from gssgd._select import topk_indices
 from gssgd._validate import bad_value, is_int
+from gssgd.aggregators.base import index_dtype
 from gssgd.aggregators.chunked import grouped_topk_indices, shares
 from gssgd.aggregators.feedback import FetchSGDFeedback
-from gssgd.aggregators.guard import CollapseGuard, SketchCollapseError, audit_interval
+from gssgd.aggregators.guard import (
+    AUDITS,
+    CollapseGuard,
+    SketchCollapseError,
+    audit_interval,
+    audit_pool,
+    audit_traffic,
+)
 from gssgd.aggregators.sketching import SketchedOptions, SketchingAggregator
 from gssgd.comm import Traffic, recursive_doubling, ring_allreduce
 
@@ -72,13 +80,21 @@ class GSOptions(SketchedOptions):
         allreduce: how the sketch tables are summed: "recursive_doubling" or "backend";
             None: by the number of workers (:func:`~gssgd.aggregators.sizing.sketch_default_shape`).
         guard: what to do when an audit finds the sketch collapsed (see
-            :mod:`gssgd.aggregators.guard`; audits cost one dense all-reduce at step 20,
-            then spaced to add at most 5 % of gs's bytes, every 200 steps or more): "grow"
+            :mod:`gssgd.aggregators.guard`; audits come at step 20, then spaced to add at
+            most 5 % of gs's bytes, every 200 steps or more): "grow"
             doubles ``cols`` and the ``m*k`` candidates (every
             rank alike, at most twice, up to ``d / (2 * rows)`` columns and ``d / 8``
             candidates) and raises :class:`~gssgd.aggregators.guard.SketchCollapseError` on
             a further collapse; "raise" raises it at once, with a message saying what to
             change; "off" never audits.
+        audit: how an audit finds the mass exact global top-k would deliver
+            (:mod:`gssgd.aggregators.guard`): "tops" (default) fetches the exact global
+            values of the union of every rank's largest coordinates, a pool of about
+            :data:`~gssgd.aggregators.guard.AUDIT_POOL` times k (a few per cent of a dense
+            all-reduce at low density; it estimates the best mass from below, so the
+            recall from above); "dense" all-reduces the whole vector (exact, the cost of a
+            dense step); "both" runs the two, decides on the dense one and logs both
+            recalls (to compare them).
         reuse: R >= 1: sketch only every R-th step after any density warm-up; the R - 1
             steps between skip the table all-reduce and fetch the exact sums at the last
             sketched step's ``m*k`` candidates (the same on every rank, so still no
@@ -104,6 +120,7 @@ class GSOptions(SketchedOptions):
     exact: bool = True
     allreduce: str | None = None
     guard: str = "grow"
+    audit: str = "tops"
     reuse: int = 1
     chunk: int = 0
     shape_fields: ClassVar[tuple[str, ...]] = SketchedOptions.shape_fields + ("allreduce",)
@@ -134,6 +151,9 @@ class GSOptions(SketchedOptions):
                 "it must be 'recursive_doubling' or 'backend'",
                 "Use 'backend' for a bandwidth-optimal ring at large P.",
             )
+        if self.audit not in AUDITS:
+            raise bad_value("audit", self.audit, f"it must be one of {', '.join(AUDITS)}",
+                            "Use 'tops' (a few per cent of a dense all-reduce) or 'dense'.")
         if self.guard not in ("grow", "raise", "off"):
             raise bad_value("guard", self.guard, "it must be 'grow', 'raise' or 'off'",
                             "Use 'grow'.")
@@ -214,6 +234,8 @@ class GlobalSketchSGD(SketchingAggregator):
         self.guard = CollapseGuard()
         self.grows = 0
         self._audit_recall: float | None = None  # this step's audit (last_stats reports it)
+        #: the last audit's recall by audit kind ("dense", "tops"; both with audit="both")
+        self.audit_recalls: dict[str, float] = {}
         super().__init__(*args, **kwargs)
 
     def _build_sketch(self, cols: int) -> None:
@@ -222,7 +244,7 @@ class GlobalSketchSGD(SketchingAggregator):
         super()._build_sketch(cols)
         self.kept_candidates: torch.Tensor | None = None
         step = self._message(self.options, cols, self.num_candidates, self.world_size)
-        audit = ring_allreduce(self.d * 4, self.world_size)
+        audit = audit_traffic(self.options.audit, self.d, self.k, self.world_size)
         self.guard.audit_every = audit_interval(max(audit.sent), max(step.sent))
 
     @property
@@ -365,8 +387,9 @@ class GlobalSketchSGD(SketchingAggregator):
         # the guard audits and counts sketching steps only: a collapse is the sketch's
         sketching = candidates is None
         audit = self.options.guard != "off" and sketching and self.guard.due() and k == self.k
-        if audit:  # the exact global vector, before the residual update zeroes ``accumulated``
-            exact_global = self.comm.allreduce_backend(accumulated.clone())
+        # the exact global values to audit against, before the residual update zeroes
+        # ``accumulated``: by audit, (coordinates or None for all d, values)
+        pools = self._audit_pools(accumulated, k) if audit else {}
 
         if self.options.exact:
             if candidates is None:
@@ -390,14 +413,59 @@ class GlobalSketchSGD(SketchingAggregator):
             total = summed.l2_estimate() ** 2 if summed is not None else None
             delivered = None if total is None else mass / total if total > 0 else 1.0
         if audit:
-            best = exact_global[self._largest(exact_global.abs(), None, k)]
-            best_mass = float(best.double().pow(2).sum())
-            self._audit_recall = mass / best_mass if best_mass > 0 else 1.0
-            if self.guard.collapsed(self._audit_recall):
-                self._on_collapse(self._audit_recall)
+            self._judge_audit(pools, mass, k)
         if k == self.k and sketching:  # steady steps only (a warm-up step sends more)
             self.guard.advance()
         return update, delivered
+
+    def _audit_pools(self, accumulated: torch.Tensor, k: int
+                     ) -> dict[str, tuple[torch.Tensor | None, torch.Tensor]]:
+        """The exact global values an audit compares the delivery with, by audit kind:
+        "dense", the whole vector all-reduced (coordinates None); "tops", every rank's
+        :func:`~gssgd.aggregators.guard.audit_pool` largest coordinates all-gathered, and
+        the exact sums at their union (sorted, the same on every rank) all-reduced."""
+        kinds = ("dense", "tops") if self.options.audit == "both" else (self.options.audit,)
+        pools: dict[str, tuple[torch.Tensor | None, torch.Tensor]] = {}
+        if "dense" in kinds:
+            pools["dense"] = (None, self.comm.allreduce_backend(accumulated.clone()))
+        if "tops" in kinds:
+            # with ``chunk``, each chunk's share of the pool, as the selection takes them
+            own = self._largest(accumulated.abs(), None, audit_pool(self.d, k, self.world_size))
+            everyone = self.comm.allgather_backend(own.to(index_dtype(self.d)))
+            coords = torch.unique(torch.cat(everyone).to(torch.int64))  # sorted
+            pools["tops"] = (coords, self.comm.allreduce_backend(accumulated[coords].clone()))
+        return pools
+
+    def _best_of(self, values: torch.Tensor, coords: torch.Tensor | None, k: int
+                 ) -> torch.Tensor:
+        """Positions of the k largest ``|values|`` (of the coordinates ``coords``; None: all
+        d), chosen as the selection chooses: with ``chunk``, each chunk its share of k by
+        its length (a chunk the pool holds fewer of gives what it holds)."""
+        chunk = self.options.chunk
+        if not chunk:
+            return topk_indices(values.abs(), min(k, values.numel()))
+        if coords is None:
+            coords = torch.arange(self.d, device=values.device)
+        lengths = torch.bincount(torch.arange(self.d) // chunk).to(values.device)
+        return grouped_topk_indices(values.abs(), coords.to(torch.int64) // chunk,
+                                    shares(k, lengths))
+
+    def _judge_audit(self, pools: dict[str, tuple[torch.Tensor | None, torch.Tensor]],
+                     mass: float, k: int) -> None:
+        """The recall of the delivered ``mass`` against the best k of each pool (the dense
+        one decides when there is one); grow or stop on a collapse."""
+        recalls = {}
+        for kind, (coords, values) in pools.items():
+            best = values[self._best_of(values, coords, k)]
+            best_mass = float(best.double().pow(2).sum())
+            recalls[kind] = min(1.0, mass / best_mass) if best_mass > 0 else 1.0
+        self.audit_recalls = recalls
+        if len(recalls) > 1 and self.rank == 0:
+            log.info("gs audit at aggregation step %d: %s", self.steps, ", ".join(
+                f"{kind} recall {value:.4f}" for kind, value in recalls.items()))
+        self._audit_recall = recalls.get("dense", recalls.get("tops"))
+        if self.guard.collapsed(self._audit_recall):
+            self._on_collapse(self._audit_recall)
 
     def _audit_of_step(self) -> float | None:
         recall, self._audit_recall = self._audit_recall, None

@@ -6,19 +6,18 @@ gradients are not starved while the residuals build up. Here, for aggregation st
 ``t < steps``::
 
     k0  = max(k, round(start_density * d))            # the starting count
-    k_t = k0 * (k / k0) ** (t / steps)                # exponential from k0 down to k
-    k_t is rounded up to k * 2^j (and capped at k0)   # few distinct shapes
+    k_t = round(k0 * (k / k0) ** (t / steps))         # exponential from k0 down to k
 
-and ``k_t = k`` from step ``steps`` on. Rounding to powers of two of the target keeps the
-number of distinct k (and so of sketch shapes, hash tables and buffers) at about
-``log2(k0 / k) + 1``; every rank computes the same k from the same integers and floats.
+and ``k_t = k`` from step ``steps`` on: each step sends what the exponential says, so the
+warm-up's bytes follow it (a sketching method's warm-up sketch grows with ``k_t / k`` too:
+:meth:`~gssgd.aggregators.sketching.SketchedOptions.warmup_shape`). Every rank computes the
+same k from the same integers and floats.
 
 Bytes sent during the warm-up are counted like any others (they are simply larger).
 """
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 __all__ = ["DensityWarmup"]
@@ -37,7 +36,7 @@ class DensityWarmup:
     Example:
         >>> w = DensityWarmup(d=100_000, k=100, steps=4, start_density=0.25)
         >>> [w.k_at(t) for t in range(6)]
-        [25000, 6400, 1600, 400, 100, 100]
+        [25000, 6287, 1581, 398, 100, 100]
     """
 
     d: int
@@ -55,9 +54,7 @@ class DensityWarmup:
         if step >= self.steps or self.start_k == self.k:
             return self.k
         k0 = self.start_k
-        exact = k0 * (self.k / k0) ** (step / self.steps)
-        doublings = max(0, math.ceil(math.log2(exact / self.k) - 1e-9))
-        return min(k0, self.k << doublings)
+        return max(self.k, min(k0, round(k0 * (self.k / k0) ** (step / self.steps))))
 
     def distinct_k(self) -> list[int]:
         """Every count the schedule uses, largest first."""

@@ -85,15 +85,17 @@ class SketchedOptions(TopkOptions):
             return hash_cache_bytes(d, self.rows) <= HASH_CACHE_LIMIT
         return self.hash_cache
 
-    def make_sketch(self, d: int, hashes: HashCache, cols: int | None = None) -> CountSketch:
+    def make_sketch(self, d: int, hashes: HashCache, cols: int | None = None,
+                    cache: bool = True) -> CountSketch:
         """The Count Sketch these options describe, for vectors of length ``d``, keeping its
-        hash tables in ``hashes`` when :meth:`use_hash_cache` says so."""
+        hash tables in ``hashes`` when :meth:`use_hash_cache` says so (and ``cache``: a
+        sketch of one step, such as a density warm-up's, hashes as it goes instead)."""
         return CountSketch(
             d,
             rows=self.rows,
             cols=self.cols if cols is None else cols,
             seed=self.seed,
-            cache_hashes=hashes if self.use_hash_cache(d) else False,
+            cache_hashes=hashes if cache and self.use_hash_cache(d) else False,
         )
 
     def resolved(self, d: int, k: int, world_size: int | None = None) -> SketchedOptions:
@@ -125,14 +127,14 @@ class SketchedOptions(TopkOptions):
     ) -> tuple[int, int]:
         """Columns and candidates for a density warm-up step that sends ``step_k > k``.
 
-        Both grow with ``step_k / k`` from the steady ``cols`` and ``candidates``, within the
-        sizing rule's caps (``d / (4 * rows)`` columns, at least 256; ``d / 8`` candidates,
-        at least ``step_k``), so a warm-up step recovers its larger k as well as a steady
-        step recovers k.
+        Both grow in proportion to ``step_k / k`` from the steady ``cols`` and
+        ``candidates`` (rounded up), within the sizing rule's caps (``d / (4 * rows)``
+        columns, at least 256; ``d / 8`` candidates, at least ``step_k``), so a warm-up step
+        recovers its larger k as well as a steady step recovers k, and its bytes follow the
+        schedule.
         """
-        scale = step_k // k
-        cols_t = max(cols, min(cols * scale, max(256, d // (4 * self.rows))))
-        cands_t = min(d, max(step_k, min(candidates * scale, d // 8)))
+        cols_t = max(cols, min(-(-cols * step_k // k), max(256, d // (4 * self.rows))))
+        cands_t = min(d, max(step_k, min(-(-candidates * step_k // k), d // 8)))
         return cols_t, cands_t
 
     def __post_init__(self) -> None:
@@ -198,7 +200,7 @@ class SketchingAggregator(Aggregator):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self._warm_sketches: dict[int, CountSketch] = {}  # the density warm-up's shapes
+        self._warm_sketch: CountSketch | None = None  # the density warm-up's current one
         self.num_candidates = self.options.num_candidates(self.k, self.d)
         self._build_sketch(self.options.cols)
 
@@ -207,29 +209,31 @@ class SketchingAggregator(Aggregator):
         self.cols = cols
         self.sketch = self._new_sketch(cols)
 
-    def _new_sketch(self, cols: int | None = None) -> CountSketch:
+    def _new_sketch(self, cols: int | None = None, cache: bool = True) -> CountSketch:
         """Sketching methods: an empty sketch of ``d`` coordinates, ``cols`` columns (None:
-        the options' own) and the options' rows, hashes and table dtype."""
-        return self.options.make_sketch(self.d, self.hashes, cols)
+        the options' own) and the options' rows, hashes and table dtype; ``cache=False``
+        for a sketch that lives a step or two (its hash tables would outlive it)."""
+        return self.options.make_sketch(self.d, self.hashes, cols, cache=cache)
 
     def _sketch_of_step(self, like: torch.Tensor) -> tuple[CountSketch, int]:
         """Sketching methods: this step's empty sketch (on the device and in the dtype of
-        ``like``, the error-compensated vector: float32 at least) and
-        candidate count: the steady ``self.sketch`` and ``self.num_candidates``, or, during a
-        density warm-up, larger ones (:meth:`SketchedOptions.warmup_shape`), one sketch per
-        distinct k (from :meth:`_new_sketch`), dropped when the warm-up ends."""
-        warm = self._warm_sketches
+        ``like``, the error-compensated vector: float32 at least) and candidate count: the
+        steady ``self.sketch`` and ``self.num_candidates``, or, during a density warm-up,
+        larger ones (:meth:`SketchedOptions.warmup_shape`). The warm-up's shape changes
+        from step to step, so its sketch hashes as it goes (no cached hash tables) and is
+        kept only while the next step has the same shape."""
         if self.step_k == self.k:
-            warm.clear()
+            self._warm_sketch = None
             self.sketch = self.sketch.to(like.device, like.dtype).zero_()
             return self.sketch, self.num_candidates
         cols, candidates = self.options.warmup_shape(
             self.d, self.k, self.step_k, self.sketch.cols, self.num_candidates
         )
-        if cols not in warm:
-            warm[cols] = self._new_sketch(cols)
-        warm[cols] = warm[cols].to(like.device, like.dtype).zero_()
-        return warm[cols], candidates
+        warm = self._warm_sketch
+        if warm is None or warm.cols != cols:
+            warm = self._new_sketch(cols, cache=False)
+        self._warm_sketch = warm.to(like.device, like.dtype).zero_()
+        return self._warm_sketch, candidates
 
     def _prefiltered(self, accumulated: torch.Tensor, k: int) -> torch.Tensor:
         """Sketching methods: what this rank sketches: ``a_p``, or with ``prefilter`` f >= 1

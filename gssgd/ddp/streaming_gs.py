@@ -104,13 +104,14 @@ class StreamingGS(GlobalSketchSGD):
         self._it: _Iteration | None = None
         self.last_overlap = OverlapStats()
 
-    def _new_sketch(self, cols: int | None = None) -> PartitionedSketch:  # type: ignore[override]
+    def _new_sketch(self, cols: int | None = None,  # type: ignore[override]
+                    cache: bool = True) -> PartitionedSketch:
         """The table cut into one region per bucket (every sketch of this aggregator:
         the steady one, the grown one and the warm-up's)."""
         return PartitionedSketch(
             self.sizes,
             self.options.cols if cols is None else cols,
-            lambda n, c: self.options.make_sketch(n, self.hashes, c),
+            lambda n, c: self.options.make_sketch(n, self.hashes, c, cache=cache),
         )
 
     def agreement_fields(self) -> dict[str, Any]:

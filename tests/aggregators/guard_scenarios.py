@@ -17,15 +17,19 @@ def concentrated_grad(rank: int, step: int) -> torch.Tensor:
     return g
 
 
-def run_guard(rank: int, world_size: int, cols: int, guard: str, steps: int) -> dict:
-    agg = gssgd.make_aggregator("gs", D, k=50, rows=3, cols=cols, candidates=2, guard=guard)
-    recalls, audited, bytes_sent = [], [], []
+def run_guard(rank: int, world_size: int, cols: int, guard: str, steps: int,
+              audit: str = "tops") -> dict:
+    agg = gssgd.make_aggregator("gs", D, k=50, rows=3, cols=cols, candidates=2, guard=guard,
+                                audit=audit)
+    recalls, audited, bytes_sent, both = [], [], [], []
     try:
         for t in range(steps):
             agg.step(concentrated_grad(rank, t))
             recalls.append(agg.guard.last_recall)
             audited.append(agg.last_stats.audited_recall)
             bytes_sent.append(agg.last_stats.bytes_sent)
+            if agg.last_stats.audited_recall is not None:
+                both.append(dict(agg.audit_recalls))
     except RuntimeError as exc:
         return {"error": str(exc), "cols": agg.cols, "num_candidates": agg.num_candidates}
     return {
@@ -33,6 +37,7 @@ def run_guard(rank: int, world_size: int, cols: int, guard: str, steps: int) -> 
         "recalls": recalls,
         "audited": audited,
         "bytes": bytes_sent,
+        "audit_recalls": both,
         "state_cols": agg.state_dict()["cols"],
         "num_candidates": agg.num_candidates,
     }

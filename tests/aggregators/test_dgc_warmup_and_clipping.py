@@ -26,17 +26,18 @@ from tests.dist_utils import raise_worker_errors, run_each, run_workers
 SPARSE = ["topk", "gtopk", "sketched", "gs"]
 
 
-def test_warmup_goes_down_exponentially_in_powers_of_two_of_k() -> None:
+def test_warmup_sends_what_the_exponential_says() -> None:
     w = DensityWarmup(d=100_000, k=100, steps=4, start_density=0.25)
-    assert [w.k_at(t) for t in range(7)] == [25000, 6400, 1600, 400, 100, 100, 100]
-    assert w.distinct_k() == [25000, 6400, 1600, 400, 100]
-    for t in range(4):  # each count is k times a power of two, or the starting count
-        k_t = w.k_at(t)
-        assert k_t == w.start_k or math.log2(k_t / 100).is_integer()
+    # 25000 * (100 / 25000) ** (t / 4), rounded: no rounding up to k * 2^j any more
+    assert [w.k_at(t) for t in range(7)] == [25000, 6287, 1581, 398, 100, 100, 100]
+    assert w.distinct_k() == [25000, 6287, 1581, 398, 100]
     long = DensityWarmup(d=80_602, k=81, steps=100, start_density=0.25)
     ks = [long.k_at(t) for t in range(101)]
     assert ks == sorted(ks, reverse=True) and ks[0] == 20150 and ks[-1] == 81
-    assert len(set(ks)) <= math.log2(20150 / 81) + 2  # few shapes, so few sketches
+    exponential = [20150 * (81 / 20150) ** (t / 100) for t in range(100)]
+    assert all(abs(k - e) <= 0.5 for k, e in zip(ks, exponential, strict=False))
+    # the total the warm-up sends is the exponential's, not up to twice it
+    assert abs(sum(ks[:100]) - sum(exponential)) < 0.01 * sum(exponential)
     assert DensityWarmup(1000, 500, 10, 0.25).k_at(0) == 500  # never below the target
     assert DensityWarmup(1000, 10, 0, 0.25).k_at(0) == 10  # steps=0: off
 
@@ -128,7 +129,7 @@ def test_warmup_sends_the_schedule_and_loses_no_mass(method: str) -> None:
     results = _ranks("warmup", method)
     assert len(results) == world
     want = [DensityWarmup(2000, 20, 4, 0.25).k_at(t) for t in range(6)]
-    assert want == [500, 320, 160, 80, 20, 20]
+    assert want == [500, 224, 100, 45, 20, 20]  # 500 * (20 / 500) ** (t / 4), rounded
     for r in results:
         assert r["ks"] == want
         assert torch.equal(r["last_update"], results[0]["last_update"])  # same on every rank

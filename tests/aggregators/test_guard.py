@@ -4,6 +4,9 @@ from __future__ import annotations
 
 from functools import cache
 
+import pytest
+
+from gssgd.comm import ring_allreduce_bytes
 from tests.aggregators.guard_scenarios import D, run_guard
 from tests.dist_utils import raise_worker_errors, run_each, run_workers
 
@@ -36,8 +39,9 @@ def test_healthy_sketch_is_left_alone() -> None:
         assert res["recalls"][-1] is not None and res["recalls"][-1] > 0.5
 
 
-def test_collapsed_sketch_grows_on_every_rank_until_it_recovers() -> None:
-    ranks = run_workers(3, run_guard, 128, "grow", 90)
+@pytest.mark.parametrize("audit", ["tops", "dense"])
+def test_collapsed_sketch_grows_on_every_rank_until_it_recovers(audit: str) -> None:
+    ranks = run_workers(3, run_guard, 128, "grow", 90, audit)
     raise_worker_errors(ranks)
     assert len({res["cols"] for res in ranks}) == 1  # every rank took the same decisions
     res = ranks[0]
@@ -51,8 +55,24 @@ def test_collapsed_sketch_grows_on_every_rank_until_it_recovers() -> None:
     assert all(res["recalls"][t] == r for t, r in audited.items())
     # after growing, the sketch finds the heavy mass again: above the bar, 5x the first audit
     assert res["recalls"][-1] > max(0.1, 5 * first_audit)
-    # An audit all-reduces the whole vector once: that step costs about dense's bytes.
-    assert res["bytes"][20] > 3 * D
+    dense_audit = ring_allreduce_bytes(D * 4, 3)
+    if audit == "dense":  # the whole vector all-reduced once: about dense's bytes
+        assert res["bytes"][20] > 3 * D and res["bytes"][20] > dense_audit
+    else:  # the pool of the ranks' largest coordinates: a few per cent of that
+        assert res["bytes"][20] - res["bytes"][19] < 0.1 * dense_audit
+
+
+def test_the_pool_audit_never_raises_a_false_alarm() -> None:
+    """``audit="both"``: the pool's best mass is at most the exact best, so its recall is
+    at least the dense audit's, healthy or collapsed (and the dense one decides)."""
+    ranks = run_workers(2, run_each, run_guard, {
+        "healthy": (2000, "grow", 45, "both"), "collapsed": (128, "grow", 90, "both")})
+    raise_worker_errors(ranks)
+    for name in ("healthy", "collapsed"):
+        audits = ranks[0][name]["audit_recalls"]
+        assert audits and all(a["tops"] >= a["dense"] - 1e-9 for a in audits), audits
+    first = ranks[0]["collapsed"]["audit_recalls"][0]
+    assert first["dense"] < 0.1 and first["tops"] < 0.1  # both see the collapse
 
 
 def test_guard_raise_stops_every_rank_with_advice() -> None:
