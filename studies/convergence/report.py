@@ -44,6 +44,8 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root, for studies._lib
 from gssgd.aggregators.sizing import DEFAULT_ROWS, default_candidates, default_sketch_cols  # noqa: E402
 from gssgd.costmodel import MethodSpec, traffic  # noqa: E402
+from gssgd.train.config import TrainConfig  # noqa: E402
+from gssgd.train.method_settings import OPTION_FLAGS  # noqa: E402
 from studies._lib.report import (  # noqa: E402
     Run,
     figure,
@@ -95,6 +97,7 @@ def load_run(run: Run, logs: Path) -> dict[str, Any]:
     cfg_path = run.path / "config.json"
     if cfg_path.exists():
         cfg = {**cfg, **json.loads(cfg_path.read_text())}
+    saved = TrainConfig.from_saved(cfg)  # an earlier version's too
     name = run.name
     log_path = logs / f"{name}.log"
     log = log_path.read_text(errors="replace") if log_path.exists() else ""
@@ -126,7 +129,8 @@ def load_run(run: Run, logs: Path) -> dict[str, Any]:
         "workers": s.get("world_size"),
         "d": s.get("d"),
         "k": next((r.get("k") for r in reversed(lines) if r.get("k")), None),
-        **{key: cfg.get(key) for key in CONFIG_KEYS},
+        **{key: saved.option(OPTION_FLAGS[key]) if key in OPTION_FLAGS else getattr(saved, key)
+           for key in CONFIG_KEYS},
         **{key: s.get(key) for key in SUMMARY_KEYS},
         "seconds_per_step": spp,
         "seconds_communicate_per_step": comm,

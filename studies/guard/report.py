@@ -28,6 +28,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root, for studies._lib
 from gssgd.aggregators.guard import CollapseGuard  # noqa: E402
+from gssgd.train.config import TrainConfig  # noqa: E402
 from studies._lib.report import (  # noqa: E402
     Run,
     markdown_table,
@@ -46,7 +47,7 @@ STOP = re.compile(r"delivered ([0-9.]+)% of the mass")
 def _row(run: Run, workers: int) -> dict[str, Any]:
     """One run's sketch, audits (with the one that stopped it), and message bytes."""
     summary, lines = run.summary, run.records
-    cfg = json.loads((run.path / "config.json").read_text())
+    cfg = TrainConfig.from_saved(json.loads((run.path / "config.json").read_text()))
     steady = steady_bytes(summary, lines)
     audits = [
         (r["step"], r["audited_recall"]) for r in lines if r.get("audited_recall") is not None
@@ -60,10 +61,10 @@ def _row(run: Run, workers: int) -> dict[str, Any]:
         "status": summary["status"],
         "accuracy": summary.get("final_test_accuracy"),
         "steps": summary.get("steps"),
-        "cols": cfg.get("cols"),
-        "candidates": cfg.get("candidates"),
-        "prefilter": cfg.get("prefilter"),
-        "guard": cfg.get("guard") or "grow",
+        "cols": cfg.option("cols"),
+        "candidates": cfg.option("candidates"),
+        "prefilter": cfg.option("prefilter"),
+        "guard": cfg.option("guard") or "grow",
         "audits": audits,
         "grown": any(r < BAR for _, r in audits),
         "message_bytes": statistics.median(steady) if steady else None,

@@ -18,24 +18,25 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root, for studies._lib
+from gssgd.train.config import TrainConfig  # noqa: E402
 from studies._lib.report import busier_totals, markdown_table, read_runs, steady_bytes  # noqa: E402
 
 
 def table(root: Path) -> str:
     """The markdown table of every finished run under ``root``, by seed, then density."""
     runs = read_runs(root)
-    config = {r.name: r.summary["config"] for r in runs}
-    dense = {config[r.name]["seed"]: r.summary["final_test_loss"]
+    config = {r.name: TrainConfig.from_saved(r.summary["config"]) for r in runs}
+    dense = {config[r.name].seed: r.summary["final_test_loss"]
              for r in runs if r.summary["method"] == "dense"}  # fmt: skip
     rows = []
-    order = sorted(runs, key=lambda r: (config[r.name]["seed"], config[r.name]["density"] or 0,
+    order = sorted(runs, key=lambda r: (config[r.name].seed, config[r.name].option("density") or 0,
                                         r.name))  # fmt: skip
     for r in order:
-        loss, seed = r.summary["final_test_loss"], config[r.name]["seed"]
+        loss, seed = r.summary["final_test_loss"], config[r.name].seed
         base = None if r.summary["method"] == "dense" else dense.get(seed)
         steady = steady_bytes(r.summary, r.records)
         rows.append([
-            r.name, str(seed), str(config[r.name]["density"] or "–"), f"{loss:.4f}",
+            r.name, str(seed), str(config[r.name].option("density") or "–"), f"{loss:.4f}",
             "–" if base is None else f"{100 * (loss / base - 1):+.1f} %",
             f"{busier_totals(r.records)[-1] / len(r.records):,.0f}",
             f"{statistics.median(steady):,.0f}" if steady else "–",

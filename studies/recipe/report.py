@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root, for studies._lib
+from gssgd.train.config import TrainConfig  # noqa: E402
 from studies._lib.report import (  # noqa: E402
     ACCURACY,
     LOSS,
@@ -143,12 +144,12 @@ def load_compare(dirs: Sequence[Path]) -> list[dict[str, Any]]:
             continue
         seed = json.loads(settings_path.read_text())["seed"]
         for method, result in json.loads((out / "results.json").read_text()).items():
-            config = json.loads((out / method / "config.json").read_text())
-            warmup = config.get("warmup_steps") or 0
+            config = TrainConfig.from_saved(json.loads((out / method / "config.json").read_text()))
+            warmup = config.option("warmup_steps") or 0
             recipe = f"m{result['momentum']:g}-lr{result['lr']:g}" + (
                 f"-wu{warmup}" if warmup else ""
             )
-            density = None if method == "dense" else config["density"]
+            density = None if method == "dense" else config.option("density")
             metrics = read_metrics(out / method / "metrics.jsonl")
             records.append(_record(metrics, f"{out.name}/{method}", "p8", method, recipe,
                                    density, seed, result))  # fmt: skip
