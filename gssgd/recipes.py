@@ -23,7 +23,8 @@ from typing import Any
 import torch
 
 from gssgd.aggregators import AGGREGATORS
-from gssgd.aggregators.options import DEFAULT_DENSITY, OWN_MOMENTUM_FEEDBACKS
+from gssgd.aggregators.feedback import OWN_MOMENTUM_FEEDBACKS
+from gssgd.aggregators.options import DEFAULT_DENSITY
 from gssgd.methods import get_method
 from gssgd.optim import FrozenVarianceAdamW, dense_steps_for
 

@@ -1,5 +1,5 @@
 """What every method's options share: the base dataclass, ``k`` from density, and the names
-of the payload dtypes and feedback rules.
+of the payload dtypes.
 
 Each method's own options dataclass lives beside its aggregator (``TopkOptions`` in
 :mod:`~gssgd.aggregators.topk`, ``SketchedOptions`` in :mod:`~gssgd.aggregators.sketching`,
@@ -17,14 +17,12 @@ from typing import ClassVar
 import torch
 
 from gssgd._validate import bad_value, is_int
-from gssgd.aggregators.feedback import FEEDBACKS, OWN_MOMENTUM_FEEDBACKS, ErrorFeedback
+from gssgd.aggregators.feedback import ErrorFeedback
 
 __all__ = [
     "CommonOptions",
     "DEFAULT_DENSITY",
-    "FEEDBACKS",
     "NONFINITE_MODES",
-    "OWN_MOMENTUM_FEEDBACKS",
     "PAYLOAD_DTYPES",
     "resolve_k",
 ]

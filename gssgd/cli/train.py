@@ -14,7 +14,8 @@ import argparse
 import dataclasses
 from typing import Any
 
-from gssgd.aggregators.options import FEEDBACKS, PAYLOAD_DTYPES
+from gssgd.aggregators.feedback import FEEDBACKS
+from gssgd.aggregators.options import PAYLOAD_DTYPES
 from gssgd.amp import AMP_DTYPES
 from gssgd.cli.errors import run_command
 from gssgd.local_steps import DILOCO_OUTER_LR, DILOCO_OUTER_MOMENTUM
