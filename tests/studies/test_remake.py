@@ -28,6 +28,7 @@ from studies.one_call_sgd import report as one_call_sgd
 from studies.optimizers import report as optimizers
 from studies.overlap import report as overlap
 from studies.recipe import report as recipe
+from studies.ring_order_check import report as ring_order_check
 from studies.time_to_accuracy import report as time_to_accuracy
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -78,6 +79,8 @@ TABLES: list[tuple[str, str, Callable[[Any], str]]] = [
     ("recipe/results/recipe.md", "recipe/results/recipe.json", lambda r: recipe.report(r) + "\n"),
     ("time_to_accuracy/results/summary.md", "time_to_accuracy/results/summary.json",
      time_to_accuracy.markdown),
+    ("ring_order_check/results/summary.md", "ring_order_check/results/summary.json",
+     ring_order_check.markdown),
 ]
 
 
