@@ -295,10 +295,14 @@ def test_below_sixteen_workers_gs_keeps_the_small_p_default() -> None:
 
 
 def test_gs_spaces_its_audits_by_its_own_bytes() -> None:
-    """The MNIST CNN's d at density 0.001: the small-P shape on 4 workers keeps audits about
-    200 steps apart; the many-workers shape on 64 sends so little that a dense audit every
-    200 steps would add half its bytes, so later audits come over a thousand steps apart."""
+    """The MNIST CNN's d at density 0.001: with the dense audit, the small-P shape on 4
+    workers keeps audits about 200 steps apart, while the many-workers shape on 64 sends so
+    little that a dense audit every 200 steps would add half its bytes, so later audits come
+    over a thousand steps apart; the default pool audit costs so little that every shape
+    audits at the 200-step floor."""
     d = 80_602
-    for world_size, low, high in ((4, 200, 260), (64, 1000, 1500)):
-        agg = make_aggregator("gs", d, density=0.001, group=SimulatedWorld(world_size).rank(0))
-        assert low <= agg.guard.audit_every <= high, (world_size, agg.guard.audit_every)
+    for world_size, audit, low, high in ((4, "dense", 200, 260), (64, "dense", 1000, 1500),
+                                         (4, "tops", 200, 200), (64, "tops", 200, 200)):
+        agg = make_aggregator("gs", d, density=0.001, group=SimulatedWorld(world_size).rank(0),
+                              audit=audit)
+        assert low <= agg.guard.audit_every <= high, (world_size, audit, agg.guard.audit_every)
