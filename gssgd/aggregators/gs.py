@@ -82,9 +82,10 @@ class GlobalSketchSGD(SketchingAggregator):
         """The table all-reduce (``rows * cols`` entries of ``table_dtype``), then, with
         ``exact``, the all-reduce of the ``m * k`` candidates' values; no indices. Either
         by recursive doubling or, with ``allreduce="backend"``, the ring. A warm-up step
-        uses its own k and larger sketch. The collapse guard's audits (a dense all-reduce
-        at step 20, then every 200 steps or more: :func:`~gssgd.aggregators.guard.audit_interval`)
-        and its growing the sketch are left out."""
+        uses its own k and larger sketch. The collapse guard's audits (at step 20, then
+        every 200 steps or more: :func:`~gssgd.aggregators.guard.audit_traffic` and
+        :func:`~gssgd.aggregators.guard.audit_interval`) and its growing the sketch are
+        left out."""
         cols, candidates = options.shape_at(d, k, cls.k_at_step(d, k, options, step))
         return cls.control_traffic(world_size) + cls._message(
             options, cols, candidates, world_size, table=cls.sketches_at(options, step))

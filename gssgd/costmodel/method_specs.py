@@ -150,8 +150,8 @@ class MethodSpec:
             opts["prefilter"] = self.prefilter
         if "guard" in names:
             # Every timed step must have the same message pattern: the collapse guard's
-            # audits (one dense all-reduce at step 20, then every 200 steps: 0.5% of a dense
-            # step on average) are left out of the benchmark.
+            # audits (at step 20, then every 200 steps or more) are left out of the
+            # benchmark.
             opts["guard"] = "off"
         if "table_dtype" in names:
             opts["table_dtype"] = _DTYPE_OF_BYTES[self.table_bytes]
