@@ -91,6 +91,20 @@ def test_committed_tables_are_remade_from_their_summaries(
     assert remake(_load(js)) == (STUDIES / md).read_text()
 
 
+def test_the_audit_comparison_is_remade_from_its_logs(capsys) -> None:
+    import sys
+
+    from studies.guard import compare_audits
+
+    logs = sorted(str(p) for p in (STUDIES / "guard/results/audit_logs").glob("*.log"))
+    argv, sys.argv = sys.argv, ["compare_audits.py", *logs]
+    try:
+        compare_audits.main()
+    finally:
+        sys.argv = argv
+    assert capsys.readouterr().out == (STUDIES / "guard/results/audits.md").read_text()
+
+
 def test_one_call_sgd_readme_quotes_its_report() -> None:
     tables = one_call_sgd.table(_load("one_call_sgd/summary.json"))
     assert tables.strip() in (STUDIES / "one_call_sgd/README.md").read_text()
