@@ -142,10 +142,7 @@ class Method:
 
     def option_names(self) -> tuple[str, ...]:
         """The aggregator's option names (``k`` included for a sparse method)."""
-        if self.aggregator is None:
-            return ()
-        names = tuple(f.name for f in dataclasses.fields(self.aggregator.Options))
-        return names + (("k",) if self.sparse else ())
+        return () if self.aggregator is None else self.aggregator.option_names()
 
 
 

@@ -7,13 +7,13 @@ rank) and keeps its error feedback inside; ``agg.last_stats`` says what the step
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Any
 
 import torch.distributed as dist
 
-from gssgd.aggregators.base import Aggregator, StepStats
+from gssgd.aggregators.base import Aggregator
 from gssgd.aggregators.options import resolve_k
+from gssgd.aggregators.stats import StepStats
 from gssgd.comm import world_size_of
 from gssgd.sketch import HashCache
 
@@ -77,12 +77,11 @@ def build_options(
     else:
         k = resolve_k(d, density, k_given)  # type: ignore[arg-type]
     options = canonical_options(name, options)
-    valid = [f.name for f in dataclasses.fields(cls.Options)]
-    unknown = sorted(set(options) - set(valid))
+    unknown = sorted(set(options) - set(cls.option_names()))
     if unknown:
         raise ValueError(
             f"unknown option(s) {unknown} for method {name!r}; valid options: "
-            f"{', '.join(valid + ([] if cls.sends_all else ['k']))}."
+            f"{', '.join(cls.option_names())}."
         )
     opts = cls.Options(**options)  # type: ignore[arg-type]
     if hasattr(opts, "resolved"):  # defaults that depend on d, k and the number of workers

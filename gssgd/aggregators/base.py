@@ -1,5 +1,5 @@
-"""What every aggregator shares: the step contract, statistics, rank agreement and the
-non-finite guard.
+"""What every aggregator shares: the step contract, rank agreement, the non-finite guard and
+the recording of each step's statistics (:class:`~gssgd.aggregators.stats.StepStats`).
 
 The algorithms themselves live one per module; each one's ``step`` shows its compression,
 communication and error feedback in order. The error feedback is a rule object the options
@@ -13,7 +13,7 @@ import math
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import fields
 from typing import Any, ClassVar
 
 import torch
@@ -21,47 +21,11 @@ import torch.distributed as dist
 
 from gssgd.aggregators.options import CommonOptions
 from gssgd.aggregators.schedule import DensityWarmup
+from gssgd.aggregators.stats import StepStats
 from gssgd.comm import CONTROL_BYTES, Communicator, Traffic, allgather
 from gssgd.sketch import HashCache
 
-__all__ = ["Aggregator", "StepStats", "all_finite", "index_dtype", "state_dtype"]
-
-
-@dataclass
-class StepStats:
-    """What one ``step`` cost this rank.
-
-    Attributes:
-        bytes_sent, bytes_received: payload bytes this rank's process put on the wire and
-            took off it, control messages and data forwarded for other ranks included
-            (gloo's preambles are not payload: :func:`gssgd.comm.wire_overhead`).
-        messages, messages_received: point-to-point messages this rank sent and received.
-        rounds: sequential communication steps on the critical path.
-        seconds_compress: time spent selecting/sketching before communication.
-        seconds_communicate: time inside collectives.
-        seconds_decompress: time spent after communication (recovery, update, residual).
-        k, d: coordinates sent per rank, and the vector length.
-        skipped: True when the step was skipped for a non-finite gradient.
-        delivered_fraction: for sparse methods, the share of the global accumulated mass
-            (squared l2) that this step delivered, where the method can measure it; else None.
-        audited_recall: gs-SGD on a step its collapse guard audited: the delivered share
-            of the mass exact global top-k would have delivered (the guard's bar is
-            ``min_recall``; see :mod:`gssgd.aggregators.guard`); else None.
-    """
-
-    bytes_sent: int = 0
-    bytes_received: int = 0
-    messages: int = 0
-    rounds: int = 0
-    messages_received: int = 0
-    seconds_compress: float = 0.0
-    seconds_communicate: float = 0.0
-    seconds_decompress: float = 0.0
-    k: int = 0
-    d: int = 0
-    skipped: bool = False
-    delivered_fraction: float | None = None
-    audited_recall: float | None = None
+__all__ = ["Aggregator", "all_finite", "index_dtype", "state_dtype"]
 
 
 def index_dtype(d: int) -> torch.dtype:
@@ -181,6 +145,14 @@ class Aggregator:
             f"{cls.__name__} does not describe its traffic; override the classmethod "
             "traffic(d, k, options, world_size, *, step=None) to let the cost model predict it."
         )
+
+    @classmethod
+    def option_names(cls) -> tuple[str, ...]:
+        """The keyword options the method takes: its options dataclass's fields, and ``k``
+        for a method that sends k coordinates (``density`` aside, which every path takes
+        as its own argument)."""
+        names = tuple(f.name for f in fields(cls.Options))
+        return names if cls.sends_all else (*names, "k")
 
     @staticmethod
     def k_at_step(d: int, k: int, options: CommonOptions, step: int | None) -> int:

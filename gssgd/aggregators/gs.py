@@ -331,11 +331,11 @@ class GlobalSketchSGD(SketchingAggregator):
         d), chosen as the selection chooses: with ``chunk``, each chunk its share of k by
         its length (a chunk the pool holds fewer of gives what it holds)."""
         chunk = self.options.chunk
-        if not chunk:
-            return topk_indices(values.abs(), min(k, values.numel()))
-        if coords is None:
-            coords = torch.arange(self.d, device=values.device)
-        lengths = torch.bincount(torch.arange(self.d) // chunk).to(values.device)
+        if coords is None or not chunk:  # all d: the selection's own rule
+            return self._largest(values.abs(), coords, min(k, values.numel()))
+        chunks = -(-self.d // chunk)
+        lengths = torch.full((chunks,), chunk, dtype=torch.int64, device=values.device)
+        lengths[-1] = self.d - chunk * (chunks - 1)
         return grouped_topk_indices(values.abs(), coords.to(torch.int64) // chunk,
                                     shares(k, lengths))
 

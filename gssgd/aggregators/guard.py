@@ -45,6 +45,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from gssgd.aggregators.base import index_dtype
 from gssgd.comm import Traffic, allgather, ring_allreduce
 
 __all__ = [
@@ -76,8 +77,7 @@ def audit_traffic(kind: str, d: int, k: int, world_size: int) -> Traffic:
     all-reduce of the values at their union; "both" moves the two."""
     dense = ring_allreduce(d * 4, world_size)
     share = audit_pool(d, k, world_size)
-    index_bytes = 4 if d < 2**31 else 8
-    tops = allgather(share * index_bytes, world_size) + ring_allreduce(
+    tops = allgather(share * index_dtype(d).itemsize, world_size) + ring_allreduce(
         min(d, share * world_size) * 4, world_size)
     return {"dense": dense, "tops": tops, "both": dense + tops}[kind]
 

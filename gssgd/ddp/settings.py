@@ -3,7 +3,7 @@ touched, and the values of ``overlap=`` (:data:`OVERLAP_MODES`, :func:`check_ove
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from typing import Any
 
 from gssgd._validate import is_int
@@ -25,8 +25,8 @@ def own_options(method: str) -> str:
     """The options ``method`` takes, for an error message (its options' fields, ``k`` for a
     sparse method, and the aliases), e.g. ``"rank, warm_start, ..."``."""
     cls = AGGREGATORS[method]
-    names = [f.name for f in fields(cls.Options) if f.name != "shapes"]
-    names += [] if cls.sends_all else ["k", "density"]
+    names = [name for name in cls.option_names() if name != "shapes"]
+    names += [] if cls.sends_all else ["density"]
     names += [f"{alias} (= {name})" for alias, name in cls.Options.aliases.items()]
     return ", ".join(names)
 

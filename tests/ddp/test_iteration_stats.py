@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from gssgd.aggregators.base import StepStats
+from gssgd.aggregators.stats import StepStats
 from gssgd.ddp.stats import IterationStats
 
 
