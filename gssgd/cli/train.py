@@ -150,9 +150,12 @@ def _what_flags(parser: argparse.ArgumentParser, compare: bool) -> None:
                           "--plugin registers)")
     what.add_argument("--dataset", default=c.dataset,
                       help="digits, mnist, fashion-mnist, shakespeare, npz:PATH (x_train, "
-                      "y_train, x_test, y_test) or text:PATH (UTF-8)")
-    what.add_argument("--model", choices=MODELS, default=None,
-                      help="the model; default: cnn for images, mlp for flat features, lm for text")
+                      "y_train, x_test, y_test), text:PATH (UTF-8) or MODULE:FUNCTION (your "
+                      "function that returns the data; examples/user_model.py)")
+    what.add_argument("--model", default=None, metavar=f"{{{','.join(MODELS)}}} or MODULE:FUNCTION",
+                      help="the model: a shipped one or MODULE:FUNCTION (your function that "
+                      "builds it from the data; examples/user_model.py); default: cnn for "
+                      "images, mlp for flat features, lm for text")
     what.add_argument("--plugin", dest="plugins", action="append", default=[], metavar="MODULE",
                       help="import MODULE first, on every worker too (it registers methods of "
                       "your own with gssgd.register_method); repeatable")

@@ -32,6 +32,7 @@ from gssgd.train.checks import (
     check_simulated,
     rank_step,
 )
+from gssgd.train.data import TextData, load_dataset
 from gssgd.train.launch import DEVICES
 from gssgd.train.method_settings import (
     METHOD_SETTINGS,
@@ -42,7 +43,8 @@ from gssgd.train.method_settings import (
     to_aggregator,
     typed_options,
 )
-from gssgd.train.models import MODELS, TEXT_MODELS
+from gssgd.train.models import MODELS, TEXT_MODELS, build_model, default_model
+from gssgd.train.user_code import is_user_code
 
 __all__ = ["DEFAULT_POWERSGD_RANK", "DEFAULT_START_ITER", "DEFAULT_WORKERS", "TrainConfig"]
 
@@ -75,8 +77,8 @@ class TrainConfig:
 
     # -- what to train
     method: str = "gs"  # how gradients are averaged: a name of gssgd.METHODS
-    dataset: str = "mnist"  # digits, mnist, fashion-mnist, shakespeare, npz:PATH or text:PATH
-    model: str | None = None  # mlp, cnn, resnet or lm; None: the dataset's default (cnn, lm)
+    dataset: str = "mnist"  # digits, ..., npz:PATH, text:PATH or MODULE:FUNCTION (your data)
+    model: str | None = None  # mlp, cnn, ..., MODULE:FUNCTION (yours); None: the data's default
     plugins: tuple[str, ...] = ()  # modules imported on every worker (they register methods)
     # -- optimisation
     steps: int = 500  # total steps; a resumed run continues up to this many
@@ -130,8 +132,11 @@ class TrainConfig:
         self.options = typed_options(self.method, self.options)
         if not isinstance(self.dataset, str) or not self.dataset:
             raise bad("dataset", self.dataset, "it must name a dataset", "For example digits.")
-        if self.model is not None and self.model not in MODELS:
-            raise bad("model", self.model, f"it must be one of {', '.join(MODELS)}",
+        if is_user_code(self.model) or is_user_code(self.dataset):
+            check_user_code(self.model, self.dataset)
+        elif self.model is not None and self.model not in MODELS:
+            raise bad("model", self.model,
+                      f"it must be one of {', '.join(MODELS)} or MODULE:FUNCTION",
                       "Leave it out for the dataset's default.")
         check_local_steps(self)
         apply_optimizer_recipe(self)
@@ -219,6 +224,8 @@ class TrainConfig:
         """Whether the run trains a language model (``lm``, ``gpt``; the default model of
         ``shakespeare`` and ``text:PATH``), whose default recipe is
         :data:`~gssgd.recipes.TEXT_RECIPE`."""
+        if is_user_code(self.model) or is_user_code(self.dataset):
+            return isinstance(load_dataset(self.dataset), TextData)
         if self.model is not None:
             return self.model in TEXT_MODELS
         return self.dataset == "shakespeare" or self.dataset.startswith("text:")
@@ -297,3 +304,19 @@ def check_method(method: object) -> None:
         raise bad("method", method, f"it must be one of {', '.join(METHODS)}",
                   "A method of your own needs --plugin MODULE that registers it."
                   + renamed_hint(str(method)))
+
+
+def check_user_code(model: str | None, dataset: str) -> None:
+    """A user's ``--model``/``--dataset MODULE:FUNCTION``: load the data and build the model
+    once, before any worker starts, so a mistake in them stops the run here with its
+    message (the global RNG is left as it was).
+
+    Raises:
+        ValueError: the function cannot be found, or returns something unusable (the
+            message names the flag, the value and the fix).
+    """
+    import torch
+
+    data = load_dataset(dataset)
+    with torch.random.fork_rng(devices=[]):
+        build_model(model or default_model(data), data)

@@ -20,6 +20,9 @@ name                source
 ``text:PATH``       a user's UTF-8 text file, modelled character by character
 ==================  =====================================================================
 
+A name ``MODULE:FUNCTION`` is a user's function that returns the data
+(:mod:`gssgd.train.user_code`).
+
 Image data come back as :class:`ImageData` (float32 tensors normalised with the
 train split's statistics), text as :class:`TextData` (int64 character ids; the last
 10 % of the text is the test split).
@@ -71,7 +74,15 @@ from gssgd.train.data_builtin import _read_idx as _read_idx
 from gssgd.train.data_builtin import _read_zarr_zip as _read_zarr_zip
 from gssgd.train.data_types import TEXT_TEST_FRACTION as TEXT_TEST_FRACTION
 from gssgd.train.data_types import DatasetUnavailableError, ImageData, TextData
-from gssgd.train.data_user import _NPZ_KEYS, _file_version, _load_npz, _load_text, _user_path
+from gssgd.train.data_user import (
+    _NPZ_KEYS,
+    _file_version,
+    _load_from_function,
+    _load_npz,
+    _load_text,
+    _user_path,
+)
+from gssgd.train.user_code import is_user_code
 
 __all__ = [
     "DATASETS",
@@ -107,7 +118,8 @@ def load_dataset(name: str) -> ImageData | TextData:
     Args:
         name: one of ``digits``, ``mnist``, ``fashion-mnist``, ``shakespeare``, or
             ``npz:PATH`` (an ``.npz`` with ``x_train, y_train, x_test, y_test``) or
-            ``text:PATH`` (a UTF-8 text file).
+            ``text:PATH`` (a UTF-8 text file), or ``MODULE:FUNCTION`` (a user's function
+            that returns the data: :mod:`gssgd.train.user_code`).
 
     Returns:
         :class:`ImageData` for the image and ``npz:`` datasets, :class:`TextData` for
@@ -137,11 +149,14 @@ def load_dataset(name: str) -> ImageData | TextData:
     if name.startswith("text:"):
         path = _user_path(name, "text:")
         return _load_text(path, *_file_version(path), name)
+    if is_user_code(name):
+        return _load_from_function(name)
     raise ValueError(f"unknown dataset {name!r}; {_valid_names()}")
 
 
 def _valid_names() -> str:
     return (
         f"valid names are {', '.join(DATASETS)}, npz:PATH (an .npz with "
-        f"{', '.join(_NPZ_KEYS)}) or text:PATH (a UTF-8 text file)"
+        f"{', '.join(_NPZ_KEYS)}), text:PATH (a UTF-8 text file) or MODULE:FUNCTION (a "
+        "function of yours that returns the data)"
     )

@@ -123,3 +123,35 @@ def _load_text(path: Path, mtime_ns: int, size: int, name: str) -> TextData:
             f"{path} is not UTF-8 text ({err}); convert it, e.g. with iconv -t UTF-8"
         ) from None
     return _text_data(name, text)
+
+
+# --------------------------------------------------------------------------- MODULE:FUNCTION
+
+
+@functools.lru_cache(maxsize=4)
+def _load_from_function(name: str) -> ImageData | TextData:
+    """A user's dataset function's data (``--dataset MODULE:FUNCTION``), checked.
+
+    The function takes no argument and returns :class:`ImageData` / :class:`TextData`, a
+    mapping with ``x_train, y_train, x_test, y_test`` (checked as a ``npz:`` file is), or
+    a ``str`` (a text); see :mod:`gssgd.train.user_code`. Cached per process by name.
+    """
+    from gssgd.train.user_code import load_function
+
+    made = load_function(name, "--dataset")()
+    if isinstance(made, (ImageData, TextData)):
+        return made
+    if isinstance(made, str):
+        return _text_data(name, made)
+    if hasattr(made, "keys") and hasattr(made, "__getitem__"):
+        missing = [k for k in _NPZ_KEYS if k not in made]
+        if missing:
+            raise ValueError(f"--dataset {name!r} returned a mapping without {missing}; return "
+                             f"{{{', '.join(repr(k) + ': array' for k in _NPZ_KEYS)}}}")
+        x_train, y_train, x_test, y_test = (np.asarray(made[k]) for k in _NPZ_KEYS)
+        where = Path(f"--dataset {name}")  # the checks name their source as a path
+        x_train, x_test = _check_features(where, x_train, x_test)
+        classes = _check_labels(where, x_train, y_train, x_test, y_test)
+        return _image_data(name, x_train, y_train, x_test, y_test, classes)
+    raise ValueError(f"--dataset {name!r} returned a {type(made).__name__}; return ImageData, "
+                     f"TextData, a mapping of the arrays {', '.join(_NPZ_KEYS)}, or a str")

@@ -16,7 +16,6 @@ through :class:`gssgd.ddp.HookSettings`.
 from __future__ import annotations
 
 import dataclasses
-import importlib
 import types
 import typing
 from collections.abc import Iterable, Mapping
@@ -29,6 +28,7 @@ from gssgd.aggregators import AGGREGATORS
 from gssgd.aggregators.options import PAYLOAD_DTYPES
 from gssgd.ddp import STREAMING_METHODS
 from gssgd.methods import METHODS, applies_to, get_method
+from gssgd.train.user_code import import_user_module
 
 __all__ = [
     "METHOD_FLAGS",
@@ -162,17 +162,14 @@ def settings_for(method: str, settings: Mapping[str, Any]) -> dict[str, Any]:
 def import_plugins(modules: Iterable[str]) -> None:
     """Import each module (it registers its methods with :func:`gssgd.register_method`).
 
+    The working directory is on the import path, as for ``--model MODULE:FUNCTION``
+    (:func:`gssgd.train.user_code.import_user_module`).
+
     Raises:
         ValueError: a module that cannot be imported (the message names it and the fix).
     """
     for name in modules:
-        try:
-            importlib.import_module(name)
-        except ImportError as err:
-            raise ValueError(
-                f"--plugin {name!r} cannot be imported ({err}); give an importable module "
-                "name (on PYTHONPATH) whose import registers the method."
-            ) from err
+        import_user_module(name, "--plugin")
 
 
 # --------------------------------------------------------------------------- --opt NAME=VALUE

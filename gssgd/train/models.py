@@ -45,6 +45,7 @@ from gssgd.train.data_types import ImageData, TextData
 from gssgd.train.models_wide import CharGPT, WideResNet
 from gssgd.train.resnet_parts import BasicBlock as BasicBlock  # still importable from here
 from gssgd.train.resnet_parts import resnet_trunk
+from gssgd.train.user_code import is_user_code, load_function
 
 __all__ = ["MODELS", "TEXT_MODELS", "build_model", "default_model"]
 
@@ -155,7 +156,8 @@ def build_model(name: str, data: ImageData | TextData) -> nn.Module:
     """Build the named model, sized to ``data``.
 
     Args:
-        name: one of :data:`MODELS`.
+        name: one of :data:`MODELS`, or ``MODULE:FUNCTION``: a user's function that takes
+            ``data`` and returns the model (:mod:`gssgd.train.user_code`).
         data: the dataset the model will train on (its sample shape, number of
             classes or vocabulary fix the input and output sizes).
 
@@ -169,8 +171,11 @@ def build_model(name: str, data: ImageData | TextData) -> nn.Module:
             message says which models do).
         TypeError: ``data`` is neither :class:`ImageData` nor :class:`TextData`.
     """
+    if is_user_code(name):
+        return _build_user_model(name, data)
     if name not in MODELS:
-        raise ValueError(f"unknown model {name!r}; valid models are {', '.join(MODELS)}")
+        raise ValueError(f"unknown model {name!r}; valid models are {', '.join(MODELS)} "
+                         "or MODULE:FUNCTION (a function of yours that builds the model)")
     suggestion = default_model(data)  # also checks the type of data
     if isinstance(data, TextData):
         if name not in TEXT_MODELS:
@@ -185,6 +190,15 @@ def build_model(name: str, data: ImageData | TextData) -> nn.Module:
             f"use one of {', '.join(_IMAGE_MODELS)} (e.g. --model {suggestion})"
         )
     return _build_image_model(name, data)
+
+
+def _build_user_model(name: str, data: ImageData | TextData) -> nn.Module:
+    """``--model MODULE:FUNCTION``: the user's function called with the data."""
+    model = load_function(name, "--model")(data)
+    if not isinstance(model, nn.Module):
+        raise ValueError(f"--model {name!r} returned a {type(model).__name__}, not an "
+                         "nn.Module; return the model (e.g. nn.Sequential(...))")
+    return model.train()
 
 
 def _build_image_model(name: str, data: ImageData) -> nn.Module:
