@@ -80,7 +80,7 @@ def test_no_import_circles() -> None:
 LAYERS = (
     "_validate", "log", "kernels", "transport", "simulated", "_select", "sketch", "comm",
     "aggregators", "optim", "amp", "methods", "local_steps", "recipes", "ddp", "train",
-    "costmodel", "bench", "gssgd", "cli",
+    "costmodel", "bench", "study", "gssgd", "cli",
 )
 
 

@@ -29,7 +29,7 @@ from gssgd.train.method_settings import (
     setting_applies_to,
     settings_for,
 )
-from gssgd.train.metrics import METRICS_FILE, read_metrics, write_json
+from gssgd.train.metrics import METRICS_FILE, busier_bytes, read_metrics, write_json
 
 __all__ = ["DEFAULTS", "add_parser", "run"]
 
@@ -214,15 +214,6 @@ def _compare(args: argparse.Namespace) -> int:
 #: How close to dense's final figure a method must come for "bytes to target": within 0.5
 #: point of accuracy, or within 3 % of the test loss (text).
 ACCURACY_MARGIN, LOSS_MARGIN = 0.005, 1.03
-
-
-def busier_bytes(record: dict[str, Any]) -> float:
-    """A step's bytes on the busiest worker's link, in its busier direction: local Top-k's
-    workers send 2k numbers but receive 2k(P-1), Sketched-SGD's server receives P sketches.
-    (A summary's ``*_per_step`` fields work too.)"""
-    sent = record.get("bytes_sent_max", record.get("bytes_sent_max_per_step")) or 0
-    received = record.get("bytes_received_max", record.get("bytes_received_max_per_step")) or 0
-    return float(max(sent, received))
 
 
 def add_bytes_to_target(

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from types import ModuleType
 
 from gssgd import __version__
-from gssgd.cli import advise, bench, compare, train
+from gssgd.cli import advise, bench, compare, study, train
 from gssgd.cli.errors import USAGE
 from gssgd.train.plots import CLI_EXTRA
 
@@ -21,12 +21,13 @@ __all__ = ["SUBCOMMANDS", "build_parser", "main"]
 
 #: The subcommands, in the order ``gssgd --help`` lists them. To add one: write
 #: gssgd/cli/NAME.py with ``add_parser`` and ``run``, import it above, list it here.
-SUBCOMMANDS: list[ModuleType] = [train, compare, bench, advise]
+SUBCOMMANDS: list[ModuleType] = [train, compare, study, bench, advise]
 
 #: Packages of the ``gssgd[cli]`` extra a subcommand cannot finish without (its plots),
 #: checked before it starts so that a long run never ends in a missing import. ``train``
 #: needs none: without tqdm it runs with no progress bar.
-NEEDS: dict[str, tuple[str, ...]] = {"compare": ("matplotlib",), "bench": ("matplotlib",)}
+NEEDS: dict[str, tuple[str, ...]] = {"compare": ("matplotlib",), "bench": ("matplotlib",),
+                                     "study": ("matplotlib", "optuna")}
 
 DESCRIPTION = """\
 gssgd: communication-efficient data-parallel training with global sketching (gs-SGD)
@@ -39,6 +40,7 @@ EPILOG = """\
 examples:
   gssgd compare                                   # the main job: MNIST, 4 workers, 6 methods
   gssgd train --method gs --dataset digits --workers 2 --steps 50
+  gssgd study examples/user_model_study.toml      # every method, equal tuning budgets
   gssgd advise --params 25.6M --workers 64 --link 10gbit    # which method, for your cluster
 """
 

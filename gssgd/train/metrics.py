@@ -86,6 +86,15 @@ class StepBytes:
         return cls(sum(sent) / n, max(sent), sum(received) / n, max(received))
 
 
+def busier_bytes(record: dict[str, Any]) -> float:
+    """A step's bytes on the busiest worker's link, in its busier direction: local Top-k's
+    workers send 2k numbers but receive 2k(P-1), Sketched-SGD's server receives P sketches.
+    (A summary's ``*_per_step`` fields work too.)"""
+    sent = record.get("bytes_sent_max", record.get("bytes_sent_max_per_step")) or 0
+    received = record.get("bytes_received_max", record.get("bytes_received_max_per_step")) or 0
+    return float(max(sent, received))
+
+
 def step_record(
     step: int,
     loss: float,

@@ -15,7 +15,7 @@ are configurations of the pieces here, in the order a report uses them:
    reaches dense's target: :func:`first_reaching`; on the seeds' mean curve, with the
    crossing interpolated: :func:`reach_on_mean_curve`.
 5. **Count bytes** on the busiest rank's link, in its busier direction
-   (:func:`gssgd.cli.compare.busier_bytes`, re-exported): per step after the warm-up
+   (:func:`gssgd.train.metrics.busier_bytes`, re-exported): per step after the warm-up
    (:func:`steady_bytes`) and cumulative (:func:`busier_totals`).
 6. **Write** markdown tables (:func:`markdown_table`, :func:`markdown_row`; byte counts
    with :func:`gssgd.bench.formatting.fmt_bytes` and docs splices with
@@ -42,14 +42,19 @@ import json
 import statistics
 from collections.abc import Callable, Hashable, Iterable, Sequence
 from dataclasses import dataclass
-from itertools import accumulate
 from pathlib import Path
 from typing import Any, TypeVar
 
 from gssgd.bench.formatting import fmt_bytes
 from gssgd.bench.markdown import splice_markdown
-from gssgd.cli.compare import busier_bytes
-from gssgd.train.metrics import read_metrics, read_run
+from gssgd.study.curves import ACCURACY as ACCURACY
+from gssgd.study.curves import LOSS as LOSS
+from gssgd.study.curves import Evaluation as Evaluation
+from gssgd.study.curves import Metric as Metric
+from gssgd.study.curves import busier_totals as busier_totals
+from gssgd.study.curves import first_reaching as first_reaching
+from gssgd.study.curves import reach_on_mean_curve as reach_on_mean_curve
+from gssgd.train.metrics import busier_bytes, read_metrics, read_run
 
 __all__ = [
     "ACCURACY",
@@ -80,8 +85,6 @@ __all__ = [
 
 T = TypeVar("T")
 K = TypeVar("K", bound=Hashable)
-#: An evaluation of a run: (step, metric value, bytes so far).
-Evaluation = tuple[int, float, float]
 
 # ----------------------------------------------------------------------------- reading
 
@@ -175,107 +178,7 @@ def seed_band(values: Sequence[float]) -> Band:
 # ----------------------------------------------------------------------------- targets
 
 
-@dataclass(frozen=True)
-class Metric:
-    """What a study judges runs on, and how close to dense counts as reaching it.
-
-    ``key`` names the field: ``final_test_<key>`` in summary.json, ``test_<key>`` in
-    metrics.jsonl. An accuracy reaches dense within ``margin`` points below dense's (0.005:
-    half a point); a loss within ``margin`` as a fraction above dense's (0.03: 3 %).
-    """
-
-    key: str  # "accuracy" or "loss"
-    higher_is_better: bool
-    margin: float
-
-    def at_least_as_good(self, a: float, b: float) -> bool:
-        """Whether ``a`` is at least as good as ``b``."""
-        return a >= b if self.higher_is_better else a <= b
-
-    def target(self, dense: float) -> float:
-        """The value that reaches dense: ``dense - margin`` (accuracy) or
-        ``dense * (1 + margin)`` (loss)."""
-        return dense - self.margin if self.higher_is_better else dense * (1 + self.margin)
-
-    def reaches(self, value: float, dense: float) -> bool:
-        """Whether ``value`` is at least as good as :meth:`target` of ``dense``."""
-        return self.at_least_as_good(value, self.target(dense))
-
-    def best(self, values: Iterable[float]) -> float:
-        """The best of ``values``."""
-        return max(values) if self.higher_is_better else min(values)
-
-    def number(self, value: float) -> str:
-        """``value`` as a table shows it: accuracy in % to 2 decimals, loss to 4."""
-        return f"{100 * value:.2f}" if self.key == "accuracy" else f"{value:.4f}"
-
-    def show(self, value: float) -> str:
-        """:meth:`number` with its unit (`` %`` for accuracy)."""
-        return self.number(value) + (" %" if self.key == "accuracy" else "")
-
-    def gap(self, value: float, other: float) -> float:
-        """``value`` against ``other``: points of accuracy, or % of ``other``'s loss."""
-        return 100 * (value - other) if self.key == "accuracy" else 100 * (value / other - 1)
-
-
-#: Test accuracy; dense - 0.5 point reaches dense.
-ACCURACY = Metric("accuracy", True, 0.005)
-#: Test loss; dense + 3 % reaches dense.
-LOSS = Metric("loss", False, 0.03)
-
-
-def first_reaching(evals: Iterable[Evaluation], metric: Metric, dense: float) -> Evaluation | None:
-    """The first evaluation (step, value, bytes) that reaches dense's target
-    (:meth:`Metric.reaches`), or None when none does."""
-    return next((e for e in evals if metric.reaches(e[1], dense)), None)
-
-
-def reach_on_mean_curve(
-    seeds: Sequence[Sequence[Evaluation]], metric: Metric, dense: float
-) -> tuple[int, float] | tuple[None, None]:
-    """Steps and bytes until the seeds' mean curve reaches dense's target.
-
-    1. The mean curve: at every evaluation step all seeds have, the mean value and mean
-       bytes over seeds (so one seed ending a hair short does not decide); steps counted
-       from 1 (an evaluation after step index ``s`` has taken ``s + 1`` steps).
-    2. The first point that :meth:`Metric.reaches` dense's value.
-    3. Between it and the point before (short of the target), the crossing is interpolated
-       linearly, steps and bytes alike, so that evaluations every 100 steps do not round
-       every method to a multiple of 100.
-
-    Args:
-        seeds: each seed's evaluations (step index, value, bytes so far).
-        metric: what is judged.
-        dense: dense's value (the mean over its seeds).
-
-    Returns:
-        (steps, bytes) to the target, or (None, None) when the mean curve never reaches it.
-    """
-    steps = sorted(set.intersection(*({s for s, _, _ in evals} for evals in seeds)))
-    at = [{s: (v, b) for s, v, b in evals} for evals in seeds]
-    curve = [
-        (s + 1, statistics.mean(a[s][0] for a in at), statistics.mean(a[s][1] for a in at))
-        for s in steps
-    ]
-    goal = metric.target(dense)
-    for i, (step, value, sent) in enumerate(curve):
-        if not metric.reaches(value, dense):
-            continue
-        if i == 0:
-            return step, sent
-        step0, value0, sent0 = curve[i - 1]
-        share = (goal - value0) / (value - value0)  # value0 is short of goal, value is not
-        return round(step0 + share * (step - step0)), sent0 + share * (sent - sent0)
-    return None, None
-
-
 # ----------------------------------------------------------------------------- bytes
-
-
-def busier_totals(records: Iterable[dict[str, Any]]) -> list[float]:
-    """The busiest rank's bytes so far after each metrics record (cumulative
-    :func:`busier_bytes`): what its link had carried, in its busier direction."""
-    return list(accumulate(busier_bytes(r) for r in records))
 
 
 def steady_bytes(summary: dict[str, Any], records: list[dict[str, Any]]) -> list[float]:

@@ -1,0 +1,118 @@
+"""A study's summary as a markdown page and a plot (``summary.md``, ``curves.png``).
+
+Both are pure functions of ``summary.json`` and the runs' curves, so a resumed study (or
+a rerun of ``gssgd study --report``) writes them byte for byte the same.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from gssgd.bench.formatting import fmt_bytes
+from gssgd.study.curves import Evaluation
+
+__all__ = ["markdown", "plot"]
+
+
+def _value(metric: str, v: float | None) -> str:
+    if v is None:
+        return "–"
+    return f"{100 * v:.2f}" if metric == "accuracy" else f"{v:.4f}"
+
+
+def _setting(setting: dict[str, Any]) -> str:
+    return ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"
+                     for k, v in setting.items())
+
+
+def _seconds(s: float | None) -> str:
+    return "–" if s is None else f"{s:.3g} s"
+
+
+def _row(m: dict[str, Any], metric: str) -> list[str]:
+    band, reach = m["final"], m["to_target"]
+    seeds = [r["bytes"] for r in reach["by_seed"]]
+    shown = "–" if reach["bytes"] is None else fmt_bytes(reach["bytes"])
+    spread = ", ".join("miss" if b is None else fmt_bytes(b) for b in seeds)
+    times = m["modeled_s"] or {}
+    return [m["label"], str(m["budget"]), _setting(m["best_setting"]),
+            f"{_value(metric, band['mean'])} ({_value(metric, band['low'])}–"
+            f"{_value(metric, band['high'])})",
+            "–" if reach["steps"] is None else str(reach["steps"]), shown, spread,
+            _seconds(times.get("1gbit")), _seconds(times.get("10gbit"))]
+
+
+def _table(header: list[str], rows: list[list[str]]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    return "\n".join(lines + ["| " + " | ".join(r) + " |" for r in rows])
+
+
+def _verdict(name: str, ranking: dict[str, Any], gs_labels: list[str]) -> str:
+    if ranking["leader"] is None:
+        return f"- **{name}**: no method reaches the target."
+    if ranking["margin"] is None:
+        return f"- **{name}**: {ranking['leader']} alone reaches the target."
+    text = (f"- **{name}**: {ranking['leader']}, {ranking['margin']:.2f}x ahead of "
+            f"{ranking['runner_up']} ({ranking['verdict']})")
+    places = [f"{g} is #{ranking['order'].index(g) + 1} of {len(ranking['order'])}"
+              if g in ranking["order"] else f"{g} does not reach it" for g in gs_labels]
+    return text + (f"; {'; '.join(places)}." if places else ".")
+
+
+def markdown(summary: dict[str, Any]) -> str:
+    """The summary page: the setup, one row per method, the rankings with their verdicts."""
+    metric, ref, run = summary["metric"], summary["reference"], summary["run"]
+    unit = " %" if metric == "accuracy" else ""
+    head = (f"# Study {summary['study']}\n\n"
+            f"{run.get('dataset')} / {run.get('model') or 'default model'}, "
+            f"{run.get('workers')} workers, {run.get('steps')} steps, evaluated every "
+            f"{run.get('eval_every')}; d = {summary['d']:,}. Budget: **{summary['budget_per_method']}"
+            f" trials per method** ({summary['sampler']}), each best re-run at seeds "
+            f"{summary['seeds']}. Target: {ref['label']}'s mean final {metric} "
+            f"{_value(metric, ref['final_mean'])}{unit} -> {_value(metric, ref['target'])}{unit}."
+            "\n\nBytes are the busiest link's, cumulative, to where the seeds' mean curve "
+            "reaches the target; modeled time is the cost model's step (H200, 20 us "
+            "latency) with these bytes.\n\n")
+    header = ["method", "trials", "best setting", f"final {metric} (seeds)", "steps",
+              "bytes to target", "by seed", "1 Gbit/s", "10 Gbit/s"]
+    rows = [_row(m, metric) for m in summary["methods"]]
+    gs = [m["label"] for m in summary["methods"] if m["method"] == "gs"]
+    names = {"bytes": "Fewest bytes", "time_1gbit": "Least time at 1 Gbit/s",
+             "time_10gbit": "Least time at 10 Gbit/s"}
+    verdicts = [_verdict(names[k], r, gs) for k, r in summary["rankings"].items()]
+    return head + _table(header, rows) + "\n\n" + "\n".join(verdicts) + "\n"
+
+
+def plot(summary: dict[str, Any], curves: dict[str, list[list[Evaluation]]], path: Path) -> Path:
+    """Each method's best setting: the seeds' mean curve against the busiest link's bytes
+    (left) and against steps (right), the seeds' min–max as a band, the target dashed."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
+    scale = 100 if summary["metric"] == "accuracy" else 1
+    for label, seeds in curves.items():
+        steps = sorted(set.intersection(*({s for s, _, _ in c} for c in seeds)))
+        at = [{s: (v, b) for s, v, b in c} for c in seeds]
+        values = [[a[s][0] * scale for a in at] for s in steps]
+        sent = [sum(a[s][1] for a in at) / len(at) for s in steps]
+        mean = [sum(v) / len(v) for v in values]
+        for ax, x in ((axes[0], sent), (axes[1], [s + 1 for s in steps])):
+            (line,) = ax.plot(x, mean, label=label, lw=1.4)
+            ax.fill_between(x, [min(v) for v in values], [max(v) for v in values],
+                            color=line.get_color(), alpha=0.15, lw=0)
+    for ax, xlabel in ((axes[0], "busiest link's bytes (cumulative)"), (axes[1], "step")):
+        ax.axhline(summary["reference"]["target"] * scale, color="k", ls="--", lw=0.8)
+        ax.set_xlabel(xlabel)
+        ax.set_ylabel(f"test {summary['metric']}")
+        ax.grid(alpha=0.3)
+    axes[0].set_xscale("log")
+    axes[1].legend(fontsize=8)
+    fig.suptitle(f"{summary['study']}: each method's best setting (seed band)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=90, metadata={"Software": None})
+    plt.close(fig)
+    return path

@@ -1,0 +1,92 @@
+"""``gssgd study SPEC``: search every method with the same budget, re-run each best at
+every seed, and write the summary.
+
+The study's directory (``--out``, default ``runs/study-<name>``) holds ``spec.json`` (the
+parsed spec: a resumed study must have the same), ``runs/`` (one folder per run:
+:mod:`gssgd.study.trials`) and what the summary makes: ``summary.json``, ``summary.md`` and
+``curves.png``. Running the same command again on a killed study continues it; on a
+finished one it only rewrites the summary from the runs.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+from pathlib import Path
+from typing import Any
+
+from gssgd.study.curves import ACCURACY, LOSS, Metric
+from gssgd.study.report import markdown, plot
+from gssgd.study.search import rejudge, search_method
+from gssgd.study.spec import StudySpec
+from gssgd.study.summary import summarise
+from gssgd.study.trials import check_spec
+from gssgd.train.metrics import read_run, write_json
+
+__all__ = ["metric_of", "run_study"]
+
+SPEC_FILE = "spec.json"
+
+
+def metric_of(spec: StudySpec) -> Metric:
+    """The spec's metric with its margin."""
+    base = ACCURACY if spec.metric == "accuracy" else LOSS
+    return Metric(base.key, base.higher_is_better, spec.margin)
+
+
+def _claim(spec: StudySpec, out: Path) -> None:
+    """Write the spec into ``out``, or check that a started study there has the same."""
+    out.mkdir(parents=True, exist_ok=True)
+    path, mine = out / SPEC_FILE, json.loads(json.dumps(spec.source, sort_keys=True))
+    if path.is_file():
+        before = json.loads(path.read_text())
+        if before != mine:
+            raise ValueError(f"{out} holds a study of another spec ({path}); give this spec "
+                             "a new --out, or delete that directory to start afresh")
+        return
+    write_json(path, mine)
+
+
+def run_study(spec: StudySpec, out: Path, progress: bool = True) -> dict[str, Any]:
+    """Run (or continue) the study into ``out`` and write its summary.
+
+    Returns:
+        The summary (also in ``out/summary.json``).
+
+    Raises:
+        ValueError: a spec whose methods reject a knob, or ``out`` holding another study.
+        RuntimeError: a trial that did not complete.
+    """
+    check_spec(spec, out / "runs")
+    _claim(spec, out)
+    metric, runs = metric_of(spec), out / "runs"
+    bar = _progress_bar(spec.trials, progress)
+    tick = (lambda text: (bar.set_postfix_str(text), bar.update(1))) if bar else (lambda _t: None)
+    ref_row = spec.method(spec.reference)
+    found = {ref_row.label: search_method(spec, ref_row, runs, metric, None, tick)}
+    dense = statistics.mean(o.final for o in found[ref_row.label]["seeds"].values())
+    found[ref_row.label] = rejudge(found[ref_row.label], metric, dense)
+    for row in spec.methods:
+        if row.label != ref_row.label:
+            found[row.label] = search_method(spec, row, runs, metric, dense, tick)
+    if bar:
+        bar.close()
+    first = found[ref_row.label]["dirs"]["trials"][0]
+    d = int((read_run(first) or ({"d": 0}, []))[0]["d"])
+    ordered = {row.label: found[row.label] for row in spec.methods}
+    summary = summarise(spec, ordered, metric, dense, d)
+    write_json(out / "summary.json", summary)
+    (out / "summary.md").write_text(markdown(summary))
+    curves = {label: [o.curve for o in f["seeds"].values()] for label, f in ordered.items()}
+    plot(summary, curves, out / "curves.png")
+    return summary
+
+
+def _progress_bar(total: int, show: bool) -> Any:
+    if not show:
+        return None
+    try:
+        from tqdm import tqdm
+    except ImportError:
+        return None
+    return tqdm(total=total, desc="study", unit="run")

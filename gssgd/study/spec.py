@@ -1,0 +1,248 @@
+"""A study's spec file (TOML): what to train, the target, and each method's search space.
+
+Example (``examples/user_model_study.toml`` and ``studies/equal_budget/specs/`` are real ones)::
+
+    name = "mnist-p16"
+    dataset = "mnist"              # or MODULE:FUNCTION, as --dataset
+    model = "cnn"                  # optional; or MODULE:FUNCTION, as --model
+    workers = 16
+    global_batch = 256             # or batch_size = 16 (per worker)
+    steps = 800
+    eval_every = 50
+    simulate = true                # the simulated world (default); false: real processes
+    budget = 6                     # trials per method: every method gets the same
+    seeds = [0, 1, 2]              # each method's best setting is re-run at every seed
+    sampler = "tpe"                # Optuna's TPE (seeded), or "grid", or "random"
+
+    [target]
+    metric = "accuracy"            # or "loss"
+    margin = 0.005                 # dense - 0.5 point (a loss: dense * (1 + margin))
+    reference = "dense"            # the method whose best run sets the target
+
+    [methods.dense]
+    lr = [0.02, 0.05, 0.1, 0.2]                   # a list: one of these values
+
+    [methods.gs]
+    lr = { low = 0.05, high = 0.4, log = true }   # a range (floats; ints give an int range)
+    density = [0.001, 0.003]
+    warmup_density = [0.005, 0.02, 0.25]          # any option of the method, by name
+    fixed = { momentum = 0.9 }                    # set, not searched
+
+    [methods.dense16]                             # a label; ``method`` names the method
+    method = "dense"
+    fixed = { payload_dtype = "float16" }
+    lr = [0.05, 0.1]
+
+Every knob is a :class:`~gssgd.train.config.TrainConfig` setting (``lr``, ``momentum``,
+``optimizer``, ``local_steps``, ...), a named option flag (``density``, ``powersgd_rank``,
+...) or an option of the method by its field name; the config checks them all when a
+trial is built, so a typo fails before the study trains anything (:func:`check_spec`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import tomllib
+
+from gssgd._validate import bad_value, is_int
+
+__all__ = ["Knob", "MethodSpace", "StudySpec", "load_spec", "parse_spec"]
+
+#: The run settings a spec sets at its top level (the same for every trial).
+RUN_KEYS = ("dataset", "model", "workers", "global_batch", "batch_size", "steps",
+            "eval_every", "simulate", "optimizer", "seq_len", "plugins", "threads")
+STUDY_KEYS = ("name", "budget", "seeds", "sampler", "target", "methods")
+SAMPLERS = ("tpe", "grid", "random")
+METRICS = ("accuracy", "loss")
+
+
+@dataclass(frozen=True)
+class Knob:
+    """One searched setting: a list of ``choices``, or a range ``low..high`` (``log``:
+    sampled on a log scale; ``integer``: whole numbers)."""
+
+    name: str
+    choices: tuple[Any, ...] | None = None
+    low: float | None = None
+    high: float | None = None
+    log: bool = False
+    integer: bool = False
+
+    @classmethod
+    def parse(cls, label: str, name: str, value: Any) -> Knob:
+        """A knob from the spec's value: a list, or a table ``{low, high[, log]}``.
+
+        Raises:
+            ValueError: an empty list, or a range without ``low < high`` (the message
+                names the method, the knob and the fix).
+        """
+        where = f"methods.{label}.{name}"
+        if isinstance(value, list):
+            if not value or len(set(map(repr, value))) != len(value):
+                raise bad_value(where, value, "it must list distinct values",
+                                f"For example {name} = [0.05, 0.1].")
+            return cls(name, choices=tuple(value))
+        if isinstance(value, dict):
+            extra = set(value) - {"low", "high", "log"}
+            low, high = value.get("low"), value.get("high")
+            if extra or not all(isinstance(v, (int, float)) and not isinstance(v, bool)
+                                for v in (low, high)) or not low < high:
+                raise bad_value(where, value, "a range is { low = A, high = B[, log = true] } "
+                                "with numbers A < B", f"For example {name} = "
+                                "{ low = 0.05, high = 0.4, log = true }.")
+            if value.get("log") and low <= 0:
+                raise bad_value(where, value, "a log range needs low > 0", "Raise low.")
+            return cls(name, low=float(low), high=float(high), log=bool(value.get("log")),
+                       integer=is_int(low) and is_int(high))
+        raise bad_value(where, value, "a searched knob is a list of values or a range",
+                        f"Put a single value in methods.{label}.fixed instead.")
+
+    @property
+    def grid_size(self) -> int | None:
+        """The number of values a grid walks (None for a range of floats)."""
+        if self.choices is not None:
+            return len(self.choices)
+        return int(self.high - self.low) + 1 if self.integer else None
+
+
+@dataclass(frozen=True)
+class MethodSpace:
+    """A method's row in the study: its label, the method, fixed settings and knobs."""
+
+    label: str
+    method: str
+    fixed: dict[str, Any]
+    knobs: tuple[Knob, ...]
+
+    @property
+    def grid_size(self) -> int | None:
+        """The number of settings a grid walks (None: a float range has no grid)."""
+        size = 1
+        for knob in self.knobs:
+            if knob.grid_size is None:
+                return None
+            size *= knob.grid_size
+        return size
+
+
+@dataclass(frozen=True)
+class StudySpec:
+    """A parsed and checked spec (see the module doc)."""
+
+    name: str
+    run: dict[str, Any]
+    budget: int
+    seeds: tuple[int, ...]
+    sampler: str
+    metric: str
+    margin: float
+    reference: str
+    methods: tuple[MethodSpace, ...]
+    source: dict[str, Any] = field(default_factory=dict, compare=False)
+
+    def method(self, label: str) -> MethodSpace:
+        """The method row labelled ``label``."""
+        return next(m for m in self.methods if m.label == label)
+
+    @property
+    def trials(self) -> int:
+        """Every run the study trains: the budget per method, then each best's other seeds."""
+        return len(self.methods) * (self.budget + len(self.seeds) - 1)
+
+
+def load_spec(path: Path | str) -> StudySpec:
+    """Read and check a spec file (:func:`parse_spec`).
+
+    Raises:
+        FileNotFoundError: no file there. ValueError: not TOML, or a bad value.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"study spec {path}: no such file; give the path of a .toml "
+                                "spec (studies/specs/ has examples)")
+    try:
+        raw = tomllib.loads(path.read_text(encoding="utf-8"))
+    except tomllib.TOMLDecodeError as err:
+        raise ValueError(f"study spec {path} is not valid TOML ({err}); fix the line named") from None
+    raw.setdefault("name", path.stem)
+    return parse_spec(raw)
+
+
+def parse_spec(raw: dict[str, Any]) -> StudySpec:
+    """A :class:`StudySpec` from the spec's mapping.
+
+    Raises:
+        ValueError: an unknown key, a budget below 1, no seeds, an unknown sampler or
+            metric, no methods, a reference that is not one of them, a method without a
+            knob, or a grid smaller than the budget (each message names the value, the
+            valid range and the fix).
+    """
+    unknown = sorted(set(raw) - set(RUN_KEYS) - set(STUDY_KEYS))
+    if unknown:
+        raise ValueError(f"study spec: unknown keys {unknown}; a spec takes "
+                         f"{', '.join(STUDY_KEYS + RUN_KEYS)}")
+    budget, seeds, sampler = raw.get("budget", 6), raw.get("seeds", [0, 1, 2]), raw.get(
+        "sampler", "tpe")
+    if not is_int(budget) or budget < 1:
+        raise bad_value("budget", budget, "it must be an integer >= 1 (trials per method)",
+                        "For example budget = 6.")
+    if (not isinstance(seeds, list) or not seeds or not all(is_int(s) and s >= 0 for s in seeds)
+            or len(set(seeds)) != len(seeds)):
+        raise bad_value("seeds", seeds, "it must list distinct integers >= 0",
+                        "For example seeds = [0, 1, 2].")
+    if sampler not in SAMPLERS:
+        raise bad_value("sampler", sampler, f"it must be one of {', '.join(SAMPLERS)}")
+    metric, margin, reference = _target(raw.get("target", {}))
+    methods = _methods(raw.get("methods"), budget, sampler)
+    if reference not in {m.label for m in methods}:
+        raise bad_value("target.reference", reference, "it must be one of the spec's methods "
+                        f"({', '.join(m.label for m in methods)})", "Add it under [methods].")
+    run = {k: raw[k] for k in RUN_KEYS if k in raw}
+    run["simulate"] = run.get("simulate", True)
+    return StudySpec(str(raw.get("name", "study")), run, budget, tuple(seeds), sampler, metric,
+                     margin, reference, methods, raw)
+
+
+def _target(target: Any) -> tuple[str, float, str]:
+    if not isinstance(target, dict) or set(target) - {"metric", "margin", "reference"}:
+        raise bad_value("target", target, "it takes metric, margin and reference",
+                        'For example [target] metric = "accuracy", margin = 0.005.')
+    metric = target.get("metric", "accuracy")
+    if metric not in METRICS:
+        raise bad_value("target.metric", metric, f"it must be one of {', '.join(METRICS)}")
+    margin = target.get("margin", 0.005 if metric == "accuracy" else 0.03)
+    if not isinstance(margin, (int, float)) or isinstance(margin, bool) or not 0 <= margin < 1:
+        raise bad_value("target.margin", margin, "it must be a number in [0, 1)",
+                        "0.005 is half a point of accuracy; 0.03 is 3 % of a loss.")
+    return metric, float(margin), str(target.get("reference", "dense"))
+
+
+def _methods(table: Any, budget: int, sampler: str) -> tuple[MethodSpace, ...]:
+    if not isinstance(table, dict) or not table:
+        raise bad_value("methods", table, "a spec needs at least one [methods.NAME] table",
+                        "For example [methods.dense] lr = [0.05, 0.1].")
+    rows = []
+    for label, body in table.items():
+        if not isinstance(body, dict):
+            raise bad_value(f"methods.{label}", body, "it must be a table of knobs")
+        body = dict(body)
+        method, fixed = body.pop("method", label), body.pop("fixed", {})
+        if not isinstance(fixed, dict):
+            raise bad_value(f"methods.{label}.fixed", fixed, "it must be a table of settings")
+        knobs = tuple(Knob.parse(label, name, value) for name, value in body.items())
+        if not knobs:
+            raise bad_value(f"methods.{label}", body, "it has no knob to search, so its "
+                            "budget would train one setting again and again",
+                            "Give it at least one, e.g. lr = [0.05, 0.1].")
+        row = MethodSpace(str(label), str(method), dict(fixed), knobs)
+        size = row.grid_size
+        if (size is not None and size < budget) or (sampler == "grid" and size is None):
+            raise bad_value(f"methods.{label}", body, f"its {size or 'float'} distinct settings"
+                            f" cannot fill the budget of {budget} trials (every method gets "
+                            "the same)", "Give it more values or a range, or lower the budget"
+                            + (" (a grid needs lists)." if sampler == "grid" else "."))
+        rows.append(row)
+    return tuple(rows)

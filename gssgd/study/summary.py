@@ -1,0 +1,144 @@
+"""A study's summary: each method's best setting over its seeds, who reaches the target
+with the fewest bytes and in the least modeled time, and whether that ranking holds.
+
+For each method (its best setting, every seed):
+
+- ``final``: the final test value's seed band (mean, min, max);
+- ``to_target``: steps and busiest-link bytes until the **seeds' mean curve** reaches the
+  target (crossing interpolated between evaluations), and each seed's own bytes to it;
+- ``modeled_s``: the modeled seconds to the target at 1 and 10 Gbit/s
+  (:mod:`gssgd.study.modeled_time`);
+- ``budget``: the trials its search ran (the same for every method), and its best setting.
+
+**Ranking** (by bytes, and by modeled time at each link): methods whose mean curve reaches
+the target, fewest first. The leader's lead is a **tie** when either
+
+1. the seed bands of the leader's and the runner-up's bytes to the target overlap (or a
+   seed of either misses the target), or
+2. the leader's second-best setting in its search (its neighbour: the next setting the
+   search found) does not beat the runner-up's best on the search seed,
+
+so a ranking that rests on one lucky seed or one exact setting is not called a win.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Callable
+from typing import Any
+
+from gssgd.study.curves import Metric, reach_on_mean_curve
+from gssgd.study.modeled_time import LINKS, modeled_step
+from gssgd.study.spec import StudySpec
+from gssgd.study.trials import Outcome
+
+__all__ = ["summarise"]
+
+
+def _band(values: list[float]) -> dict[str, float]:
+    return {"mean": statistics.mean(values), "low": min(values), "high": max(values)}
+
+
+def _method_row(spec: StudySpec, label: str, found: dict[str, Any], metric: Metric,
+                dense: float, d: int) -> dict[str, Any]:
+    """One method's summary row (see the module doc)."""
+    row = spec.method(label)
+    params, _ = found["trials"][found["best"]]
+    seeds: dict[int, Outcome] = found["seeds"]
+    steps, sent = reach_on_mean_curve([o.curve for o in seeds.values()], metric, dense)
+    model = modeled_step(row.method, d, spec.run["workers"], {**spec.run, **row.fixed, **params})
+    return {
+        "label": label,
+        "method": row.method,
+        "budget": len(found["trials"]),
+        "best_setting": params,
+        "fixed": row.fixed,
+        "final": _band([o.final for o in seeds.values()]),
+        "seeds": sorted(seeds),
+        "to_target": {"steps": steps, "bytes": sent,
+                      "by_seed": [_reach(o) for _, o in sorted(seeds.items())]},
+        "modeled_step": {"fixed_s": model.fixed, "s_per_byte": model.per_byte},
+        "modeled_s": None if steps is None else model.seconds(steps, sent),
+        "trials": [{"setting": p, "final": o.final, **_reach(o)} for p, o in found["trials"]],
+    }
+
+
+def _reach(o: Outcome) -> dict[str, Any]:
+    return {"steps": o.steps_to_target, "bytes": o.bytes_to_target}
+
+
+Cost = Callable[[dict[str, Any], dict[str, Any]], "float | None"]
+
+
+def _bytes(row: dict[str, Any], reach: dict[str, Any]) -> float | None:
+    """A reach's bytes (None: missed)."""
+    return reach["bytes"]
+
+
+def _seconds(link: str) -> Cost:
+    """A reach's modeled seconds at ``link`` (None: missed)."""
+    def cost(row: dict[str, Any], reach: dict[str, Any]) -> float | None:
+        if reach["steps"] is None:
+            return None
+        step = row["modeled_step"]
+        return reach["steps"] * step["fixed_s"][link] + reach["bytes"] * step["s_per_byte"][link]
+    return cost
+
+
+def _second_best(row: dict[str, Any], cost: Cost) -> tuple[float | None, float | None]:
+    """The best and second-best cost over the row's search trials (None: missed)."""
+    got = sorted(c for c in (cost(row, t) for t in row["trials"]) if c is not None)
+    return (got[0] if got else None), (got[1] if len(got) > 1 else None)
+
+
+def _ranking(rows: list[dict[str, Any]], cost: Cost) -> dict[str, Any]:
+    """Rank ``rows`` by ``cost`` on the mean curve's reach and judge the lead (module doc)."""
+    mean = {r["label"]: cost(r, r["to_target"]) for r in rows}
+    reached = sorted((r for r in rows if mean[r["label"]] is not None),
+                     key=lambda r: (mean[r["label"]], r["label"]))
+    order = [r["label"] for r in reached]
+    if len(reached) < 2:
+        return {"order": order, "leader": order[0] if order else None, "margin": None,
+                "verdict": "only one reaches" if order else "none reaches"}
+    first, second = reached[0], reached[1]
+    reasons = []
+    a = [cost(first, s) for s in first["to_target"]["by_seed"]]
+    b = [cost(second, s) for s in second["to_target"]["by_seed"]]
+    if None in a or None in b or max(a) >= min(b):
+        reasons.append("seed bands overlap")
+    neighbour, runner_best = _second_best(first, cost)[1], _second_best(second, cost)[0]
+    if neighbour is None or (runner_best is not None and neighbour >= runner_best):
+        reasons.append("the leader's neighbouring setting does not beat the runner-up's best")
+    return {"order": order, "leader": first["label"], "runner_up": second["label"],
+            "margin": mean[second["label"]] / mean[first["label"]],
+            "verdict": "tie: " + "; ".join(reasons) if reasons else "wins"}
+
+
+def summarise(spec: StudySpec, found: dict[str, dict[str, Any]], metric: Metric,
+              dense: float, d: int) -> dict[str, Any]:
+    """The study's summary (JSON-ready; see the module doc).
+
+    Args:
+        spec: the study.
+        found: each method's search (:func:`gssgd.study.search.search_method`), with the
+            reference's outcomes judged against ``dense``.
+        metric: what is judged. dense: the reference's mean final value. d: the model's
+            parameter count.
+    """
+    rows = [_method_row(spec, label, f, metric, dense, d) for label, f in found.items()]
+    rankings = {"bytes": _ranking(rows, _bytes)}
+    for link in LINKS:
+        rankings[f"time_{link}"] = _ranking(rows, _seconds(link))
+    return {
+        "study": spec.name,
+        "run": spec.run,
+        "d": d,
+        "budget_per_method": spec.budget,
+        "seeds": list(spec.seeds),
+        "sampler": spec.sampler,
+        "metric": metric.key,
+        "reference": {"label": spec.reference, "final_mean": dense,
+                      "target": metric.target(dense), "margin": metric.margin},
+        "methods": rows,
+        "rankings": rankings,
+    }

@@ -1,0 +1,134 @@
+"""One trial of a study: a training run in its own directory, and what it reached.
+
+A study's directory holds one folder per run, ``runs/<label>/t<NNN>`` for the search's
+trials (seed ``seeds[0]``) and ``runs/<label>/best-s<seed>`` for its best setting's other
+seeds. Each folder has ``trial.json`` (the setting, written before training) and the run's
+own ``summary.json`` and ``metrics.jsonl`` (:mod:`gssgd.train.metrics`). A folder whose run
+completed is never trained again, so a killed study continues where it stopped; a run
+that was cut short is trained again from its start (its outcome must not depend on where
+the kill fell).
+"""
+
+from __future__ import annotations
+
+import json
+from contextlib import redirect_stderr, redirect_stdout
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from gssgd.study.curves import Evaluation, Metric, curve_of, reach_on_curve
+from gssgd.study.spec import MethodSpace, StudySpec
+from gssgd.train.config import TrainConfig
+from gssgd.train.metrics import METRICS_FILE, busier_bytes, read_run
+
+__all__ = ["Outcome", "check_spec", "read_outcome", "run_trial", "trial_config"]
+
+TRIAL_FILE = "trial.json"
+LOG_FILE = "train.log"
+
+
+def trial_config(spec: StudySpec, row: MethodSpace, params: dict[str, Any], seed: int,
+                 out: Path) -> TrainConfig:
+    """The run of ``row`` at the setting ``params`` and ``seed``, into ``out``.
+
+    Raises:
+        ValueError: a setting the method does not take or a bad value (the config's own
+            message, which names the flag and the fix).
+        TypeError: a knob that is neither a setting nor an option.
+    """
+    settings = {**spec.run, **row.fixed, **params}
+    names = TrainConfig.__dataclass_fields__
+    from gssgd.train.method_settings import OPTION_FLAGS
+
+    options = {k: settings.pop(k) for k in list(settings)
+               if k not in names and k not in OPTION_FLAGS}
+    settings.update(seed=seed, out=str(out), overwrite=True, progress=False)
+    return TrainConfig.build(row.method, options=options or None, **settings)
+
+
+def check_spec(spec: StudySpec, root: Path) -> None:
+    """Build every method's config at a setting from its space (each knob's first choice
+    or low end) so a knob the method does not take fails before anything trains.
+
+    Raises:
+        ValueError: naming the method's label and the config's message.
+    """
+    for row in spec.methods:
+        probe = {k.name: k.choices[0] if k.choices else k.low for k in row.knobs}
+        try:
+            trial_config(spec, row, probe, spec.seeds[0], root / "check")
+        except (ValueError, TypeError) as err:
+            raise ValueError(f"study spec, methods.{row.label}: {err}") from err
+
+
+def run_trial(cfg: TrainConfig, out: Path, meta: dict[str, Any]) -> dict[str, Any]:
+    """Train ``cfg`` into ``out`` unless a completed run of the same setting is there.
+
+    Returns:
+        The run's summary.
+
+    Raises:
+        ValueError: ``out`` holds a run of another setting (the spec changed under a
+            study that had started: the message says to start it in a new directory).
+        RuntimeError: the run did not complete.
+    """
+    from gssgd.train.loop import run_training
+
+    written = out / TRIAL_FILE
+    if written.is_file():
+        before = json.loads(written.read_text())
+        if before != meta:
+            raise ValueError(f"{out} was trained with {before}, not {meta}: the spec changed "
+                             "since this study started; give the study a new directory")
+        done = read_run(out)
+        if done is not None and done[0].get("status") == "completed":
+            return done[0]
+    out.mkdir(parents=True, exist_ok=True)
+    written.write_text(json.dumps(meta, indent=1, sort_keys=True) + "\n")
+    with open(out / LOG_FILE, "w") as log, redirect_stdout(log), redirect_stderr(log):
+        summary = run_training(cfg)  # its lines go to the trial's log, not the study's bar
+    if summary is None or summary.get("status") != "completed":
+        raise RuntimeError(f"the trial in {out} did not complete: "
+                           f"{(summary or {}).get('message', 'no summary')}")
+    return summary
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What one run reached: its final value, its curve, and (given dense's value) the
+    steps and busiest-link bytes until the target (None: never)."""
+
+    final: float
+    curve: list[Evaluation]
+    total_bytes: float
+    steps_to_target: int | None
+    bytes_to_target: float | None
+
+    def objective(self, metric: Metric, reference: float | None) -> float:
+        """What the search minimises. The reference method: its final value (negated for
+        accuracy). Any other: ``log10`` of the bytes to the target when it is reached,
+        else ``20 + the shortfall`` (points of accuracy, or % of the loss), so that every
+        run that reaches the target ranks before every run that does not, and those that
+        do not by how far they end from it."""
+        import math
+
+        if reference is None:
+            return -self.final if metric.higher_is_better else self.final
+        if self.bytes_to_target is not None:
+            return math.log10(max(self.bytes_to_target, 1.0))
+        return 20.0 + abs(metric.gap(self.final, metric.target(reference)))
+
+
+def read_outcome(out: Path, metric: Metric, reference: float | None) -> Outcome:
+    """The :class:`Outcome` of the completed run in ``out`` (reference: dense's final
+    value, None before it is known)."""
+    got = read_run(out)
+    if got is None:
+        raise FileNotFoundError(f"no completed run in {out} ({METRICS_FILE} or summary missing)")
+    summary, records = got
+    curve = curve_of(records, metric)
+    final = summary[f"final_test_{metric.key}"]
+    total = float(sum(busier_bytes(r) for r in records))
+    steps, sent = (None, None) if reference is None else reach_on_curve(curve, metric, reference)
+    return Outcome(final, curve, total, steps, sent)

@@ -1,0 +1,193 @@
+"""``gssgd study``: equal budgets on a plugin model, a killed study resumed to the same
+summary, and the spec's mistakes refused before anything trains."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from gssgd.cli.main import main
+from gssgd.study import load_spec, parse_spec, run_study
+
+ROOT = Path(__file__).resolve().parents[2]
+EXAMPLE = ROOT / "examples" / "user_model_study.toml"
+
+SMALL = """\
+name = "tiny"
+dataset = "examples.user_model:blobs"
+model = "examples.user_model:mlp"
+workers = 3
+batch_size = 16
+steps = 30
+eval_every = 10
+budget = 3
+seeds = [0, 1]
+
+[target]
+margin = 0.02
+
+[methods.dense]
+lr = [0.02, 0.05, 0.1]
+
+[methods.gs]
+lr = { low = 0.05, high = 0.4, log = true }
+density = [0.05, 0.1]
+fixed = { cols = 400 }
+
+[methods.powersgd]
+lr = [0.05, 0.1]
+powersgd_rank = [1, 2]
+"""
+
+
+def _outputs(out: Path) -> dict[str, bytes]:
+    return {name: (out / name).read_bytes() for name in ("summary.json", "summary.md",
+                                                         "curves.png")}
+
+
+def _runs(out: Path) -> list[Path]:
+    return sorted(p.parent for p in (out / "runs").glob("*/*/summary.json"))
+
+
+def test_the_example_study_gives_every_method_the_same_budget(tmp_path: Path) -> None:
+    """The committed example spec on the plugin model: each method ran exactly the budget
+    of distinct settings plus its best at the other seed; the summary ranks them."""
+    spec = load_spec(EXAMPLE)
+    summary = run_study(spec, tmp_path, progress=False)
+    for row in summary["methods"]:
+        assert row["budget"] == spec.budget == len(row["trials"])
+        settings = [json.dumps(t["setting"], sort_keys=True) for t in row["trials"]]
+        assert len(set(settings)) == spec.budget
+        assert row["seeds"] == list(spec.seeds)
+        assert len(list((tmp_path / "runs" / row["label"]).glob("*/summary.json"))) == \
+            spec.budget + len(spec.seeds) - 1
+    assert summary["budget_per_method"] == spec.budget
+    dense = [m for m in summary["methods"] if m["label"] == "dense"][0]
+    assert summary["reference"]["final_mean"] == dense["final"]["mean"]
+    for ranking in summary["rankings"].values():
+        assert ranking["verdict"] in ("wins", "only one reaches", "none reaches") or \
+            ranking["verdict"].startswith("tie: ")
+    text = (tmp_path / "summary.md").read_text()
+    assert "3 trials per method" in text and "Fewest bytes" in text
+
+
+def test_a_killed_study_resumes_to_the_same_summary(tmp_path: Path) -> None:
+    """Kill the command (SIGKILL) after a few runs, run it again: the summary, table and
+    plot equal an uninterrupted study's, byte for byte, and no finished run trained twice."""
+    spec_file = tmp_path / "tiny.toml"
+    spec_file.write_text(SMALL)
+    whole = tmp_path / "whole"
+    assert main(["study", str(spec_file), "--out", str(whole), "--no-progress"]) == 0
+
+    cut = tmp_path / "cut"
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.Popen([sys.executable, "-c", "from gssgd.cli.main import main; "
+                             f"main(['study', {str(spec_file)!r}, '--out', {str(cut)!r}, "
+                             "'--no-progress'])"], cwd=ROOT, env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 120
+    while len(_runs(cut)) < 4 and time.monotonic() < deadline and proc.poll() is None:
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    done = {p: (p / "summary.json").stat().st_mtime_ns for p in _runs(cut)}
+    assert 4 <= len(done) < 15 and not (cut / "summary.json").exists()
+
+    assert main(["study", str(spec_file), "--out", str(cut), "--no-progress"]) == 0
+    assert _outputs(cut) == _outputs(whole)
+    assert all((p / "summary.json").stat().st_mtime_ns == t for p, t in done.items())
+
+
+def test_a_study_refuses_another_spec_in_its_directory(tmp_path: Path) -> None:
+    spec = parse_spec(_small(budget=2, methods={"dense": {"lr": [0.05, 0.1]}}))
+    run_study(spec, tmp_path, progress=False)
+    other = parse_spec(_small(budget=2, methods={"dense": {"lr": [0.05, 0.2]}}))
+    with pytest.raises(ValueError, match="holds a study of another spec"):
+        run_study(other, tmp_path, progress=False)
+
+
+def _small(**changes: Any) -> dict[str, Any]:
+    import tomllib
+
+    raw = tomllib.loads(SMALL)
+    raw.update(changes)
+    return raw
+
+
+@pytest.mark.parametrize(
+    ("changes", "message"),
+    [
+        ({"budget": 0}, "budget=0"),
+        ({"seeds": []}, "seeds=[]"),
+        ({"sampler": "bayes"}, "sampler='bayes'"),
+        ({"target": {"metric": "f1"}}, "target.metric='f1'"),
+        ({"target": {"reference": "nope"}}, "target.reference='nope'"),
+        ({"colour": 3}, "unknown keys ['colour']"),
+        ({"methods": {"dense": {}}}, "it has no knob to search"),
+        ({"methods": {"dense": {"lr": [0.1, 0.1]}}}, "it must list distinct values"),
+        ({"methods": {"dense": {"lr": {"low": 0.4, "high": 0.1}}}}, "numbers A < B"),
+        ({"methods": {"dense": {"lr": [0.05, 0.1]}}}, "cannot fill the budget of 3"),
+        ({"sampler": "grid", "methods": {"dense": {"lr": {"low": 0.1, "high": 0.4}}}},
+         "a grid needs lists"),
+    ],
+)
+def test_a_bad_spec_is_refused_with_the_value_and_the_fix(changes: dict, message: str) -> None:
+    with pytest.raises(ValueError, match=_escaped(message)):
+        parse_spec(_small(**changes))
+
+
+def test_a_knob_the_method_does_not_take_fails_before_training(tmp_path: Path) -> None:
+    spec = parse_spec(_small(methods={"dense": {"lr": [0.02, 0.05, 0.1]},
+                                      "gs": {"powersgd_rank": [1, 2, 3]}}))
+    with pytest.raises(ValueError, match="methods.gs"):
+        run_study(spec, tmp_path, progress=False)
+    assert not (tmp_path / "runs").exists() or not _runs(tmp_path)
+
+
+def test_the_command_reports_a_missing_spec(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    assert main(["study", str(tmp_path / "none.toml")]) == 2
+    assert "no such file" in capsys.readouterr().err
+
+
+def _escaped(text: str) -> str:
+    import re
+
+    return re.escape(text)
+
+
+def _row(label: str, seeds: list[float | None], trials: list[float | None]) -> dict[str, Any]:
+    """A summary row whose mean bytes are the seeds' mean (steps 1 a byte, for time too)."""
+    reach = [{"steps": b, "bytes": b} for b in seeds]
+    got = [b for b in seeds if b is not None]
+    mean = sum(got) / len(got)
+    return {"label": label, "to_target": {"steps": mean, "bytes": mean, "by_seed": reach},
+            "trials": [{"steps": b, "bytes": b} for b in trials]}
+
+
+@pytest.mark.parametrize(
+    ("leader", "runner", "verdict"),
+    [
+        (([10, 12], [10, 11]), ([20, 22], [20, 30]), "wins"),
+        (([10, 21], [10, 11]), ([20, 22], [20, 30]), "tie: seed bands overlap"),
+        (([10, None], [10, 11]), ([20, 22], [20, 30]), "tie: seed bands overlap"),
+        (([10, 12], [10, 25]), ([20, 22], [20, 30]),
+         "tie: the leader's neighbouring setting does not beat the runner-up's best"),
+        (([10, 12], [10, None]), ([20, 22], [20, 30]),
+         "tie: the leader's neighbouring setting does not beat the runner-up's best"),
+    ],
+)
+def test_a_lead_inside_the_seeds_or_one_setting_wide_is_a_tie(
+    leader: tuple, runner: tuple, verdict: str
+) -> None:
+    from gssgd.study.summary import _bytes, _ranking
+
+    ranking = _ranking([_row("b", *runner), _row("a", *leader)], _bytes)
+    assert ranking["order"] == ["a", "b"] and ranking["verdict"] == verdict
