@@ -40,7 +40,7 @@ Shape = tuple[int, ...]
 ARCHITECTURES: tuple[str, ...] = ("transformer", "resnet")
 #: The shipped language models (``gssgd.train.models.TEXT_MODELS``, named here so that
 #: ``advise`` need not import torch to know a family).
-LANGUAGE_MODELS: tuple[str, ...] = ("lm", "gpt")
+LANGUAGE_MODELS: tuple[str, ...] = ("lm", "gpt", "gpt-s")
 #: Stand-in data of the shipped models for their shapes: MNIST-shaped images (1x28x28, 10
 #: classes) for image models, a 65-character vocabulary (Shakespeare's) for text models.
 _STANDIN_VOCAB = 65

@@ -65,6 +65,8 @@ class Study:
     rows: dict[int, dict[str, dict[str, Any]]]
     target_gap: float | None = None
     source: str = ""
+    #: the studies this one replaces (advise reads this one instead; they stay for history)
+    supersedes: tuple[str, ...] = ()
 
     @classmethod
     def load(cls, name: str) -> Study:
@@ -72,7 +74,8 @@ class Study:
         rows = {int(p): dict(r) for p, r in data["rows"].items()}
         return cls(name.removeprefix("evidence/").removesuffix(".json"), data["title"],
                    data["family"], data["metric"], data["target"], rows,
-                   data.get("target_gap"), data.get("source", ""))
+                   data.get("target_gap"), data.get("source", ""),
+                   tuple(data.get("supersedes", ())))
 
 
 @dataclass(frozen=True)
@@ -123,9 +126,11 @@ def studies() -> list[Study]:
 
 
 def study_for(family: str) -> Study | None:
-    """The one study ``advise`` reads for a model of ``family`` (the first by name), or
-    None where no study measured that family."""
-    found = [s for s in studies() if s.family == family]
+    """The one study ``advise`` reads for a model of ``family`` (the first by name of those
+    no other study supersedes), or None where no study measured that family."""
+    every = studies()
+    superseded = {name for s in every for name in s.supersedes}
+    found = [s for s in every if s.family == family and s.name not in superseded]
     return found[0] if found else None
 
 

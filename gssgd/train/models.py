@@ -14,6 +14,8 @@ name        what                                                    fits
             fully connected head of 2 x 1024                        (~3.5M parameters)
 ``gpt``     a character GPT: 4 pre-LN blocks of causal self-        :class:`TextData`
             attention, d_model 256, learned positions (<= 256)      (~3.3M parameters)
+``gpt-s``   the same with 2 blocks of d_model 128 and positions     :class:`TextData`
+            up to 128: sized for many-worker studies on 2 cores     (~0.43M parameters)
 ==========  ======================================================  =========================
 
 ``wresnet`` and ``gpt`` (:mod:`gssgd.train.models_wide`) are the workloads where
@@ -49,11 +51,13 @@ from gssgd.train.user_code import is_user_code, load_function
 
 __all__ = ["MODELS", "TEXT_MODELS", "build_model", "default_model"]
 
-MODELS: tuple[str, ...] = ("mlp", "cnn", "resnet", "lm", "wresnet", "gpt")
+MODELS: tuple[str, ...] = ("mlp", "cnn", "resnet", "lm", "wresnet", "gpt", "gpt-s")
 """The model names :func:`build_model` accepts."""
 
 _IMAGE_MODELS = ("mlp", "cnn", "resnet", "wresnet")
-TEXT_MODELS: tuple[str, ...] = ("lm", "gpt")
+#: ``gpt-s``: a 600-step run at 16 simulated workers fits minutes on the 2-core machine.
+SMALL_GPT = {"d_model": 128, "layers": 2, "heads": 4, "context": 128}
+TEXT_MODELS: tuple[str, ...] = ("lm", "gpt", "gpt-s")
 
 
 class MLP(nn.Module):
@@ -183,6 +187,8 @@ def build_model(name: str, data: ImageData | TextData) -> nn.Module:
                 f"model {name!r} needs image data but dataset {data.name!r} is text; use "
                 f"--model lm (or --model gpt)"
             )
+        if name == "gpt-s":
+            return CharGPT(data.vocab_size, **SMALL_GPT)
         return CharGPT(data.vocab_size) if name == "gpt" else CharLSTM(data.vocab_size)
     if name in TEXT_MODELS:
         raise ValueError(

@@ -9,6 +9,9 @@ committed summaries: what ``gssgd advise`` reads for each method's steps to dens
   method at several levels, dense at its best learning rate; rows of at least 3 seeds,
   without the variant warm-ups (``-nowu``, ``-wu<W>``), as ``advise`` runs the defaults;
   PowerSGD at its best learning rate per rank. Target: dense's best accuracy - 0.5 point.
+* ``mnist-equal-budget.json`` (image family; supersedes ``mnist-fair-frontier.json``):
+  ``gssgd study``'s summaries of studies/equal_budget/specs/mnist_p*.toml (every method
+  with the same trial budget, three seeds for each best, 800 steps evaluated every 50).
 * ``lstm-local-steps.json`` (language family): studies/local_steps/results/lm/summary.json
   (studies/local_steps/report.py): the character LSTM, AdamW, global batch 128, 1,500
   steps; final test loss above dense's (the crossing was not measured). Target: dense's
@@ -129,10 +132,61 @@ def language_study(summary: dict[str, Any]) -> dict[str, Any]:
             "source": "studies/local_steps/results/lm/summary.json", "rows": rows}
 
 
+def _equal_row(m: dict[str, Any], d: int, workers: int) -> str:
+    """An equal-budget study's method row as advise names it (:func:`row_key`)."""
+    from gssgd.costmodel.evidence import row_key
+
+    setting = {**m["fixed"], **m["best_setting"]}
+    if m["method"] == "dense":
+        if setting.get("local_steps"):
+            return f"diloco-h{setting['local_steps']}"
+        return "dense16" if setting.get("payload_dtype") == "float16" else "dense"
+    if m["method"] == "powersgd":
+        return f"powersgd-r{setting.get('powersgd_rank', 2)}"
+    density = setting["density"]
+    return row_key(method_spec(m["method"], d, density, world_size=workers), density)
+
+
+def equal_budget_study(name: str, summaries: list[dict[str, Any]]) -> dict[str, Any]:
+    """An image family's evidence from ``gssgd study``'s summaries of one data set (one per
+    P): each method's best setting (its seeds' mean curve), steps to the target over the
+    reference's. Compressed outer steps (local steps with a sparse method) are not advise
+    candidates yet and are left out."""
+    rows: dict[str, dict[str, dict[str, Any]]] = {}
+    for summary in summaries:
+        p, d = summary["run"]["workers"], summary["d"]
+        ref = next(m for m in summary["methods"] if m["label"] == summary["reference"]["label"])
+        out: dict[str, dict[str, Any]] = {}
+        for m in summary["methods"]:
+            if m["method"] != "dense" and {**m["fixed"], **m["best_setting"]}.get("local_steps"):
+                continue
+            steps = m["to_target"]["steps"]
+            out[_equal_row(m, d, p)] = {
+                "seeds": len(m["seeds"]),
+                "gap": _round(100 * (m["final"]["mean"] - ref["final"]["mean"])),
+                "steps_ratio": None if steps is None else _round(steps / ref["to_target"]["steps"]),
+            }
+        rows[str(p)] = dict(sorted(out.items()))
+    return {"title": f"{name}, equal tuning budgets (gssgd study)", "family": "image",
+            "metric": "steps", "target": "dense's mean accuracy - 0.5 point",
+            "source": "studies/equal_budget/results/", "rows": rows,
+            "supersedes": ["mnist-fair-frontier"]}
+
+
+#: The equal-budget study's committed cells that advise reads, by evidence file.
+EQUAL_BUDGET = {"mnist-equal-budget": ("MNIST CNN", ("mnist_p16", "mnist_p64"))}
+
+
 def files() -> dict[str, dict[str, Any]]:
     """Evidence file name -> content, from the committed summaries."""
     read = lambda rel: json.loads((ROOT / rel).read_text())  # noqa: E731
-    return {
+    equal = {}
+    for name, (title, cells) in EQUAL_BUDGET.items():
+        found = [ROOT / "studies/equal_budget/results" / c / "summary.json" for c in cells]
+        summaries = [json.loads(f.read_text()) for f in found if f.is_file()]
+        if summaries:
+            equal[f"evidence/{name}.json"] = equal_budget_study(title, summaries)
+    return {**equal,
         "evidence/mnist-fair-frontier.json": image_study(
             read("studies/fair_frontier/results/mnist/summary.json")),
         "evidence/lstm-local-steps.json": language_study(

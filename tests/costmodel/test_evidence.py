@@ -75,3 +75,40 @@ def test_no_study_figure_is_pasted_into_a_python_module(path: Path) -> None:
             assert len(floats) <= _NUMBER_LIMIT, (
                 f"{path.name}:{node.lineno} holds {len(floats)} numbers: move measured "
                 "figures to a data file the study writes (gssgd/costmodel/data/)")
+
+
+def _method(label: str, method: str, final: float, steps: int | None, setting: dict,
+            fixed: dict | None = None) -> dict:
+    return {"label": label, "method": method, "final": {"mean": final}, "seeds": [0, 1, 2],
+            "best_setting": setting, "fixed": fixed or {}, "to_target": {"steps": steps}}
+
+
+def test_an_equal_budget_summary_becomes_rows_advise_looks_up() -> None:
+    """Each method's best: its row as advise names it, its gap to the reference and its
+    steps over the reference's; compressed outer steps left out."""
+    summary = {"run": {"workers": 16}, "d": 80_602, "reference": {"label": "dense"},
+               "methods": [
+                   _method("dense", "dense", 0.98, 400, {"lr": 0.1}),
+                   _method("dense16", "dense", 0.979, 420, {"lr": 0.1},
+                           {"payload_dtype": "float16"}),
+                   _method("gs", "gs", 0.976, 600, {"lr": 0.3, "density": 0.003}),
+                   _method("powersgd", "powersgd", 0.97, None, {"powersgd_rank": 4}),
+                   _method("sl", "topk", 0.97, 500, {"density": 0.05}, {"local_steps": 30}),
+               ]}
+    study = write_evidence.equal_budget_study("MNIST CNN", [summary])
+    rows = study["rows"]["16"]
+    assert set(rows) == {"dense", "dense16", "gs-c16-m8-h-pf8@0.003", "powersgd-r4"}
+    assert rows["gs-c16-m8-h-pf8@0.003"] == {"seeds": 3, "gap": -0.4, "steps_ratio": 1.5}
+    assert rows["powersgd-r4"]["steps_ratio"] is None and rows["dense"]["steps_ratio"] == 1.0
+    assert study["supersedes"] == ["mnist-fair-frontier"]
+
+
+def test_a_superseded_study_is_not_the_one_advise_reads(monkeypatch) -> None:
+    from gssgd.costmodel import evidence
+
+    old = evidence.Study("a-old", "old", "image", "steps", "t", {16: {}})
+    new = evidence.Study("b-new", "new", "image", "steps", "t", {16: {}}, supersedes=("a-old",))
+    monkeypatch.setattr(evidence, "studies", lambda: [old, new])
+    assert evidence.study_for("image") is new
+    monkeypatch.setattr(evidence, "studies", lambda: [old])
+    assert evidence.study_for("image") is old
