@@ -10,6 +10,9 @@ first answer, each between ``<!-- BEGIN name -->`` and ``<!-- END name -->`` mar
   committed as studies/main_job/results/P4.json (``gssgd compare --out runs/compare``) and
   P16.json (``gssgd compare --simulate --workers 16 --global-batch 256 --steps 400
   --methods dense,gs,powersgd``).
+- ``equal-budget``: ``gssgd study``'s answer per committed cell of studies/equal_budget
+  (each ``results/<cell>/summary.json``): who reaches the target with the fewest bytes and
+  in the least modeled time, with the summary's verdict, and gs's place.
 - ``fair-frontier``: the fair comparison's answer per image set and worker count, from
   ``targets`` in studies/fair_frontier/results/{mnist,fashion-mnist}/summary.json
   (studies/fair_frontier/report.py).
@@ -34,6 +37,7 @@ README = ROOT / "README.md"
 #: Each page, and the tables it quotes.
 PAGES = {README: ("main-job", "fair-frontier"), ROOT / "docs/study.md": ("fair-frontier",)}
 MAIN_JOB = ROOT / "studies/main_job/results"
+EQUAL = ROOT / "studies/equal_budget/results"
 FAIR = {"MNIST": ROOT / "studies/fair_frontier/results/mnist/summary.json",
         "Fashion-MNIST": ROOT / "studies/fair_frontier/results/fashion-mnist/summary.json"}
 
@@ -135,12 +139,57 @@ def fair_table(summaries: dict[str, dict[str, Any]]) -> str:
                                  for row in fair_rows(dataset, summary)])
 
 
+def _leader(summary: dict[str, Any], ranking: str) -> str:
+    """A ranking's leader in words: the method, its figure, and the verdict."""
+    r = summary["rankings"][ranking]
+    if r["leader"] is None:
+        return "none reached the target"
+    row = next(m for m in summary["methods"] if m["label"] == r["leader"])
+    figure = (megabytes(row["to_target"]["bytes"]) if ranking == "bytes"
+              else f"{row['modeled_s'][ranking.removeprefix('time_')]:.2f} s")
+    verdict = "alone" if r["margin"] is None else (
+        f"{r['margin']:.2f}× ahead of {r['runner_up']}"
+        + ("" if r["verdict"] == "wins" else ", **tie**"))
+    return f"**{r['leader']}** {figure} ({verdict})"
+
+
+def equal_rows(cell: str, summary: dict[str, Any]) -> list[str]:
+    """One equal-budget cell: who needs the fewest bytes and the least modeled time to the
+    target (and whether it is a tie), gs's place and bytes."""
+    ref = summary["reference"]
+    order = summary["rankings"]["bytes"]["order"]
+    gs = [m for m in summary["methods"] if m["method"] == "gs" and m["label"] in order]
+    lead = summary["rankings"]["bytes"]["leader"]
+    lead_bytes = next((m["to_target"]["bytes"] for m in summary["methods"]
+                       if m["label"] == lead), None)
+    gs_cell = "not reached" if not gs else (
+        f"#{order.index(gs[0]['label']) + 1} of {len(order)}, "
+        f"{megabytes(gs[0]['to_target']['bytes'])} ({gs[0]['to_target']['bytes'] / lead_bytes:.2f}×)")
+    run = summary["run"]
+    unit = " %" if summary["metric"] == "accuracy" else ""
+    scale = 100 if summary["metric"] == "accuracy" else 1
+    return [cell, str(run["workers"]), f"{scale * ref['target']:.2f}{unit}",
+            _leader(summary, "bytes"), _leader(summary, "time_1gbit"),
+            _leader(summary, "time_10gbit"), gs_cell,
+            f"{summary['budget_per_method']} / {len(summary['seeds'])}"]
+
+
+def equal_table(summaries: dict[str, dict[str, Any]]) -> str:
+    """The equal-budget study's table over its committed cells."""
+    head = ["cell", "workers", "target", "fewest bytes to the target", "least time, 1 Gbit/s",
+            "least time, 10 Gbit/s", "gs-SGD (place, bytes)", "trials / seeds per method"]
+    return markdown_table(head, [equal_rows(c, s) for c, s in summaries.items()])
+
+
 def blocks() -> dict[str, str]:
     """The README's quoted tables, from the committed summaries."""
     by_workers = {int(f.stem[1:]): json.loads(f.read_text())
                   for f in sorted(MAIN_JOB.glob("P*.json"))}
     summaries = {name: json.loads(path.read_text()) for name, path in FAIR.items()}
-    return {"main-job": main_job_table(by_workers), "fair-frontier": fair_table(summaries)}
+    equal = {f.parent.name: json.loads(f.read_text())
+             for f in sorted(EQUAL.glob("*/summary.json"))}
+    return {"main-job": main_job_table(by_workers), "fair-frontier": fair_table(summaries),
+            "equal-budget": equal_table(equal)}
 
 
 def main(argv: list[str]) -> int:
