@@ -15,8 +15,6 @@ import pytest
 import torch
 
 from gssgd.cli.main import main
-from gssgd.train import simulate
-from gssgd.train.checkpoint import CHECKPOINT_DIR, checkpoint_name, load_checkpoint
 from gssgd.train.data import ImageData, TextData, load_dataset
 from gssgd.train.loop import TrainConfig, run_training
 from gssgd.train.metrics import read_metrics
@@ -48,31 +46,13 @@ def test_a_user_model_trains_the_same_real_and_simulated(
     """Real gloo workers and the simulated world give the same losses, bytes and final
     weights, bit for bit; the hook's schedule applies (dense first steps, then the method's
     own message), as for a shipped model."""
-    built, build = [], simulate.build_model
+    from tests.train.test_simulate import _assert_simulated_is_real
 
-    def keep(*args: Any, **kwargs: Any) -> torch.nn.Module:  # the simulated run's model
-        built.append(build(*args, **kwargs))
-        return built[-1]
-
-    monkeypatch.setattr(simulate, "build_model", keep)
-    runs = {}
-    for sim in (False, True):
-        out = tmp_path / f"{method}-{sim}"
-        options = {"density": 0.05} if method == "gs" else {"powersgd_rank": 1}
-        cfg = TrainConfig.build(method=method, workers=workers, steps=6, simulate=sim,
-                                out=str(out), **USER, **options)
-        summary = run_training(cfg)
-        assert summary is not None and summary["status"] == "completed", summary
-        runs[sim] = read_metrics(out / "metrics.jsonl")
-    keys = ("loss", "bytes_sent", "bytes_received_max", "k", "test_loss", "test_accuracy")
-    assert [{k: r.get(k) for k in keys} for r in runs[True]] == [
-        {k: r.get(k) for k in keys} for r in runs[False]]
-    real = load_checkpoint(tmp_path / f"{method}-False" / CHECKPOINT_DIR / checkpoint_name(6))
-    for name, tensor in real["model"].items():
-        assert torch.equal(built[-1].state_dict()[name], tensor), name
-    dense_step = runs[True][0]["bytes_sent"]  # steps 0 and 1 all-reduce the dense gradient
-    assert runs[True][1]["bytes_sent"] == dense_step
-    assert runs[True][-1]["bytes_sent"] < dense_step
+    options = {"density": 0.05} if method == "gs" else {"powersgd_rank": 1}
+    _assert_simulated_is_real(tmp_path, monkeypatch, method, workers, **USER, **options)
+    records = read_metrics(tmp_path / f"{method}-True" / "metrics.jsonl")
+    dense_step = records[0]["bytes_sent"]  # steps 0 and 1 all-reduce the dense gradient
+    assert records[1]["bytes_sent"] == dense_step > records[-1]["bytes_sent"]
 
 
 def test_compare_takes_a_user_model(tmp_path: Path) -> None:

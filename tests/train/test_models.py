@@ -13,7 +13,7 @@ from gssgd.train.data import (
     lm_batch,
     load_dataset,
 )
-from gssgd.train.models import MODELS, build_model, default_model
+from gssgd.train.models import MODELS, TEXT_MODELS, build_model, default_model
 
 IMAGE_DATASETS = ("digits", "mnist", "fashion-mnist")
 IMAGE_MODELS = ("mlp", "cnn", "resnet")  # wresnet: tests/train/test_models_wide.py
@@ -105,7 +105,7 @@ def test_image_models_accept_several_channels(model_name: str) -> None:
 
 @pytest.mark.parametrize("model_name", MODELS)
 def test_build_is_deterministic_under_the_callers_seed(model_name: str) -> None:
-    data = _tiny_text() if model_name in ("lm", "gpt") else load_dataset("digits")
+    data = _tiny_text() if model_name in TEXT_MODELS else load_dataset("digits")
 
     def build(seed: int) -> dict[str, torch.Tensor]:
         torch.manual_seed(seed)
@@ -118,7 +118,7 @@ def test_build_is_deterministic_under_the_callers_seed(model_name: str) -> None:
 
 @pytest.mark.parametrize("model_name", MODELS)
 def test_models_have_no_buffers_and_no_batchnorm(model_name: str) -> None:
-    data = _tiny_text() if model_name in ("lm", "gpt") else load_dataset("digits")
+    data = _tiny_text() if model_name in TEXT_MODELS else load_dataset("digits")
     model = build_model(model_name, data)
     assert list(model.buffers()) == []
     assert not any(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in model.modules())
@@ -133,7 +133,7 @@ def test_default_model_picks_cnn_mlp_or_lm() -> None:
 
 
 def test_models_constant_lists_every_name() -> None:
-    assert MODELS == ("mlp", "cnn", "resnet", "lm", "wresnet", "gpt")
+    assert MODELS == ("mlp", "cnn", "resnet", "lm", "wresnet", "gpt", "gpt-s")
 
 
 def test_unknown_model_lists_valid_names() -> None:

@@ -49,6 +49,8 @@ def test_gpt_on_shakespeare_is_about_3m_parameters() -> None:
     except DatasetUnavailableError as err:
         pytest.skip(str(err))
     assert 3_000_000 <= _num_params(build_model("gpt", data)) <= 3_500_000
+    small = build_model("gpt-s", data)  # sized for 600 steps at 16 workers on 2 cores
+    assert 400_000 <= _num_params(small) <= 500_000 and small.context == 128
 
 
 def test_gpt_is_causal_a_later_character_never_changes_earlier_logits() -> None:
