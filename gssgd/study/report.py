@@ -49,15 +49,15 @@ def _table(header: list[str], rows: list[list[str]]) -> str:
 
 
 def _verdict(name: str, ranking: dict[str, Any], gs_labels: list[str]) -> str:
+    places = [f"{g} is #{ranking['order'].index(g) + 1} of {len(ranking['order'])}"
+              if g in ranking["order"] else f"{g} does not reach it" for g in gs_labels]
+    gs_place = f"; {'; '.join(places)}." if places else "."
     if ranking["leader"] is None:
         return f"- **{name}**: no method reaches the target."
     if ranking["margin"] is None:
-        return f"- **{name}**: {ranking['leader']} alone reaches the target."
-    text = (f"- **{name}**: {ranking['leader']}, {ranking['margin']:.2f}x ahead of "
-            f"{ranking['runner_up']} ({ranking['verdict']})")
-    places = [f"{g} is #{ranking['order'].index(g) + 1} of {len(ranking['order'])}"
-              if g in ranking["order"] else f"{g} does not reach it" for g in gs_labels]
-    return text + (f"; {'; '.join(places)}." if places else ".")
+        return f"- **{name}**: {ranking['leader']} alone reaches the target{gs_place}"
+    return (f"- **{name}**: {ranking['leader']}, {ranking['margin']:.2f}x ahead of "
+            f"{ranking['runner_up']} ({ranking['verdict']}){gs_place}")
 
 
 def markdown(summary: dict[str, Any]) -> str:

@@ -172,3 +172,18 @@ def test_the_cost_map_is_remade_from_the_fit_and_its_runs(
     cost_map.main()
     _same_files(tmp_path, STUDIES / "cost_map/results",
                 ["check.json", "predictions.json", "win_map.md", "win_map.png"])
+
+
+EQUAL_BUDGET_CELLS = sorted(p.parent.name for p in
+                            (STUDIES / "equal_budget" / "results").glob("*/summary.json"))
+
+
+@pytest.mark.parametrize("cell", EQUAL_BUDGET_CELLS)
+def test_an_equal_budget_table_is_remade_from_its_summary(cell: str) -> None:
+    """``gssgd study``'s summary.md from its committed summary.json (the numbers need the
+    raw runs: studies/equal_budget/run.sh)."""
+    from gssgd.study.report import markdown
+
+    folder = STUDIES / "equal_budget" / "results" / cell
+    summary = json.loads((folder / "summary.json").read_text())
+    assert markdown(summary) == (folder / "summary.md").read_text()
