@@ -32,13 +32,14 @@ def _seconds(s: float | None) -> str:
 
 def _row(m: dict[str, Any], metric: str) -> list[str]:
     band, reach = m["final"], m["to_target"]
+    failed = f", {band['failed']} stopped" if band.get("failed") else ""
     seeds = [r["bytes"] for r in reach["by_seed"]]
     shown = "–" if reach["bytes"] is None else fmt_bytes(reach["bytes"])
     spread = ", ".join("miss" if b is None else fmt_bytes(b) for b in seeds)
     times = m["modeled_s"] or {}
     return [m["label"], str(m["budget"]), _setting(m["best_setting"]),
             f"{_value(metric, band['mean'])} ({_value(metric, band['low'])}–"
-            f"{_value(metric, band['high'])})",
+            f"{_value(metric, band['high'])}{failed})",
             "–" if reach["steps"] is None else str(reach["steps"]), shown, spread,
             _seconds(times.get("1gbit")), _seconds(times.get("10gbit"))]
 

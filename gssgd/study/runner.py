@@ -64,7 +64,11 @@ def run_study(spec: StudySpec, out: Path, progress: bool = True) -> dict[str, An
     tick = (lambda text: (bar.set_postfix_str(text), bar.update(1))) if bar else (lambda _t: None)
     ref_row = spec.method(spec.reference)
     found = {ref_row.label: search_method(spec, ref_row, runs, metric, None, tick)}
-    dense = statistics.mean(o.final for o in found[ref_row.label]["seeds"].values())
+    finals = [o.final for o in found[ref_row.label]["seeds"].values()]
+    if None in finals:
+        raise RuntimeError(f"the reference {ref_row.label}'s best setting stopped early at a "
+                           "seed, so the study has no target; narrow its search space")
+    dense = statistics.mean(finals)
     found[ref_row.label] = rejudge(found[ref_row.label], metric, dense)
     for row in spec.methods:
         if row.label != ref_row.label:

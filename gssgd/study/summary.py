@@ -3,7 +3,8 @@ with the fewest bytes and in the least modeled time, and whether that ranking ho
 
 For each method (its best setting, every seed):
 
-- ``final``: the final test value's seed band (mean, min, max);
+- ``final``: the final test value's seed band (mean, min, max; a seed that stopped early,
+  diverged or collapsed, is counted in ``failed`` and the method does not reach the target);
 - ``to_target``: steps and busiest-link bytes until the **seeds' mean curve** reaches the
   target (crossing interpolated between evaluations), and each seed's own bytes to it;
 - ``modeled_s``: the modeled seconds to the target at 1 and 10 Gbit/s
@@ -35,8 +36,13 @@ from gssgd.study.trials import Outcome
 __all__ = ["summarise"]
 
 
-def _band(values: list[float]) -> dict[str, float]:
-    return {"mean": statistics.mean(values), "low": min(values), "high": max(values)}
+def _band(values: list[float | None]) -> dict[str, Any]:
+    """The seeds' mean, min and max, and how many seeds stopped early (left out)."""
+    got = [v for v in values if v is not None]
+    if not got:
+        return {"mean": None, "low": None, "high": None, "failed": len(values)}
+    return {"mean": statistics.mean(got), "low": min(got), "high": max(got),
+            "failed": len(values) - len(got)}
 
 
 def _method_row(spec: StudySpec, label: str, found: dict[str, Any], metric: Metric,
@@ -45,7 +51,8 @@ def _method_row(spec: StudySpec, label: str, found: dict[str, Any], metric: Metr
     row = spec.method(label)
     params, _ = found["trials"][found["best"]]
     seeds: dict[int, Outcome] = found["seeds"]
-    steps, sent = reach_on_mean_curve([o.curve for o in seeds.values()], metric, dense)
+    steps, sent = (None, None) if any(o.failed for o in seeds.values()) else \
+        reach_on_mean_curve([o.curve for o in seeds.values()], metric, dense)
     model = modeled_step(row.method, d, spec.run["workers"], {**spec.run, **row.fixed, **params})
     return {
         "label": label,
@@ -59,7 +66,8 @@ def _method_row(spec: StudySpec, label: str, found: dict[str, Any], metric: Metr
                       "by_seed": [_reach(o) for _, o in sorted(seeds.items())]},
         "modeled_step": {"fixed_s": model.fixed, "s_per_byte": model.per_byte},
         "modeled_s": None if steps is None else model.seconds(steps, sent),
-        "trials": [{"setting": p, "final": o.final, **_reach(o)} for p, o in found["trials"]],
+        "trials": [{"setting": p, "final": o.final, "status": o.status, **_reach(o)}
+                   for p, o in found["trials"]],
     }
 
 

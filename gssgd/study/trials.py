@@ -20,10 +20,22 @@ from typing import Any
 from gssgd.study.curves import Evaluation, Metric, curve_of, reach_on_curve
 from gssgd.study.spec import MethodSpace, StudySpec
 from gssgd.train.config import TrainConfig
-from gssgd.train.metrics import METRICS_FILE, busier_bytes, read_run
+from gssgd.train.metrics import (
+    METRICS_FILE,
+    STATUS_COLLAPSED,
+    STATUS_COMPLETED,
+    STATUS_NONFINITE,
+    busier_bytes,
+    read_run,
+)
 
 __all__ = ["Outcome", "check_spec", "read_outcome", "run_trial", "trial_config"]
 
+#: How a run may end and still be a trial's outcome: a setting that diverges or collapses
+#: the sketch is a result (the worst), not a reason to stop the study.
+FINISHED = (STATUS_COMPLETED, STATUS_NONFINITE, STATUS_COLLAPSED)
+#: What the search minimises for a run that stopped early (worse than any finished run).
+FAILED_OBJECTIVE = 1e9
 TRIAL_FILE = "trial.json"
 LOG_FILE = "train.log"
 
@@ -66,12 +78,13 @@ def run_trial(cfg: TrainConfig, out: Path, meta: dict[str, Any]) -> dict[str, An
     """Train ``cfg`` into ``out`` unless a completed run of the same setting is there.
 
     Returns:
-        The run's summary.
+        The run's summary: completed, or stopped by a non-finite loss or a collapsed
+        sketch (:data:`FINISHED`: the setting's outcome, the worst one).
 
     Raises:
         ValueError: ``out`` holds a run of another setting (the spec changed under a
             study that had started: the message says to start it in a new directory).
-        RuntimeError: the run did not complete.
+        RuntimeError: the run ended in any other way (a worker crashed, a timeout).
     """
     from gssgd.train.loop import run_training
 
@@ -82,13 +95,13 @@ def run_trial(cfg: TrainConfig, out: Path, meta: dict[str, Any]) -> dict[str, An
             raise ValueError(f"{out} was trained with {before}, not {meta}: the spec changed "
                              "since this study started; give the study a new directory")
         done = read_run(out)
-        if done is not None and done[0].get("status") == "completed":
+        if done is not None and done[0].get("status") in FINISHED:
             return done[0]
     out.mkdir(parents=True, exist_ok=True)
     written.write_text(json.dumps(meta, indent=1, sort_keys=True) + "\n")
     with open(out / LOG_FILE, "w") as log, redirect_stdout(log), redirect_stderr(log):
         summary = run_training(cfg)  # its lines go to the trial's log, not the study's bar
-    if summary is None or summary.get("status") != "completed":
+    if summary is None or summary.get("status") not in FINISHED:
         raise RuntimeError(f"the trial in {out} did not complete: "
                            f"{(summary or {}).get('message', 'no summary')}")
     return summary
@@ -96,14 +109,21 @@ def run_trial(cfg: TrainConfig, out: Path, meta: dict[str, Any]) -> dict[str, An
 
 @dataclass(frozen=True)
 class Outcome:
-    """What one run reached: its final value, its curve, and (given dense's value) the
-    steps and busiest-link bytes until the target (None: never)."""
+    """What one run reached: its final value (None: it stopped early, ``status`` says
+    why), its curve, and (given dense's value) the steps and busiest-link bytes until the
+    target (None: never)."""
 
-    final: float
+    final: float | None
     curve: list[Evaluation]
     total_bytes: float
     steps_to_target: int | None
     bytes_to_target: float | None
+    status: str = STATUS_COMPLETED
+
+    @property
+    def failed(self) -> bool:
+        """Whether the run stopped before its last step (diverged, or the sketch collapsed)."""
+        return self.status != STATUS_COMPLETED
 
     def objective(self, metric: Metric, reference: float | None) -> float:
         """What the search minimises. The reference method: its final value (negated for
@@ -113,6 +133,8 @@ class Outcome:
         do not by how far they end from it."""
         import math
 
+        if self.failed or self.final is None:
+            return FAILED_OBJECTIVE
         if reference is None:
             return -self.final if metric.higher_is_better else self.final
         if self.bytes_to_target is not None:
@@ -128,7 +150,9 @@ def read_outcome(out: Path, metric: Metric, reference: float | None) -> Outcome:
         raise FileNotFoundError(f"no completed run in {out} ({METRICS_FILE} or summary missing)")
     summary, records = got
     curve = curve_of(records, metric)
-    final = summary[f"final_test_{metric.key}"]
+    status = summary.get("status", STATUS_COMPLETED)
+    final = summary[f"final_test_{metric.key}"] if status == STATUS_COMPLETED else None
     total = float(sum(busier_bytes(r) for r in records))
-    steps, sent = (None, None) if reference is None else reach_on_curve(curve, metric, reference)
-    return Outcome(final, curve, total, steps, sent)
+    steps, sent = (None, None) if reference is None or final is None else reach_on_curve(
+        curve, metric, reference)
+    return Outcome(final, curve, total, steps, sent, status)

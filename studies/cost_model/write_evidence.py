@@ -158,8 +158,10 @@ def equal_budget_study(name: str, summaries: list[dict[str, Any]]) -> dict[str, 
         ref = next(m for m in summary["methods"] if m["label"] == summary["reference"]["label"])
         out: dict[str, dict[str, Any]] = {}
         for m in summary["methods"]:
-            if m["method"] != "dense" and {**m["fixed"], **m["best_setting"]}.get("local_steps"):
-                continue
+            if m["final"]["mean"] is None or (
+                    m["method"] != "dense"
+                    and {**m["fixed"], **m["best_setting"]}.get("local_steps")):
+                continue  # every seed stopped early, or a compressed outer step
             steps = m["to_target"]["steps"]
             out[_equal_row(m, d, p)] = {
                 "seeds": len(m["seeds"]),

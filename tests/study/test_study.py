@@ -191,3 +191,16 @@ def test_a_lead_inside_the_seeds_or_one_setting_wide_is_a_tie(
 
     ranking = _ranking([_row("b", *runner), _row("a", *leader)], _bytes)
     assert ranking["order"] == ["a", "b"] and ranking["verdict"] == verdict
+
+
+def test_a_setting_that_diverges_is_the_worst_trial_not_the_end_of_the_study(
+    tmp_path: Path,
+) -> None:
+    spec = parse_spec(_small(budget=2, seeds=[0], methods={
+        "dense": {"lr": [0.05, 0.1]},
+        "gs": {"lr": [0.1, 1e6], "density": [0.05], "fixed": {"cols": 400}}}))
+    summary = run_study(spec, tmp_path, progress=False)
+    gs = next(m for m in summary["methods"] if m["label"] == "gs")
+    statuses = {t["setting"]["lr"]: t["status"] for t in gs["trials"]}
+    assert statuses == {0.1: "completed", 1e6: "stopped: non-finite loss"}
+    assert gs["best_setting"]["lr"] == 0.1 and gs["final"]["failed"] == 0
