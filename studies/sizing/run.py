@@ -26,11 +26,30 @@ from gssgd.train.data import ImageData, batch_indices, lm_batch, load_dataset
 from gssgd.train.models import build_model, default_model
 
 
-def mass_recall(per_worker: list[torch.Tensor], k: int, rows: int, cols: int, m: int) -> float:
+def concentration(per_worker: list[torch.Tensor], k: int, prefilter: int = 8) -> dict[str, float]:
+    """How much the workers' heavy coordinates agree: ``union`` = |union of each worker's
+    top-k| / (P k) (1/P: all agree, 1: disjoint), and ``prefilter_recall``: the share of
+    the global top-k that lies in the union of each worker's top-(prefilter k)."""
+    total = torch.stack(per_worker).sum(0)
+    best = set(topk_indices(total.abs(), k).tolist())
+    tops = [set(topk_indices(a.abs(), k).tolist()) for a in per_worker]
+    wide = set().union(*(topk_indices(a.abs(), min(prefilter * k, a.numel())).tolist()
+                         for a in per_worker))
+    return {"union": len(set().union(*tops)) / (len(per_worker) * k),
+            "prefilter_recall": len(best & wide) / k}
+
+
+def mass_recall(per_worker: list[torch.Tensor], k: int, rows: int, cols: int, m: int,
+                prefilter: int = 0) -> float:
+    """Mass recall of the sketch (rows x cols, m*k candidates); ``prefilter`` f > 0: each
+    worker sketches only its own f*k largest coordinates, as gs's pre-filter does."""
     total = torch.stack(per_worker).sum(0)
     best = total[topk_indices(total.abs(), k)].double().pow(2).sum()
     summed = None
     for a in per_worker:
+        if prefilter:
+            keep = topk_indices(a.abs(), min(prefilter * k, a.numel()))
+            a = torch.zeros_like(a).index_copy_(0, keep, a[keep])
         sk = CountSketch(total.numel(), rows=rows, cols=cols, seed=0, cache_hashes=True)
         sk.accumulate(a)
         summed = sk if summed is None else summed + sk
@@ -51,7 +70,8 @@ def main() -> None:
     p.add_argument("--checkpoints", default="20,100,300")
     p.add_argument("--json", default=None)
     p.add_argument("--grid", default=None,
-                   help="rows:cols_per_k:m,... (default: rows 1,3,5 x cols (2,10,40,160)·k x m 1,4,16)")
+                   help="rows:cols_per_k:m[:prefilter],... (default: rows 1,3,5 x cols "
+                   "(2,10,40,160)·k x m 1,4,16, no pre-filter)")
     args = p.parse_args()
     torch.manual_seed(0)
     data = load_dataset(args.dataset)
@@ -62,9 +82,9 @@ def main() -> None:
     opt = torch.optim.SGD(params, lr=args.lr, momentum=0.9)
     residual = [torch.zeros(d) for _ in range(args.workers)]
     checkpoints = {int(s) for s in args.checkpoints.split(",")}
-    grid = [(r, c, m) for r in (1, 3, 5) for c in (2, 10, 40, 160) for m in (1, 4, 16)]
+    grid = [(r, c, m, 0) for r in (1, 3, 5) for c in (2, 10, 40, 160) for m in (1, 4, 16)]
     if args.grid:
-        grid = [tuple(int(v) for v in item.split(":")) for item in args.grid.split(",")]
+        grid = [(*(int(v) for v in item.split(":")), 0)[:4] for item in args.grid.split(",")]
     out = {"dataset": args.dataset, "d": d, "k": k, "P": args.workers, "results": []}
     print(f"d={d:,} k={k} P={args.workers}")
     for step in range(1, args.steps + 1):
@@ -83,15 +103,18 @@ def main() -> None:
         total = torch.stack(acc).sum(0)
         chosen = topk_indices(total.abs(), k)
         if step in checkpoints:
-            for rows, cpk, m in grid:
-                rec = mass_recall(acc, k, rows, cpk * k, m)
+            for rows, cpk, m, pf in grid:
+                rec = mass_recall(acc, k, rows, cpk * k, m, pf)
                 out["results"].append({"step": step, "rows": rows, "cols_per_k": cpk,
-                                       "m": m, "recall": rec})
-            print(f"step {step} loss {loss.item():.3f}")
+                                       "m": m, "prefilter": pf, "recall": rec})
+            agree = concentration(acc, k)
+            out.setdefault("concentration", []).append({"step": step, **agree})
+            print(f"step {step} loss {loss.item():.3f} union {agree['union']:.2f} "
+                  f"prefilter recall {agree['prefilter_recall']:.2f}")
             for r in out["results"]:
                 if r["step"] == step:
-                    print(f"  rows={r['rows']} cols={r['cols_per_k']}·k m={r['m']}: "
-                          f"recall {r['recall']:.2f}")
+                    print(f"  rows={r['rows']} cols={r['cols_per_k']}·k m={r['m']} "
+                          f"prefilter={r['prefilter']}: recall {r['recall']:.2f}")
         update = torch.zeros(d)
         update[chosen] = total[chosen] / args.workers
         for w in range(args.workers):
