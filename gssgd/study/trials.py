@@ -27,6 +27,7 @@ from gssgd.train.metrics import (
     STATUS_NONFINITE,
     busier_bytes,
     read_run,
+    write_json,
 )
 
 __all__ = ["Outcome", "check_spec", "read_outcome", "run_trial", "trial_config"]
@@ -98,7 +99,7 @@ def run_trial(cfg: TrainConfig, out: Path, meta: dict[str, Any]) -> dict[str, An
         if done is not None and done[0].get("status") in FINISHED:
             return done[0]
     out.mkdir(parents=True, exist_ok=True)
-    written.write_text(json.dumps(meta, indent=1, sort_keys=True) + "\n")
+    write_json(written, meta)  # atomic: a kill never leaves half a setting
     with open(out / LOG_FILE, "w") as log, redirect_stdout(log), redirect_stderr(log):
         summary = run_training(cfg)  # its lines go to the trial's log, not the study's bar
     if summary is None or summary.get("status") not in FINISHED:

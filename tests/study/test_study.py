@@ -99,7 +99,8 @@ def test_a_killed_study_resumes_to_the_same_summary(tmp_path: Path) -> None:
     proc.send_signal(signal.SIGKILL)
     proc.wait()
     done = {p: (p / "summary.json").stat().st_mtime_ns for p in _runs(cut)}
-    assert 4 <= len(done) < 15 and not (cut / "summary.json").exists()
+    total = load_spec(spec_file).trials
+    assert 4 <= len(done) < total and not (cut / "summary.json").exists()
 
     assert main(["study", str(spec_file), "--out", str(cut), "--no-progress"]) == 0
     assert _outputs(cut) == _outputs(whole)
