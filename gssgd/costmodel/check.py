@@ -55,7 +55,6 @@ import math
 import statistics
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -271,7 +270,8 @@ def error_record(rows: Sequence[ErrorRow], runs: int) -> dict[str, Any]:
 
 def calibration_record(runs: Sequence[Path], where: str) -> dict[str, Any]:
     """What ``fit.json`` stores: the model fitted on every run (its network and the CPU's
-    compute laws) and its held-out check (leave one run out) over ``runs``.
+    compute laws) and its held-out check (leave one run out) over ``runs``. A pure function
+    of the runs (no date: the same runs give the same file on any day; git dates it).
 
     Args:
         runs: ``gssgd bench comm`` result directories.
@@ -282,7 +282,6 @@ def calibration_record(runs: Sequence[Path], where: str) -> dict[str, Any]:
     error = error_record(held_out_errors(measurements), len(runs))
     error["where"] = where
     return {
-        "date": f"{datetime.now(timezone.utc):%Y-%m-%d}",
         "runs": [str(r) for r in runs],
         "network": model.network.as_dict(),
         "cpu_compute": {name: {"gamma": law.gamma, "slope": law.slope}

@@ -87,7 +87,8 @@ def markdown(summary: dict[str, Any]) -> str:
 
 def plot(summary: dict[str, Any], curves: dict[str, list[list[Evaluation]]], path: Path) -> Path:
     """Each method's best setting: the seeds' mean curve against the busiest link's bytes
-    (left) and against steps (right), the seeds' min–max as a band, the target dashed."""
+    (left) and against steps (right), the seeds' min–max as a band, the target dashed,
+    zoomed to the values near the target."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -105,8 +106,13 @@ def plot(summary: dict[str, Any], curves: dict[str, list[list[Evaluation]]], pat
             (line,) = ax.plot(x, mean, label=label, lw=1.4)
             ax.fill_between(x, [min(v) for v in values], [max(v) for v in values],
                             color=line.get_color(), alpha=0.15, lw=0)
+    target = summary["reference"]["target"] * scale
     for ax, xlabel in ((axes[0], "busiest link's bytes (cumulative)"), (axes[1], "step")):
-        ax.axhline(summary["reference"]["target"] * scale, color="k", ls="--", lw=0.8)
+        ax.axhline(target, color="k", ls="--", lw=0.8)
+        if summary["metric"] == "accuracy":  # the last few points matter: zoom there
+            ax.set_ylim(target - 4, min(100.0, target + 1.5))
+        else:
+            ax.set_ylim(target / 1.03 * 0.97, target * 1.25)
         ax.set_xlabel(xlabel)
         ax.set_ylabel(f"test {summary['metric']}")
         ax.grid(alpha=0.3)

@@ -28,23 +28,24 @@ def test_the_evidence_files_are_what_the_committed_summaries_give() -> None:
 
 def test_one_study_per_family() -> None:
     assert {s.family for s in studies()} == {"image", "language"}
-    assert study_for("image").name == "mnist-fair-frontier"
+    assert study_for("image").name == "mnist-equal-budget"  # it supersedes the fair frontier
     assert study_for("language").metric == "final_gap"
 
 
 def test_a_lookup_takes_the_nearest_p_within_2x_and_says_why_otherwise() -> None:
     image = study_for("image")
-    powersgd = method_spec("powersgd", 80_602)  # rank 2
-    row = row_key(powersgd, 0.001)
-    assert row == "powersgd-r2"
+    powersgd = method_spec("powersgd", 80_602, shapes=((80_602,),))
+    row = "powersgd-r4"  # the equal-budget study's best rank at P = 16
+    assert row_key(powersgd, 0.001) == "powersgd-r2"
     at_32 = evidence_for(image, row, 32, "image")
-    assert at_32.measured and at_32.workers in (16, 64)
+    assert at_32.measured and at_32.workers == 16
+    assert not evidence_for(image, "powersgd-r2", 16, "image").measured
     far = evidence_for(image, row, 1024, "image")
     assert not far.measured and "is beyond 2x the nearest measured P=" in far.why
     other = evidence_for(image, row, 16, "language")
     assert not other.measured and other.why == "no study of a language model"
     unrun = evidence_for(image, row_key(method_spec("gtopk", 80_602, 0.001), 0.001), 16, "image")
-    assert not unrun.measured and unrun.why == "gtopk@0.001 was not run in mnist-fair-frontier"
+    assert not unrun.measured and unrun.why == "gtopk@0.001 was not run in mnist-equal-budget"
     assert "steps not measured" in unrun.describe()
 
 
