@@ -55,6 +55,8 @@ from gssgd.study.curves import busier_totals as busier_totals
 from gssgd.study.curves import first_reaching as first_reaching
 from gssgd.study.curves import reach_on_mean_curve as reach_on_mean_curve
 from gssgd.train.metrics import busier_bytes, read_metrics, read_run
+from gssgd.train.plots import PNG_COLOURS as PNG_COLOURS
+from gssgd.train.plots import shrink_png as shrink_png
 
 __all__ = [
     "ACCURACY",
@@ -310,21 +312,3 @@ def save_png(fig: Any, path: Path, dpi: int = 110, shrink: bool = True) -> Path:
     return path
 
 
-#: Colours a committed plot keeps (:func:`shrink_png`): matplotlib's antialiased lines and
-#: bands look the same with 256, at a third of the bytes.
-PNG_COLOURS = 256
-
-
-def shrink_png(path: Path) -> None:
-    """Size a PNG for the web, in place: its pixels reduced to a palette of
-    :data:`PNG_COLOURS` colours (median cut, no dithering) and saved with zlib's best
-    effort, about a third of matplotlib's bytes. Deterministic: the same pixels give the
-    same file (with the same Pillow), so a plot remade from the same runs is byte for byte
-    the committed one. Shrink a plot once: its palette is not a fixed point."""
-    from PIL import Image  # matplotlib's own dependency
-
-    with Image.open(path) as image:
-        pixels = image.convert("RGB")
-    palette = pixels.quantize(PNG_COLOURS, method=Image.Quantize.MEDIANCUT,
-                              dither=Image.Dither.NONE)
-    palette.save(path, format="PNG", optimize=True)
