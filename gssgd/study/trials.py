@@ -20,6 +20,7 @@ from typing import Any
 from gssgd.study.curves import Evaluation, Metric, curve_of, reach_on_curve
 from gssgd.study.spec import MethodSpace, StudySpec
 from gssgd.train.config import TrainConfig
+from gssgd.train.method_settings import OPTION_FLAGS
 from gssgd.train.metrics import (
     METRICS_FILE,
     STATUS_COLLAPSED,
@@ -52,8 +53,6 @@ def trial_config(spec: StudySpec, row: MethodSpace, params: dict[str, Any], seed
     """
     settings = {**spec.run, **row.fixed, **params}
     names = TrainConfig.__dataclass_fields__
-    from gssgd.train.method_settings import OPTION_FLAGS
-
     options = {k: settings.pop(k) for k in list(settings)
                if k not in names and k not in OPTION_FLAGS}
     settings.update(seed=seed, out=str(out), overwrite=True, progress=False)
