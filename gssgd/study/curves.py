@@ -18,7 +18,7 @@ from typing import Any
 from gssgd.train.metrics import busier_bytes
 
 __all__ = ["ACCURACY", "LOSS", "Evaluation", "Metric", "busier_totals", "curve_of",
-           "first_reaching", "reach_on_curve", "reach_on_mean_curve"]
+           "first_reaching", "reach_on_curve", "reach_on_mean_curve", "seed_points"]
 
 #: An evaluation of a run: (step, metric value, bytes so far).
 Evaluation = tuple[int, float, float]
@@ -100,12 +100,7 @@ def reach_on_mean_curve(
     Returns:
         (steps, bytes) to the target, or (None, None) when the mean curve never reaches it.
     """
-    steps = sorted(set.intersection(*({s for s, _, _ in evals} for evals in seeds)))
-    at = [{s: (v, b) for s, v, b in evals} for evals in seeds]
-    curve = [
-        (s + 1, statistics.mean(a[s][0] for a in at), statistics.mean(a[s][1] for a in at))
-        for s in steps
-    ]
+    curve = [(s + 1, statistics.mean(values), sent) for s, values, sent in seed_points(seeds)]
     goal = metric.target(dense)
     for i, (step, value, sent) in enumerate(curve):
         if not metric.reaches(value, dense):
@@ -118,13 +113,18 @@ def reach_on_mean_curve(
     return None, None
 
 
+def seed_points(seeds: Sequence[Sequence[Evaluation]]) -> list[tuple[int, list[float], float]]:
+    """The seeds' curves side by side: at every evaluation step all seeds have (step index,
+    in order), each seed's value and the mean bytes so far over the seeds."""
+    steps = sorted(set.intersection(*({s for s, _, _ in evals} for evals in seeds)))
+    at = [{s: (v, b) for s, v, b in evals} for evals in seeds]
+    return [(s, [a[s][0] for a in at], statistics.mean(a[s][1] for a in at)) for s in steps]
+
 
 def busier_totals(records: Iterable[dict[str, Any]]) -> list[float]:
     """The busiest rank's bytes so far after each metrics record (cumulative
     :func:`busier_bytes`): what its link had carried, in its busier direction."""
     return list(accumulate(busier_bytes(r) for r in records))
-
-
 
 
 def curve_of(records: Sequence[dict[str, Any]], metric: Metric) -> list[Evaluation]:

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from gssgd.bench.formatting import fmt_bytes
-from gssgd.study.curves import Evaluation
+from gssgd.study.curves import Evaluation, seed_points
 from gssgd.train.plots import shrink_png
 
 __all__ = ["markdown", "plot"]
@@ -98,11 +98,11 @@ def plot(summary: dict[str, Any], curves: dict[str, list[list[Evaluation]]], pat
     fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
     scale = 100 if summary["metric"] == "accuracy" else 1
     for label, seeds in curves.items():
-        steps = sorted(set.intersection(*({s for s, _, _ in c} for c in seeds)))
-        at = [{s: (v, b) for s, v, b in c} for c in seeds]
-        values = [[a[s][0] * scale for a in at] for s in steps]
-        sent = [sum(a[s][1] for a in at) / len(at) for s in steps]
+        points = seed_points(seeds)
+        values = [[v * scale for v in vals] for _, vals, _ in points]
+        sent = [b for _, _, b in points]
         mean = [sum(v) / len(v) for v in values]
+        steps = [s for s, _, _ in points]
         for ax, x in ((axes[0], sent), (axes[1], [s + 1 for s in steps])):
             (line,) = ax.plot(x, mean, label=label, lw=1.4)
             ax.fill_between(x, [min(v) for v in values], [max(v) for v in values],

@@ -21,7 +21,8 @@ from gssgd.study.search import rejudge, search_method
 from gssgd.study.spec import StudySpec
 from gssgd.study.summary import summarise
 from gssgd.study.trials import check_spec
-from gssgd.train.metrics import read_run, write_json
+from gssgd.train.metrics import write_json
+from gssgd.train.progress import counter
 
 __all__ = ["metric_of", "run_study"]
 
@@ -60,8 +61,12 @@ def run_study(spec: StudySpec, out: Path, progress: bool = True) -> dict[str, An
     check_spec(spec, out / "runs")
     _claim(spec, out)
     metric, runs = metric_of(spec), out / "runs"
-    bar = _progress_bar(spec.trials, progress)
-    tick = (lambda text: (bar.set_postfix_str(text), bar.update(1))) if bar else (lambda _t: None)
+    bar = counter(spec.trials, "study", "run", progress, who="gssgd study")
+
+    def tick(text: str) -> None:
+        bar.set_postfix(run=text)
+        bar.update(1)
+
     ref_row = spec.method(spec.reference)
     found = {ref_row.label: search_method(spec, ref_row, runs, metric, None, tick)}
     finals = [o.final for o in found[ref_row.label]["seeds"].values()]
@@ -73,10 +78,8 @@ def run_study(spec: StudySpec, out: Path, progress: bool = True) -> dict[str, An
     for row in spec.methods:
         if row.label != ref_row.label:
             found[row.label] = search_method(spec, row, runs, metric, dense, tick)
-    if bar:
-        bar.close()
-    first = found[ref_row.label]["dirs"]["trials"][0]
-    d = int((read_run(first) or ({"d": 0}, []))[0]["d"])
+    bar.close()
+    d = found[ref_row.label]["trials"][0][1].d
     ordered = {row.label: found[row.label] for row in spec.methods}
     summary = summarise(spec, ordered, metric, dense, d)
     write_json(out / "summary.json", summary)
@@ -84,13 +87,3 @@ def run_study(spec: StudySpec, out: Path, progress: bool = True) -> dict[str, An
     curves = {label: [o.curve for o in f["seeds"].values()] for label, f in ordered.items()}
     plot(summary, curves, out / "curves.png")
     return summary
-
-
-def _progress_bar(total: int, show: bool) -> Any:
-    if not show:
-        return None
-    try:
-        from tqdm import tqdm
-    except ImportError:
-        return None
-    return tqdm(total=total, desc="study", unit="run")

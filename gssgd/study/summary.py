@@ -29,7 +29,7 @@ from collections.abc import Callable
 from typing import Any
 
 from gssgd.study.curves import Metric, reach_on_mean_curve
-from gssgd.study.modeled_time import LINKS, modeled_step
+from gssgd.study.modeled_time import LINKS, ModeledStep, modeled_step
 from gssgd.study.spec import StudySpec
 from gssgd.study.trials import Outcome
 
@@ -88,8 +88,8 @@ def _seconds(link: str) -> Cost:
     def cost(row: dict[str, Any], reach: dict[str, Any]) -> float | None:
         if reach["steps"] is None:
             return None
-        step = row["modeled_step"]
-        return reach["steps"] * step["fixed_s"][link] + reach["bytes"] * step["s_per_byte"][link]
+        step = ModeledStep(row["modeled_step"]["fixed_s"], row["modeled_step"]["s_per_byte"])
+        return step.seconds(reach["steps"], reach["bytes"])[link]
     return cost
 
 

@@ -26,7 +26,6 @@ from gssgd.train.metrics import (
     STATUS_COLLAPSED,
     STATUS_COMPLETED,
     STATUS_NONFINITE,
-    busier_bytes,
     read_run,
     write_json,
 )
@@ -110,12 +109,12 @@ def run_trial(cfg: TrainConfig, out: Path, meta: dict[str, Any]) -> dict[str, An
 @dataclass(frozen=True)
 class Outcome:
     """What one run reached: its final value (None: it stopped early, ``status`` says
-    why), its curve, and (given dense's value) the steps and busiest-link bytes until the
+    why), its curve, the model's size, and (given dense's value) the steps and busiest-link bytes until the
     target (None: never)."""
 
     final: float | None
     curve: list[Evaluation]
-    total_bytes: float
+    d: int  # the model's parameters (the run's gradient length)
     steps_to_target: int | None
     bytes_to_target: float | None
     status: str = STATUS_COMPLETED
@@ -152,7 +151,6 @@ def read_outcome(out: Path, metric: Metric, reference: float | None) -> Outcome:
     curve = curve_of(records, metric)
     status = summary.get("status", STATUS_COMPLETED)
     final = summary[f"final_test_{metric.key}"] if status == STATUS_COMPLETED else None
-    total = float(sum(busier_bytes(r) for r in records))
     steps, sent = (None, None) if reference is None or final is None else reach_on_curve(
         curve, metric, reference)
-    return Outcome(final, curve, total, steps, sent, status)
+    return Outcome(final, curve, int(summary["d"]), steps, sent, status)

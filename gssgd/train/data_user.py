@@ -56,9 +56,10 @@ def _load_npz(path: Path, mtime_ns: int, size: int, name: str) -> ImageData:
 
 
 def _check_features(
-    path: Path, x_train: np.ndarray, x_test: np.ndarray
+    path: Path | str, x_train: np.ndarray, x_test: np.ndarray
 ) -> tuple[np.ndarray, np.ndarray]:
-    """Check the feature arrays; return them as (N, F) or (N, C, H, W)."""
+    """Check the feature arrays; return them as (N, F) or (N, C, H, W). ``path`` names
+    their source in the messages (the file, or ``--dataset MODULE:FUNCTION``)."""
     for key, x in (("x_train", x_train), ("x_test", x_test)):
         if x.ndim not in (2, 3, 4):
             raise ValueError(
@@ -86,7 +87,7 @@ def _check_features(
 
 
 def _check_labels(
-    path: Path, x_train: np.ndarray, y_train: np.ndarray, x_test: np.ndarray, y_test: np.ndarray
+    path: Path | str, x_train: np.ndarray, y_train: np.ndarray, x_test: np.ndarray, y_test: np.ndarray
 ) -> int:
     """Check the labels against the features; return the number of classes."""
     for key, x, y in (("train", x_train, y_train), ("test", x_test, y_test)):
@@ -149,7 +150,7 @@ def _load_from_function(name: str) -> ImageData | TextData:
             raise ValueError(f"--dataset {name!r} returned a mapping without {missing}; return "
                              f"{{{', '.join(repr(k) + ': array' for k in _NPZ_KEYS)}}}")
         x_train, y_train, x_test, y_test = (np.asarray(made[k]) for k in _NPZ_KEYS)
-        where = Path(f"--dataset {name}")  # the checks name their source as a path
+        where = f"--dataset {name}"  # the checks' messages name their source
         x_train, x_test = _check_features(where, x_train, x_test)
         classes = _check_labels(where, x_train, y_train, x_test, y_test)
         return _image_data(name, x_train, y_train, x_test, y_test, classes)

@@ -11,7 +11,7 @@ try:  # the progress bar comes with the gssgd[cli] extra; the loop runs without 
 except ImportError:  # pragma: no cover - exercised in a subprocess by tests/test_packaging.py
     tqdm = None
 
-__all__ = ["progress_bar", "say"]
+__all__ = ["counter", "progress_bar", "say"]
 
 
 def say(message: str) -> None:
@@ -35,11 +35,19 @@ class _NoBar:
         pass
 
 
-def progress_bar(cfg: Any, start_step: int, show: bool) -> Any:
-    """tqdm's bar over the steps (disabled unless ``show``), or no bar without tqdm."""
+def counter(total: int, desc: str, unit: str, show: bool, initial: int = 0,
+            who: str = "gssgd") -> Any:
+    """tqdm's bar over ``total`` units (disabled unless ``show``), or no bar without tqdm
+    (``who`` says so once when one was asked for). What it returns takes ``update``,
+    ``set_postfix`` and ``close``."""
     if tqdm is not None:
-        return tqdm(total=cfg.steps, initial=start_step, desc=cfg.method, unit="step",
-                    disable=not show, dynamic_ncols=True, mininterval=0.5)
+        return tqdm(total=total, initial=initial, desc=desc, unit=unit, disable=not show,
+                    dynamic_ncols=True, mininterval=0.5)
     if show:
-        say("gssgd train: no progress bar (tqdm is not installed: pip install 'gssgd[cli]')")
+        say(f"{who}: no progress bar (tqdm is not installed: pip install 'gssgd[cli]')")
     return _NoBar()
+
+
+def progress_bar(cfg: Any, start_step: int, show: bool) -> Any:
+    """The training loop's bar over the run's steps (:func:`counter`)."""
+    return counter(cfg.steps, cfg.method, "step", show, initial=start_step, who="gssgd train")
