@@ -42,7 +42,8 @@ def _row(m: dict[str, Any], metric: str) -> list[str]:
             f"{_value(metric, band['mean'])} ({_value(metric, band['low'])}–"
             f"{_value(metric, band['high'])}{failed})",
             "–" if reach["steps"] is None else str(reach["steps"]), shown, spread,
-            _seconds(times.get("1gbit")), _seconds(times.get("10gbit"))]
+            _seconds(times.get("1gbit")), _seconds(times.get("10gbit")),
+            "–" if m["reduction"] is None else f"{fmt_bytes(m['run_bytes'])} ({m['reduction']:.3g}x)"]
 
 
 def _table(header: list[str], rows: list[list[str]]) -> str:
@@ -77,13 +78,24 @@ def markdown(summary: dict[str, Any]) -> str:
             "reaches the target; modeled time is the cost model's step (H200, 20 us "
             "latency) with these bytes.\n\n")
     header = ["method", "trials", "best setting", f"final {metric} (seeds)", "steps",
-              "bytes to target", "by seed", "1 Gbit/s", "10 Gbit/s"]
+              "bytes to target", "by seed", "1 Gbit/s", "10 Gbit/s",
+              "run's bytes (fewer than ref.)"]
     rows = [_row(m, metric) for m in summary["methods"]]
     gs = [m["label"] for m in summary["methods"] if m["method"] == "gs"]
     names = {"bytes": "Fewest bytes", "time_1gbit": "Least time at 1 Gbit/s",
              "time_10gbit": "Least time at 10 Gbit/s"}
     verdicts = [_verdict(names[k], r, gs) for k, r in summary["rankings"].items()]
+    verdicts.append(_reduction(summary["largest_reduction"], metric, ref["label"]))
     return head + _table(header, rows) + "\n\n" + "\n".join(verdicts) + "\n"
+
+
+def _reduction(largest: dict[str, Any] | None, metric: str, reference: str) -> str:
+    """The line on the largest bytes reduction whose final value still reaches the target."""
+    if largest is None:
+        return f"- **Largest bytes reduction within the target**: none but {reference} ends there."
+    return (f"- **Largest bytes reduction within the target**: {largest['label']}, "
+            f"{largest['reduction']:.3g}x fewer bytes than {reference} over the run (final "
+            f"{metric} {_value(metric, largest['final'])}).")
 
 
 def plot(summary: dict[str, Any], curves: dict[str, list[list[Evaluation]]], path: Path) -> Path:

@@ -9,7 +9,13 @@ For each method (its best setting, every seed):
   target (crossing interpolated between evaluations), and each seed's own bytes to it;
 - ``modeled_s``: the modeled seconds to the target at 1 and 10 Gbit/s
   (:mod:`gssgd.study.modeled_time`);
-- ``budget``: the trials its search ran (the same for every method), and its best setting.
+- ``budget``: the trials its search ran (the same for every method), and its best setting;
+- ``run_bytes``: the busiest link's bytes over the whole run (the seeds' mean), and
+  ``reduction``: the reference's over this method's (how many times fewer bytes it sent
+  for the same steps, DeMo's and SparseLoCo's measure).
+
+``largest_reduction``: of the methods whose mean final value reaches the target, the one
+with the largest ``reduction`` (None: none but the reference).
 
 **Ranking** (by bytes, and by modeled time at each link): methods whose mean curve reaches
 the target, fewest first. The leader's lead is a **tie** when either
@@ -66,6 +72,8 @@ def _method_row(spec: StudySpec, label: str, found: dict[str, Any], metric: Metr
                       "by_seed": [_reach(o) for _, o in sorted(seeds.items())]},
         "modeled_step": {"fixed_s": model.fixed, "s_per_byte": model.per_byte},
         "modeled_s": None if steps is None else model.seconds(steps, sent),
+        "run_bytes": _band([o.curve[-1][2] if o.curve else None for o in seeds.values()]
+                           )["mean"],
         "trials": [{"setting": p, "final": o.final, "status": o.status, **_reach(o)}
                    for p, o in found["trials"]],
     }
@@ -134,6 +142,10 @@ def summarise(spec: StudySpec, found: dict[str, dict[str, Any]], metric: Metric,
             parameter count.
     """
     rows = [_method_row(spec, label, f, metric, dense, d) for label, f in found.items()]
+    reference = next(r for r in rows if r["label"] == spec.reference)
+    for r in rows:
+        r["reduction"] = (reference["run_bytes"] / r["run_bytes"]
+                          if r["run_bytes"] and reference["run_bytes"] else None)
     rankings = {"bytes": _ranking(rows, _bytes)}
     for link in LINKS:
         rankings[f"time_{link}"] = _ranking(rows, _seconds(link))
@@ -149,4 +161,19 @@ def summarise(spec: StudySpec, found: dict[str, dict[str, Any]], metric: Metric,
                       "target": metric.target(dense), "margin": metric.margin},
         "methods": rows,
         "rankings": rankings,
+        "largest_reduction": _largest_reduction(rows, spec.reference, metric, dense),
     }
+
+
+def _largest_reduction(rows: list[dict[str, Any]], reference: str, metric: Metric,
+                       dense: float) -> dict[str, Any] | None:
+    """The method with the most bytes saved over the run among those whose mean final value
+    reaches the target (the reference itself left out); None: no other reaches it."""
+    within = [r for r in rows if r["label"] != reference and r["reduction"] is not None
+              and r["final"]["mean"] is not None
+              and not r["final"]["failed"] and metric.reaches(r["final"]["mean"], dense)]
+    if not within:
+        return None
+    best = max(within, key=lambda r: (r["reduction"], r["label"]))
+    return {"label": best["label"], "reduction": best["reduction"],
+            "final": best["final"]["mean"]}

@@ -75,8 +75,11 @@ def test_the_example_study_gives_every_method_the_same_budget(tmp_path: Path) ->
     for ranking in summary["rankings"].values():
         assert ranking["verdict"] in ("wins", "only one reaches", "none reaches") or \
             ranking["verdict"].startswith("tie: ")
+    for row in summary["methods"]:  # the run's bytes against the reference's
+        assert row["reduction"] == pytest.approx(dense["run_bytes"] / row["run_bytes"])
     text = (tmp_path / "summary.md").read_text()
     assert "3 trials per method" in text and "Fewest bytes" in text
+    assert "Largest bytes reduction within the target" in text
 
 
 def test_a_killed_study_resumes_to_the_same_summary(tmp_path: Path) -> None:
@@ -192,6 +195,26 @@ def test_a_lead_inside_the_seeds_or_one_setting_wide_is_a_tie(
 
     ranking = _ranking([_row("b", *runner), _row("a", *leader)], _bytes)
     assert ranking["order"] == ["a", "b"] and ranking["verdict"] == verdict
+
+
+def _ended(label: str, final: float | None, reduction: float | None, failed: int = 0
+           ) -> dict[str, Any]:
+    return {"label": label, "reduction": reduction,
+            "final": {"mean": final, "failed": failed}}
+
+
+def test_the_largest_reduction_counts_only_methods_whose_final_reaches_the_target() -> None:
+    """Loss target dense + 3 % (dense 1.0 -> 1.03): the 300x method ends above it, the 200x
+    one lost a seed, the reference does not count; the 40x one is the answer."""
+    from gssgd.study.curves import LOSS
+    from gssgd.study.summary import _largest_reduction
+
+    rows = [_ended("dense", 1.0, 1.0), _ended("a", 1.02, 40.0), _ended("b", 1.031, 300.0),
+            _ended("c", 1.01, 200.0, failed=1), _ended("d", 1.0, 10.0),
+            _ended("e", None, None)]
+    assert _largest_reduction(rows, "dense", LOSS, 1.0) == {
+        "label": "a", "reduction": 40.0, "final": 1.02}
+    assert _largest_reduction(rows[:1] + rows[2:3], "dense", LOSS, 1.0) is None
 
 
 def test_a_setting_that_diverges_is_the_worst_trial_not_the_end_of_the_study(
