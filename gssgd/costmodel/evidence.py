@@ -53,7 +53,7 @@ class Study:
         target: the target in words ("dense - 0.5 point", "dense's loss + 3 %").
         target_gap: for ``final_gap``: the largest gap that reaches the target (%).
         rows: P -> row -> ``{"seeds", "gap", "steps_ratio"}`` (``gap``: accuracy points
-            against dense for ``steps``, loss % above dense for ``final_gap``).
+            against dense for an image family, loss % above dense for the language family).
         source: the summary it was written from.
     """
 
@@ -116,7 +116,8 @@ class Evidence:
             return (f"final loss {self.gap:+.1f} % ({verdict} the target), steps not "
                     f"measured; {where}")
         if not self.reached:
-            return f"not reached, {self.gap:+.2f} pt; {where}"
+            unit = " %" if self.study.family == "language" else " pt"
+            return f"not reached, {self.gap:+.2f}{unit}; {where}"
         return f"{self.steps_ratio:.2f}x dense's steps; {where}"
 
 

@@ -12,6 +12,9 @@ committed summaries: what ``gssgd advise`` reads for each method's steps to dens
 * ``mnist-equal-budget.json`` (image family; supersedes ``mnist-fair-frontier.json``):
   ``gssgd study``'s summaries of studies/equal_budget/specs/mnist_p*.toml (every method
   with the same trial budget, three seeds for each best, 800 steps evaluated every 50).
+* ``lstm-equal-budget.json`` (language family; supersedes ``lstm-local-steps.json``): the
+  summaries of studies/equal_budget/specs/lstm_p*.toml (AdamW, 600 steps evaluated every
+  50; target dense's loss + 3 %), written once a cell is committed.
 * ``lstm-local-steps.json`` (language family): studies/local_steps/results/lm/summary.json
   (studies/local_steps/report.py): the character LSTM, AdamW, global batch 128, 1,500
   steps; final test loss above dense's (the crossing was not measured). Target: dense's
@@ -23,6 +26,7 @@ tests/costmodel/test_evidence.py checks that the files are what this writes.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import sys
@@ -144,15 +148,31 @@ def _equal_row(m: dict[str, Any], d: int, workers: int) -> str:
     if m["method"] == "powersgd":
         return f"powersgd-r{setting.get('powersgd_rank', 2)}"
     density = setting["density"]
-    return row_key(method_spec(m["method"], d, density, world_size=workers), density)
+    spec = method_spec(m["method"], d, density, world_size=workers,
+                       cols=setting.get("cols"), candidates=setting.get("candidates"))
+    if "prefilter" in setting:  # a searched shape is named as it ran, not as the default
+        spec = dataclasses.replace(spec, prefilter=setting["prefilter"])
+    chunk = setting.get("chunk")
+    return row_key(spec, density) + (f"-chunk{chunk}" if chunk else "")
 
 
-def equal_budget_study(name: str, summaries: list[dict[str, Any]]) -> dict[str, Any]:
-    """An image family's evidence from ``gssgd study``'s summaries of one data set (one per
-    P): each method's best setting (its seeds' mean curve), steps to the target over the
-    reference's. Compressed outer steps (local steps with a sparse method) are not advise
-    candidates yet and are left out."""
+def _gap(m: dict[str, Any], ref: dict[str, Any], metric: str) -> float | None:
+    """A method's final value against the reference's: accuracy points, or loss % above."""
+    if metric == "accuracy":
+        return _round(100 * (m["final"]["mean"] - ref["final"]["mean"]))
+    return round(100 * (m["final"]["mean"] / ref["final"]["mean"] - 1), 1)
+
+
+def equal_budget_study(name: str, summaries: list[dict[str, Any]], family: str = "image",
+                       supersedes: tuple[str, ...] = ("mnist-fair-frontier",)
+                       ) -> dict[str, Any]:
+    """A family's evidence from ``gssgd study``'s summaries of one model (one per P): each
+    method's best setting (its seeds' mean curve), steps to the target over the
+    reference's, and its final gap (accuracy points; for a loss, % above the reference's).
+    Compressed outer steps (local steps with a sparse method) are not advise candidates yet
+    and are left out."""
     rows: dict[str, dict[str, dict[str, Any]]] = {}
+    metric = summaries[0]["metric"]
     for summary in summaries:
         p, d = summary["run"]["workers"], summary["d"]
         ref = next(m for m in summary["methods"] if m["label"] == summary["reference"]["label"])
@@ -165,29 +185,38 @@ def equal_budget_study(name: str, summaries: list[dict[str, Any]]) -> dict[str, 
             steps = m["to_target"]["steps"]
             out[_equal_row(m, d, p)] = {
                 "seeds": len(m["seeds"]),
-                "gap": _round(100 * (m["final"]["mean"] - ref["final"]["mean"])),
+                "gap": _gap(m, ref, metric),
                 "steps_ratio": None if steps is None else _round(steps / ref["to_target"]["steps"]),
             }
         rows[str(p)] = dict(sorted(out.items()))
-    return {"title": f"{name}, equal tuning budgets (gssgd study)", "family": "image",
-            "metric": "steps", "target": "dense's mean accuracy - 0.5 point",
+    target = ("dense's mean accuracy - 0.5 point" if metric == "accuracy"
+              else "dense's mean loss + 3 %")
+    return {"title": f"{name}, equal tuning budgets (gssgd study)", "family": family,
+            "metric": "steps", "target": target,
             "source": "studies/equal_budget/results/", "rows": rows,
-            "supersedes": ["mnist-fair-frontier"]}
+            "supersedes": list(supersedes)}
 
 
-#: The equal-budget study's committed cells that advise reads, by evidence file.
-EQUAL_BUDGET = {"mnist-equal-budget": ("MNIST CNN", ("mnist_p16", "mnist_p64"))}
+#: The equal-budget study's committed cells that advise reads, by evidence file: the
+#: model's name, its cells, its family and the evidence files it supersedes.
+EQUAL_BUDGET = {
+    "mnist-equal-budget": ("MNIST CNN", ("mnist_p16", "mnist_p64"), "image",
+                           ("mnist-fair-frontier",)),
+    "lstm-equal-budget": ("character LSTM", ("lstm_p16", "lstm_p64"), "language",
+                          ("lstm-local-steps",)),
+}
 
 
 def files() -> dict[str, dict[str, Any]]:
     """Evidence file name -> content, from the committed summaries."""
     read = lambda rel: json.loads((ROOT / rel).read_text())  # noqa: E731
     equal = {}
-    for name, (title, cells) in EQUAL_BUDGET.items():
+    for name, (title, cells, family, supersedes) in EQUAL_BUDGET.items():
         found = [ROOT / "studies/equal_budget/results" / c / "summary.json" for c in cells]
         summaries = [json.loads(f.read_text()) for f in found if f.is_file()]
         if summaries:
-            equal[f"evidence/{name}.json"] = equal_budget_study(title, summaries)
+            equal[f"evidence/{name}.json"] = equal_budget_study(title, summaries, family,
+                                                                supersedes)
     return {**equal,
         "evidence/mnist-fair-frontier.json": image_study(
             read("studies/fair_frontier/results/mnist/summary.json")),

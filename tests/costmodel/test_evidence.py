@@ -88,6 +88,7 @@ def test_an_equal_budget_summary_becomes_rows_advise_looks_up() -> None:
     """Each method's best: its row as advise names it, its gap to the reference and its
     steps over the reference's; compressed outer steps left out."""
     summary = {"run": {"workers": 16}, "d": 80_602, "reference": {"label": "dense"},
+               "metric": "accuracy",
                "methods": [
                    _method("dense", "dense", 0.98, 400, {"lr": 0.1}),
                    _method("dense16", "dense", 0.979, 420, {"lr": 0.1},
@@ -102,6 +103,28 @@ def test_an_equal_budget_summary_becomes_rows_advise_looks_up() -> None:
     assert rows["gs-c16-m8-h-pf8@0.003"] == {"seeds": 3, "gap": -0.4, "steps_ratio": 1.5}
     assert rows["powersgd-r4"]["steps_ratio"] is None and rows["dense"]["steps_ratio"] == 1.0
     assert study["supersedes"] == ["mnist-fair-frontier"]
+
+
+def test_a_language_cell_is_evidence_in_loss_percent_with_its_searched_shape() -> None:
+    """A loss study: the gap is % above the reference's loss; gs's row names the shape its
+    best setting ran (m = 32, no pre-filter, by chunk), not the default's."""
+    from studies.cost_model import write_evidence
+
+    summary = {"run": {"workers": 16}, "d": 247_636, "reference": {"label": "dense"},
+               "metric": "loss",
+               "methods": [
+                   _method("dense", "dense", 1.60, 400, {"lr": 0.01}),
+                   _method("gs", "gs", 1.64, 500, {"lr": 0.01, "density": 0.01,
+                                                   "candidates": 32, "prefilter": 0,
+                                                   "chunk": 4096}),
+                   _method("topk", "topk", 1.72, None, {"lr": 0.01, "density": 0.01}),
+               ]}
+    study = write_evidence.equal_budget_study("character LSTM", [summary], "language",
+                                              ("lstm-local-steps",))
+    rows = study["rows"]["16"]
+    assert rows["gs-c16-m32-h@0.01-chunk4096"] == {"seeds": 3, "gap": 2.5, "steps_ratio": 1.25}
+    assert rows["topk@0.01"] == {"seeds": 3, "gap": 7.5, "steps_ratio": None}
+    assert study["family"] == "language" and study["target"] == "dense's mean loss + 3 %"
 
 
 def test_a_superseded_study_is_not_the_one_advise_reads(monkeypatch) -> None:
