@@ -189,8 +189,9 @@ def equal_budget_study(name: str, summaries: list[dict[str, Any]], family: str =
                 "steps_ratio": None if steps is None else _round(steps / ref["to_target"]["steps"]),
             }
         rows[str(p)] = dict(sorted(out.items()))
-    target = ("dense's mean accuracy - 0.5 point" if metric == "accuracy"
-              else "dense's mean loss + 3 %")
+    margin = 100 * summaries[0]["reference"]["margin"]
+    target = (f"dense's mean accuracy - {margin:g} point" if metric == "accuracy"
+              else f"dense's mean loss + {margin:g} %")
     return {"title": f"{name}, equal tuning budgets (gssgd study)", "family": family,
             "metric": "steps", "target": target,
             "source": "studies/equal_budget/results/", "rows": rows,

@@ -87,8 +87,8 @@ def _method(label: str, method: str, final: float, steps: int | None, setting: d
 def test_an_equal_budget_summary_becomes_rows_advise_looks_up() -> None:
     """Each method's best: its row as advise names it, its gap to the reference and its
     steps over the reference's; compressed outer steps left out."""
-    summary = {"run": {"workers": 16}, "d": 80_602, "reference": {"label": "dense"},
-               "metric": "accuracy",
+    summary = {"run": {"workers": 16}, "d": 80_602,
+               "reference": {"label": "dense", "margin": 0.005}, "metric": "accuracy",
                "methods": [
                    _method("dense", "dense", 0.98, 400, {"lr": 0.1}),
                    _method("dense16", "dense", 0.979, 420, {"lr": 0.1},
@@ -103,6 +103,7 @@ def test_an_equal_budget_summary_becomes_rows_advise_looks_up() -> None:
     assert rows["gs-c16-m8-h-pf8@0.003"] == {"seeds": 3, "gap": -0.4, "steps_ratio": 1.5}
     assert rows["powersgd-r4"]["steps_ratio"] is None and rows["dense"]["steps_ratio"] == 1.0
     assert study["supersedes"] == ["mnist-fair-frontier"]
+    assert study["target"] == "dense's mean accuracy - 0.5 point"
 
 
 def test_a_language_cell_is_evidence_in_loss_percent_with_its_searched_shape() -> None:
@@ -110,8 +111,8 @@ def test_a_language_cell_is_evidence_in_loss_percent_with_its_searched_shape() -
     best setting ran (m = 32, no pre-filter, by chunk), not the default's."""
     from studies.cost_model import write_evidence
 
-    summary = {"run": {"workers": 16}, "d": 247_636, "reference": {"label": "dense"},
-               "metric": "loss",
+    summary = {"run": {"workers": 16}, "d": 247_636,
+               "reference": {"label": "dense", "margin": 0.03}, "metric": "loss",
                "methods": [
                    _method("dense", "dense", 1.60, 400, {"lr": 0.01}),
                    _method("gs", "gs", 1.64, 500, {"lr": 0.01, "density": 0.01,
