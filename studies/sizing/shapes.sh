@@ -17,7 +17,6 @@ shape() {  # shape name, k -> the flags (default: none)
   local c16=$((16 * $2)) c40=$((40 * $2)) wire="--table-dtype float16 --prefilter 8 --allreduce backend"
   case $1 in
     default) echo "" ;;
-    default-explicit) echo "--cols $c40 --candidates 32 --table-dtype float32 --prefilter 8 --allreduce recursive_doubling" ;;
     narrow) echo "--cols $c16 --candidates 8 $wire" ;;
     narrow-m32) echo "--cols $c16 --candidates 32 $wire" ;;
     wide-m8) echo "--cols $c40 --candidates 8 --table-dtype float32 --prefilter 8 --allreduce recursive_doubling" ;;

@@ -38,6 +38,11 @@ SHAPES = {
 MIN_AUDITS = 10
 
 
+def _metric(model: str) -> Metric:
+    """What a model's runs are judged on: the CNN's accuracy, the LSTM's loss."""
+    return ACCURACY if model == "cnn" else LOSS
+
+
 def _runs(root: Path) -> dict[tuple[int, str, str], list[list[dict]]]:
     """(P, model, shape) -> each seed's metrics records."""
     found: dict[tuple[int, str, str], list[list[dict]]] = {}
@@ -53,8 +58,7 @@ def _runs(root: Path) -> dict[tuple[int, str, str], list[list[dict]]]:
 
 def _row(p: int, model: str, shape: str, seeds: list[list[dict]], dense: float | None
          ) -> list[str]:
-    metric: Metric = ACCURACY if model == "cnn" else LOSS
-    curves = [curve_of(r, metric) for r in seeds]
+    curves = [curve_of(r, _metric(model)) for r in seeds]
     finals = [c[-1][1] for c in curves]
     mean = statistics.mean(finals)
     if dense is None or shape == "dense":
@@ -87,7 +91,7 @@ def table(root: Path) -> str:
             key[0], key[1], order.index(key[2]) if key[2] in order else len(order))):
         dense = runs.get((p, model, "dense"))
         ref = None if dense is None else statistics.mean(
-            curve_of(r, ACCURACY if model == "cnn" else LOSS)[-1][1] for r in dense)
+            curve_of(r, _metric(model))[-1][1] for r in dense)
         rows.append(_row(p, model, shape, runs[(p, model, shape)], ref))
     head = ["P", "model", "shape", "seeds", "final (seeds)", "vs dense", "run's bytes",
             "steady step", "to dense − 0.5 pt", "audited recall"]
