@@ -109,8 +109,8 @@ def run_trial(cfg: TrainConfig, out: Path, meta: dict[str, Any]) -> dict[str, An
 @dataclass(frozen=True)
 class Outcome:
     """What one run reached: its final value (None: it stopped early, ``status`` says
-    why), its curve, the model's size, and (given dense's value) the steps and busiest-link bytes until the
-    target (None: never)."""
+    why), its curve, the model's size, and (given dense's value) the steps and
+    busiest-link bytes until the target (None: never)."""
 
     final: float | None
     curve: list[Evaluation]

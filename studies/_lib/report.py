@@ -310,5 +310,3 @@ def save_png(fig: Any, path: Path, dpi: int = 110, shrink: bool = True) -> Path:
     if shrink:
         shrink_png(path)
     return path
-
-

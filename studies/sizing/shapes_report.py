@@ -14,7 +14,6 @@ audited recall (mean over a run's audits, for runs that audited every 20 steps:
 
 from __future__ import annotations
 
-import json
 import statistics
 import sys
 from pathlib import Path
@@ -22,7 +21,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from gssgd.bench.formatting import fmt_bytes  # noqa: E402
 from gssgd.study.curves import ACCURACY, LOSS, Metric, curve_of, reach_on_mean_curve  # noqa: E402,I001
-from studies._lib.report import markdown_table  # noqa: E402
+from studies._lib.report import markdown_table, read_metrics  # noqa: E402
 
 #: Shapes in the order the table lists them, with what each is.
 SHAPES = {
@@ -51,9 +50,14 @@ def _runs(root: Path) -> dict[tuple[int, str, str], list[list[dict]]]:
             continue  # still running
         name = path.parent.name.rsplit("-s", 1)[0]
         model, shape = name.split("-", 1)
-        records = [json.loads(line) for line in path.read_text().splitlines()]
+        records = read_metrics(path)
         found.setdefault((int(path.parent.parent.name[1:]), model, shape), []).append(records)
     return found
+
+
+def _value(model: str, v: float) -> str:
+    """An accuracy in per cent, a loss as it is."""
+    return f"{100 * v:.2f}" if model == "cnn" else f"{v:.4f}"
 
 
 def _row(p: int, model: str, shape: str, seeds: list[list[dict]], dense: float | None
@@ -67,8 +71,8 @@ def _row(p: int, model: str, shape: str, seeds: list[list[dict]], dense: float |
         gap = f"{100 * (mean - dense):+.2f} pt"
     else:
         gap = f"{100 * (mean / dense - 1):+.1f} %"
-    shown = (f"{100 * mean:.2f} %" if model == "cnn" else f"{mean:.4f}") + \
-        f" ({', '.join(f'{100 * f:.2f}' if model == 'cnn' else f'{f:.4f}' for f in finals)})"
+    shown = (f"{_value(model, mean)}{' %' if model == 'cnn' else ''} "
+             f"({', '.join(_value(model, f) for f in finals)})")
     reach = "–"
     if model == "cnn" and dense is not None and shape != "dense":
         _, sent = reach_on_mean_curve(curves, ACCURACY, dense)  # dense - 0.5 point
