@@ -3,7 +3,7 @@
 # with m = 8 and the ring would cost each model below 16 workers (issue #48). Runs go to
 # runs/sizing-shapes/P<P>/<model>-<shape>-s<seed>/ (git-ignored); the table:
 #   .venv/bin/python studies/sizing/shapes_report.py runs/sizing-shapes > studies/sizing/results/shapes.md
-# Cost on the 2-core machine: ~1 min a CNN run, ~3 min an LSTM run at P = 4 (5 at P = 8);
+# SECTION=rule runs only the last section (the adopted rule's arm). Cost on the 2-core machine: ~1 min a CNN run, ~3 min an LSTM run at P = 4 (5 at P = 8);
 # the whole grid ~2.5 CPU-hours.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -25,6 +25,7 @@ shape() {  # shape name, k -> the flags (default: none)
   esac
 }
 K_CNN=81; K_LM=248   # round(0.001 d): d = 80,602 and 247,636
+if [ "${SECTION:-all}" = all ]; then
 # P = 4, seed 0: every shape, the guard's recall traced
 for s in default narrow narrow-m32 wide16-m8; do
   $TRACE $CNN --workers 4 --global-batch 64 --seed 0 $GS $(shape $s $K_CNN) --out $R/P4/cnn-$s-s0
@@ -53,5 +54,21 @@ for seed in 0 1 2; do
     [ "$P$seed" = 40 ] && continue
     $T $CNN --workers $P --global-batch $((16 * P)) --seed $seed $GS $(shape wide16-m8 $K_CNN) --out $R/P$P/cnn-wide16-m8-s$seed
     $T $LM --workers $P --seed $seed $GS $(shape wide16-m8 $K_LM) --out $R/P$P/lm-wide16-m8-s$seed
+  done
+done
+fi
+# the rule adopted below 16 workers (float16 tables and the ring, 40·k columns, m = 32):
+# three seeds at P = 4 and 8 (runs already there are kept); alone with SECTION=rule
+for seed in 0 1 2; do
+  for P in 4 8; do
+    for model in cnn lm; do
+      out=$R/P$P/$model-wide16-m32-s$seed
+      [ -f $out/summary.json ] && continue
+      if [ $model = cnn ]; then
+        $T $CNN --workers $P --global-batch $((16 * P)) --seed $seed $GS $(shape wide16-m32 $K_CNN) --out $out
+      else
+        $T $LM --workers $P --seed $seed $GS $(shape wide16-m32 $K_LM) --out $out
+      fi
+    done
   done
 done
