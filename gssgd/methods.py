@@ -314,11 +314,13 @@ register_method(
 register_method(
     Method(
         "gs",
-        "gs-SGD, recursive-doubling sketch all-reduce + exact round",
+        "gs-SGD, sketch all-reduce (float16 tables, ring) + exact round",
         GlobalSketchSGD,
         variants=(
             Variant("gs-backend", "gs-SGD with the backend's (ring) all-reduce",
                     {"allreduce": "backend"}),
+            Variant("gs-rd", "gs-SGD with float32 tables summed by recursive doubling",
+                    {"allreduce": "recursive_doubling", "table_dtype": torch.float32}),
             Variant("gs-estimate", "gs-SGD without the exact round (exact=False)",
                     {"exact": False}),
             Variant("gs-small", "gs-SGD with a sketch of a quarter of the columns",

@@ -287,21 +287,23 @@ def _replays_the_reference(method: str, world_size: int) -> tuple[list, int]:
     return aggs, k
 
 
-def test_below_sixteen_workers_gs_keeps_the_small_p_default() -> None:
+def test_below_sixteen_workers_gs_keeps_the_small_p_width_and_candidates() -> None:
+    """40·k columns and m = 32 (both capped here: d/4 and d/(8k)), float16 and the ring as
+    at every P."""
     world = SimulatedWorld(8)
     opts = make_aggregator("gs", 4000, density=0.01, group=world.rank(0)).options
     assert (opts.cols, opts.candidates, opts.prefilter, opts.allreduce, opts.table_dtype) == (
-        1000, 12, 8, "recursive_doubling", torch.float32)
+        1000, 12, 8, "backend", torch.float16)
 
 
 def test_gs_spaces_its_audits_by_its_own_bytes() -> None:
     """The MNIST CNN's d at density 0.001: with the dense audit, the small-P shape on 4
-    workers keeps audits about 200 steps apart, while the many-workers shape on 64 sends so
+    workers (float16 tables on the ring) spaces audits about 380 steps apart, while the many-workers shape on 64 sends so
     little that a dense audit every 200 steps would add half its bytes, so later audits come
     over a thousand steps apart; the default pool audit costs so little that every shape
     audits at the 200-step floor."""
     d = 80_602
-    for world_size, audit, low, high in ((4, "dense", 200, 260), (64, "dense", 1000, 1500),
+    for world_size, audit, low, high in ((4, "dense", 350, 420), (64, "dense", 1000, 1500),
                                          (4, "tops", 200, 200), (64, "tops", 200, 200)):
         agg = make_aggregator("gs", d, density=0.001, group=SimulatedWorld(world_size).rank(0),
                               audit=audit)

@@ -2,35 +2,44 @@
 Sketched-SGD, a function of the gradient length d, the k a step delivers and the number of
 workers P.
 
-The rule has two shapes. Below :data:`MANY_WORKERS` workers a step sums few tables, so a
-wide float32 table (40·k columns) and many exact candidates (m = 32) buy recall cheaply, and
-recursive doubling's log2 P rounds cost little. From :data:`MANY_WORKERS` on, the tables'
-bytes dominate: each rank sketches only its 8·k largest coordinates (so the summed sketch
-holds at most 8·k·P of them, not every rank's tail), the table shrinks to 16·k columns of
-float16 with m = 8, and the backend's ring all-reduce sums it (its ``2(P-1)/P`` payloads per
-rank do not grow with P).
+One rule for every P: one row; each rank sketches only its 8·k largest coordinates (so the
+summed sketch holds at most 8·k·P of them, not every rank's tail); float16 tables summed by
+the backend's ring all-reduce (``2(P-1)/P`` payloads per rank, which do not grow with P).
+Only the table's width and the exact candidates follow P: below :data:`MANY_WORKERS`
+workers 40·k columns and m = 32 candidates per delivered coordinate (few tables are summed,
+and a language model's flatter gradient needs the recall: fewer candidates cost the
+character LSTM loss and the CNN nothing); from it 16·k columns and m = 8, where the
+tables' bytes dominate a step.
+
+Streamed gs (:mod:`gssgd.ddp.stream`) sketches every coordinate (a pre-filter needs the
+whole gradient before the first bucket), so it keeps float32 tables (40·k columns, m = 32:
+:func:`streaming_shape`) at every P.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
+from typing import Any
 
 import torch
 
 __all__ = [
-    "DEFAULT_ROWS", "MANY_WORKERS", "SketchShape", "default_candidates", "default_sketch_cols",
-    "sketch_default_shape",
+    "DEFAULT_CANDIDATES", "DEFAULT_ROWS", "MANY_WORKERS", "SketchShape", "default_candidates",
+    "default_sketch_cols", "sketch_default_shape", "streaming_options", "streaming_shape",
 ]
 
 #: Default rows of a sketch (odd, so the median is one of them).
 DEFAULT_ROWS = 1
-#: From this many workers on, the sketching methods take their many-workers shape.
+#: From this many workers on, the sketching methods take their narrower (16·k) table.
 MANY_WORKERS = 16
+#: m from :data:`MANY_WORKERS` workers on (capped at d / 8); below it :func:`default_candidates`.
+DEFAULT_CANDIDATES = 8
 
 
 def default_sketch_cols(d: int, k: int, rows: int = 1) -> int:
-    """The small-P sketch width: ``40 * k`` columns, capped at ``d / (4 * rows)`` (past that a
-    sketch cannot beat sending the vector) unless that cap is below 256 columns.
+    """The wide sketch width (below :data:`MANY_WORKERS` workers, and streamed gs's at any
+    P): ``40 * k`` columns, capped at ``d / (4 * rows)`` (past that a sketch cannot beat
+    sending the vector) unless that cap is below 256 columns.
 
     One row of 40·k columns recovers as much of the exact global top-k mass, once the exact
     candidate round repairs the estimates, as five rows of 10·k at equal bytes, for a fifth
@@ -40,8 +49,9 @@ def default_sketch_cols(d: int, k: int, rows: int = 1) -> int:
 
 
 def default_candidates(d: int, k: int) -> int:
-    """The small-P ``m``: 32 candidates per delivered coordinate, capped so ``m * k <= d / 8``
-    (exact candidates buy more recall per byte than columns)."""
+    """``m`` below :data:`MANY_WORKERS` workers (and streamed gs's at any P): 32 candidates
+    per delivered coordinate, capped so ``m * k <= d / 8`` (exact candidates buy recall
+    back where a wide sketch of few tables still misses some of a flat gradient's top-k)."""
     return max(1, min(32, d // (8 * k)))
 
 
@@ -64,30 +74,47 @@ class SketchShape:
     table_dtype: torch.dtype
     prefilter: int  # 0: off
 
+    def options(self) -> dict[str, Any]:
+        """The shape as aggregator options, by field name."""
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
 
 def sketch_default_shape(d: int, k: int, rows: int = DEFAULT_ROWS,
                          world_size: int | None = None) -> SketchShape:
     """The defaults of both sketching methods for ``d``, ``k``, ``rows`` and ``world_size``
-    workers: the one place they are decided.
+    workers (None: unknown, taken as fewer than :data:`MANY_WORKERS`): the one place they
+    are decided (the module doc has the rule).
 
-    * ``world_size`` < :data:`MANY_WORKERS` (or None, unknown): one row of
-      :func:`default_sketch_cols` (40·k) columns, m = :func:`default_candidates` (32),
-      float32 tables summed by recursive doubling, and a pre-filter of 8·k (it costs no
-      bytes and keeps a narrow sketch from collapsing on heavy-tailed gradients).
-    * ``world_size`` >= :data:`MANY_WORKERS`: 16·k columns, m = 8, float16 tables summed by
-      the backend's ring all-reduce, the pre-filter of 8·k.
+    * every P: each rank's 8·k largest coordinates, float16 tables, the backend's ring;
+    * below :data:`MANY_WORKERS` workers: :func:`default_sketch_cols` (40·k) columns and
+      m = :func:`default_candidates` (32);
+    * from it: 16·k columns and m = :data:`DEFAULT_CANDIDATES` (8), under the same caps (at
+      most ``d / (4 * rows)`` columns, at least 256; at most ``d / 8`` candidates).
 
-    The small-P caps apply to both (at most ``d / (4 * rows)`` columns, at least 256; at most
-    ``d / 8`` candidates). Sketched-SGD takes the same shape (``allreduce`` aside: its tables
-    go to a server, which widens 16-bit tables and sums them in float32).
+    Sketched-SGD takes the same shape (``allreduce`` aside: its tables go to a server, which
+    widens 16-bit tables and sums them in float32).
     """
     if world_size is None or world_size < MANY_WORKERS:
-        return SketchShape(default_sketch_cols(d, k, rows), default_candidates(d, k),
-                           "recursive_doubling", torch.float32, 8)
-    return SketchShape(
-        cols=max(1, min(16 * k, max(256, d // (4 * rows)))),
-        candidates=max(1, min(8, d // (8 * k))),
-        allreduce="backend",
-        table_dtype=torch.float16,
-        prefilter=8,
-    )
+        cols, candidates = default_sketch_cols(d, k, rows), default_candidates(d, k)
+    else:
+        cols = max(1, min(16 * k, max(256, d // (4 * rows))))
+        candidates = max(1, min(DEFAULT_CANDIDATES, d // (8 * k)))
+    return SketchShape(cols, candidates, "backend", torch.float16, prefilter=8)
+
+
+def streaming_shape(d: int, k: int, rows: int = DEFAULT_ROWS) -> SketchShape:
+    """Streamed gs's shape at every P: the small-P width and m (:func:`default_sketch_cols`,
+    :func:`default_candidates`) in float32 tables, no pre-filter (it sketches every
+    coordinate, bucket by bucket), the backend's ring."""
+    return SketchShape(default_sketch_cols(d, k, rows), default_candidates(d, k), "backend",
+                       torch.float32, 0)
+
+
+def streaming_options(d: int, k: int, given: dict[str, Any]) -> dict[str, Any]:
+    """The options streamed gs runs with: ``given`` (an option set to None counts as not
+    given) over :func:`streaming_shape`, and never a pre-filter. A bad value is left for
+    :func:`gssgd.aggregators.build_options` to refuse with its message."""
+    chosen = {n: v for n, v in given.items() if v is not None}
+    rows = chosen.get("rows", DEFAULT_ROWS)
+    shape = streaming_shape(d, k, rows if isinstance(rows, int) and rows > 0 else DEFAULT_ROWS)
+    return {**shape.options(), **chosen, "prefilter": 0}

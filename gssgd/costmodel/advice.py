@@ -198,10 +198,12 @@ class Candidate:
 
     def options(self) -> dict[str, Any]:
         """The aggregator options this candidate sets away from its method's defaults at
-        its number of workers (the density warm-up and PowerSGD's shapes aside)."""
+        its number of workers, or streamed gs's (the density warm-up and PowerSGD's shapes
+        aside)."""
         base = method_spec(self.spec.aggregator, self.spec.d, k=self.spec.k,
-                           world_size=self.default_workers,
-                           shapes=self.spec.shapes).aggregator_options()
+                           world_size=self.default_workers, shapes=self.spec.shapes,
+                           streamed=self.settings.get("overlap") == "stream"
+                           ).aggregator_options()
         mine = self.spec.aggregator_options()
         changed = {k: v for k, v in mine.items()
                    if base.get(k) != v and k not in _WARMUP_KEYS and k != "shapes"}
@@ -354,11 +356,12 @@ def _candidate(name: str, params: int, workers: int, link: Link, device: Device,
         variant = "dense"
     method, _ = get_variant(variant)  # a clear error for an unknown name
     warm = warmup_steps_recipe(method.name) if warmup_steps is None else warmup_steps
-    # gs's default shape depends on P (sketch_default_shape); streaming keeps the small-P
-    # shape (its regions cannot pre-filter: gssgd.ddp.stream)
+    # gs's default shape depends on P (sketch_default_shape); streaming has its own shape
+    # (its regions cannot pre-filter: gssgd.ddp.stream)
     shape_for = None if overlap is not None else workers
     spec = method_spec(variant, params, density, warmup_steps=warm, world_size=shape_for,
-                       shapes=None if shapes is None else tuple(tuple(s) for s in shapes))
+                       shapes=None if shapes is None else tuple(tuple(s) for s in shapes),
+                       streamed=overlap is not None)
     step = predict_step(spec, workers, link, device, network, fwdbwd_s=fwdbwd_s,
                         overlap="none" if h else overlap)
     warmup = predict_warmup(spec, workers, link, network)

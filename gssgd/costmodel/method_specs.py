@@ -19,7 +19,7 @@ import torch
 from gssgd.aggregators import build_options
 from gssgd.aggregators.base import index_dtype
 from gssgd.aggregators.options import resolve_k
-from gssgd.aggregators.sizing import DEFAULT_ROWS
+from gssgd.aggregators.sizing import DEFAULT_ROWS, streaming_options
 from gssgd.comm import Traffic
 from gssgd.methods import BENCH_VARIANTS, get_method, get_variant
 
@@ -182,6 +182,7 @@ def method_spec(
     warmup_density: float = 0.25,
     world_size: int | None = None,
     shapes: tuple[tuple[int, ...], ...] | None = None,
+    streamed: bool = False,
 ) -> MethodSpec:
     """The :class:`MethodSpec` of benchmark method ``name`` for vectors of length ``d``.
 
@@ -192,22 +193,23 @@ def method_spec(
         k: the count instead of ``density``.
         rows: sketch rows (odd); used by methods with a sketch.
         cols: sketch columns; None for the aggregators' default
-            (:func:`gssgd.aggregators.sizing.default_sketch_cols`). ``gs-small`` uses a
+            (:func:`gssgd.aggregators.sizing.sketch_default_shape`). ``gs-small`` uses a
             quarter of it (at least 256).
         candidates: m; the sketch proposes ``m * k`` candidates; None for the aggregators'
-            default (:func:`gssgd.aggregators.sizing.default_candidates`).
+            default (:func:`gssgd.aggregators.sizing.sketch_default_shape`).
         seed: hash seed.
         warmup_steps, warmup_density: a density warm-up, for a method whose options take
             one (others ignore it): see :func:`warmup_traffic`.
         world_size: the number of workers the method's defaults are resolved for (gs's
             shape depends on it: :func:`gssgd.aggregators.sizing.sketch_default_shape`);
-            None: the small-P defaults.
+            None: the defaults below 16 workers.
         shapes: the layer shapes, for PowerSGD (None: one near-square matrix).
+        streamed: gs as the DDP hook streams it (its sizes:
+            :func:`gssgd.aggregators.sizing.streaming_options`; ``world_size`` changes none).
 
     Returns:
-        The spec, with every size resolved exactly as :func:`gssgd.make_aggregator` would
-        resolve it (through :func:`gssgd.aggregators.build_options`), then the variant's
-        overrides applied.
+        The spec, every size resolved as :func:`gssgd.make_aggregator` would (through
+        :func:`gssgd.aggregators.build_options`), then the variant's overrides applied.
 
     Raises:
         ValueError: an unknown name (the message lists the valid ones), or a bad size.
@@ -220,12 +222,11 @@ def method_spec(
              "warmup_steps": warmup_steps, "warmup_density": warmup_density,
              "shapes": shapes}  # fmt: skip
     given = {n: v for n, v in shape.items() if n in names}
-    if cls.sends_all:
-        resolve_k(d, density, None)  # validates d and density
-        _, kk, opts = build_options(method.name, d, density, world_size, **given)
-    else:
-        kk = resolve_k(d, density, k)
-        _, kk, opts = build_options(method.name, d, None, world_size, k=kk, **given)
+    kk = resolve_k(d, density, None if cls.sends_all else k)  # validates d and the level
+    if streamed:
+        given = streaming_options(d, kk, given)
+    level = {"density": density} if cls.sends_all else {"density": None, "k": kk}
+    _, kk, opts = build_options(method.name, d, world_size=world_size, **level, **given)
     return _spec_of_options(name, method.name, d, kk, variant.apply(opts))
 
 

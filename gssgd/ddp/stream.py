@@ -37,12 +37,11 @@ Differences from whole-model gs, by design:
 
 * The regions are summed with the backend's all-reduce (ring, counted ``2(P-1)/P`` of
   the region's bytes), the only one that runs asynchronously, and by default so is the
-  exact round (``allreduce=`` still chooses it; whole-model gs below 16 workers uses
-  recursive doubling).
-* The sketch keeps the small-P shape (:func:`~gssgd.aggregators.sizing.sketch_default_shape`:
-  40·k columns, m = 32, float32) at every ``P`` and sketches every coordinate: the
-  pre-filter needs the whole gradient before bucket 0, and the many-workers shape's narrow
-  table relies on it.
+  exact round (``allreduce=`` still chooses it).
+* The sketch takes :func:`~gssgd.aggregators.sizing.streaming_shape` (40·k float32
+  columns, m = 32) at every ``P`` and sketches every coordinate: the pre-filter needs the
+  whole gradient before bucket 0, and the default shape's float16 table and m = 8 rely on
+  it.
 * The residual is kept in bucket order (bucket index, then DDP's order inside it), like
   per-bucket mode: a resume needs the same bucket layout (same model and
   ``bucket_cap_mb``). The layout is recorded in a dense iteration, so each process runs
@@ -63,6 +62,8 @@ import torch
 import torch.distributed as dist
 
 from gssgd.aggregators import build_options
+from gssgd.aggregators.options import resolve_k
+from gssgd.aggregators.sizing import streaming_options
 from gssgd.comm import completed_future, new_future
 from gssgd.ddp.core import HookCore, Layout
 from gssgd.ddp.streaming_gs import StreamingGS
@@ -116,12 +117,9 @@ def _aggregator(state: HookCore, layouts: list[Layout]) -> StreamingGS:
     state.settings.check_k(d, "the whole model")
     # every coordinate is sketched: a pre-filter needs the whole gradient before bucket 0;
     # the regions go by the backend's ring, and so, unless asked otherwise, does the exact round
-    # (the small-P shape at every P: the many-workers shape's narrow table needs the pre-filter)
-    given = state.settings.options
-    _, k, options = build_options(
-        "gs", d, state.density,
-        **{**given, "prefilter": 0, "allreduce": given.get("allreduce") or "backend"},
-    )
+    # (streaming's own shape at every P: the default's float16 table and m = 8 need the pre-filter)
+    given = streaming_options(d, resolve_k(d, state.density, None), state.settings.options)
+    _, k, options = build_options("gs", d, state.density, **given)
     agg = StreamingGS(sizes, d, k, options, state.group)
     if 0 in state._saved:
         agg.load_state_dict(state._saved.pop(0))

@@ -16,7 +16,7 @@ GS="--method gs --density 0.001"
 shape() {  # shape name, k -> the flags (default: none)
   local c16=$((16 * $2)) c40=$((40 * $2)) wire="--table-dtype float16 --prefilter 8 --allreduce backend"
   case $1 in
-    default) echo "" ;;
+    default) echo "--cols $c40 --candidates 32 --table-dtype float32 --prefilter 8 --allreduce recursive_doubling" ;;  # the default before #48
     narrow) echo "--cols $c16 --candidates 8 $wire" ;;
     narrow-m32) echo "--cols $c16 --candidates 32 $wire" ;;
     wide-m8) echo "--cols $c40 --candidates 8 --table-dtype float32 --prefilter 8 --allreduce recursive_doubling" ;;
@@ -47,8 +47,8 @@ for seed in 0 1 2; do
   $T $LM --workers 8 --seed $seed --method dense --out $R/P8/lm-dense-s$seed
   for P in 4 8; do
     [ "$P$seed" = 40 ] && continue   # traced above
-    $T $CNN --workers $P --global-batch $((16 * P)) --seed $seed $GS --out $R/P$P/cnn-default-s$seed
-    $T $LM --workers $P --seed $seed $GS --out $R/P$P/lm-default-s$seed
+    $T $CNN --workers $P --global-batch $((16 * P)) --seed $seed $GS $(shape default $K_CNN) --out $R/P$P/cnn-default-s$seed
+    $T $LM --workers $P --seed $seed $GS $(shape default $K_LM) --out $R/P$P/lm-default-s$seed
   done
   for P in 4 8; do
     [ "$P$seed" = 40 ] && continue

@@ -26,12 +26,12 @@ from studies._lib.report import markdown_table, read_metrics  # noqa: E402
 #: Shapes in the order the table lists them, with what each is.
 SHAPES = {
     "dense": "dense (the reference)",
-    "default": "default: 40·k float32, m = 32, recursive doubling",
+    "default": "earlier default: 40·k float32, m = 32, recursive doubling",
     "narrow": "many-workers shape: 16·k float16, m = 8, ring",
     "narrow-m32": "16·k float16, m = 32, ring",
     "wide-m8": "40·k float32, m = 8, recursive doubling",
     "wide16-m8": "40·k float16, m = 8, ring",
-    "wide16-m32": "40·k float16, m = 32, ring",
+    "wide16-m32": "default (since #48): 40·k float16, m = 32, ring",
 }
 #: Audits every 20 steps make a recall trace (a default run audits twice or so).
 MIN_AUDITS = 10

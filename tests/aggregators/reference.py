@@ -104,25 +104,18 @@ class RefSketch:
 # ---------------------------------------------------------------------------- defaults
 def default_sketch(d: int, k: int, world_size: int = 1) -> dict:
     """The sketch shape gssgd ships as its default, from its documentation (docs/sizing.md,
-    ``SketchedOptions``; docs/study.md for many workers), restated here.
+    ``SketchedOptions``), restated here.
 
-    Below 16 workers: one row, ``40 k`` columns capped at ``max(256, d / 4)``, and ``m = 32``
-    candidates per selected coordinate capped so that ``m k <= d / 8``; the ranks sketch
-    only their own ``8 k`` largest coordinates (both methods: one rule sizes both).
-    From 16 workers on: ``16 k`` columns and ``m = 8`` under the same caps,
-    the same pre-filter, float16 tables on the wire (and, for gs, the backend's
-    all-reduce)."""
-    if world_size < 16:
-        return {
-            "rows": 1,
-            "cols": max(1, min(40 * k, max(256, d // 4))),
-            "candidates": max(1, min(32, d // (8 * k))),
-            "prefilter": 8,
-        }
+    At every P: one row, the ranks sketching only their own ``8 k`` largest coordinates
+    (both methods: one rule sizes both), float16 tables on the wire (and, for gs, the
+    backend's all-reduce). Below 16 workers ``40 k`` columns and ``m = 32`` candidates per
+    selected coordinate, from 16 on ``16 k`` and ``m = 8``; columns capped at
+    ``max(256, d / 4)``, candidates so that ``m k <= d / 8``."""
+    per_k, m = (40, 32) if world_size < 16 else (16, 8)
     return {
         "rows": 1,
-        "cols": max(1, min(16 * k, max(256, d // 4))),
-        "candidates": max(1, min(8, d // (8 * k))),
+        "cols": max(1, min(per_k * k, max(256, d // 4))),
+        "candidates": max(1, min(m, d // (8 * k))),
         "prefilter": 8,
         "table16": True,
     }

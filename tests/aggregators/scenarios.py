@@ -18,7 +18,10 @@ D = 3000
 #: something. Error feedback carries residuals from the first step on; more steps would
 #: only repeat the same code paths (the P = 8 run was the slowest test of the suite at 50).
 STEPS = CollapseGuard().first_audit + 5
-SKETCH = {"rows": 5, "cols": 300, "candidates": 3}
+#: A fixed sketch with float32 tables (the default's are float16), for both sketching methods
+SKETCH = {"rows": 5, "cols": 300, "candidates": 3, "table_dtype": torch.float32}
+#: ... and gs's tables summed by recursive doubling (the default is the backend's ring)
+GS_SKETCH = {**SKETCH, "allreduce": "recursive_doubling"}
 
 #: config name -> (method, options incl. density or k, vector length)
 CONFIGS: dict[str, tuple[str, dict, int]] = {
@@ -33,38 +36,38 @@ CONFIGS: dict[str, tuple[str, dict, int]] = {
     "gtopk_ef21m": ("gtopk", {"density": 0.01, "feedback": "ef21", "momentum": 0.9}, D),
     "sketched_ef21m": ("sketched", {"density": 0.01, "feedback": "ef21", "momentum": 0.9,
                                     **SKETCH}, D),
-    "gs_ef21m": ("gs", {"density": 0.01, "feedback": "ef21", "momentum": 0.9, **SKETCH}, D),
+    "gs_ef21m": ("gs", {**GS_SKETCH, "density": 0.01, "feedback": "ef21", "momentum": 0.9}, D),
     # the aggregator's momentum with masking, 1-bit Adam's compressed momentum, and
     # FetchSGD's momentum in sketch space
     "topk_global": ("topk", {"density": 0.01, "feedback": "global", "momentum": 0.9}, D),
-    "gs_global": ("gs", {"density": 0.01, "feedback": "global", "momentum": 0.9, **SKETCH}, D),
+    "gs_global": ("gs", {**GS_SKETCH, "density": 0.01, "feedback": "global", "momentum": 0.9}, D),
     "topk_onebit": ("topk", {"density": 0.01, "feedback": "onebit", "momentum": 0.9}, D),
     "gtopk_onebit": ("gtopk", {"density": 0.01, "feedback": "onebit", "momentum": 0.9}, D),
     "sketched_onebit": ("sketched", {"density": 0.01, "feedback": "onebit", "momentum": 0.9,
                                      **SKETCH}, D),
-    "gs_onebit": ("gs", {"density": 0.01, "feedback": "onebit", "momentum": 0.9, **SKETCH}, D),
+    "gs_onebit": ("gs", {**GS_SKETCH, "density": 0.01, "feedback": "onebit", "momentum": 0.9}, D),
     "sketched_fetchsgd": ("sketched", {"density": 0.01, "feedback": "fetchsgd",
                                        "momentum": 0.9, **SKETCH}, D),
-    "gs_fetchsgd": ("gs", {"density": 0.01, "feedback": "fetchsgd", "momentum": 0.9,
-                           "exact": False, **SKETCH}, D),
+    "gs_fetchsgd": ("gs", {**GS_SKETCH, "density": 0.01, "feedback": "fetchsgd",
+                           "momentum": 0.9, "exact": False}, D),
     "sketched": ("sketched", {"density": 0.01, **SKETCH}, D),
-    "gs": ("gs", {"density": 0.01, **SKETCH}, D),
-    "gs_backend": ("gs", {"density": 0.01, "allreduce": "backend", **SKETCH}, D),
-    "gs_estimate": ("gs", {"density": 0.01, "exact": False, **SKETCH}, D),
-    "gs_half": ("gs", {"density": 0.01, "table_dtype": torch.float16, **SKETCH}, D),
+    "gs": ("gs", {**GS_SKETCH, "density": 0.01}, D),
+    "gs_backend": ("gs", {**SKETCH, "density": 0.01, "allreduce": "backend"}, D),
+    "gs_estimate": ("gs", {**GS_SKETCH, "density": 0.01, "exact": False}, D),
+    "gs_half": ("gs", {**GS_SKETCH, "density": 0.01, "table_dtype": torch.float16}, D),
     # Sketched-SGD's many-workers levers: float16 tables (summed as float32 on the server)
     # and the pre-filter
-    "sketched_half_prefilter": ("sketched", {"density": 0.01, "table_dtype": torch.float16,
-                                             "prefilter": 2, **SKETCH}, D),
-    "gs_prefilter": ("gs", {"density": 0.01, "prefilter": 2, **SKETCH}, D),
+    "sketched_half_prefilter": ("sketched", {**SKETCH, "density": 0.01,
+                                             "table_dtype": torch.float16, "prefilter": 2}, D),
+    "gs_prefilter": ("gs", {**GS_SKETCH, "density": 0.01, "prefilter": 2}, D),
     # Ok-Topk-style reuse: a sketch every third step, the exact round at its candidates between
-    "gs_reuse": ("gs", {"density": 0.01, "reuse": 3, **SKETCH}, D),
+    "gs_reuse": ("gs", {**GS_SKETCH, "density": 0.01, "reuse": 3}, D),
     # DeMo/SparseLoCo-style selection by chunk: 700 coordinates a chunk (the last 200), so
     # the quotas of m*k = 90 and k = 30 go by largest remainder
-    "gs_chunk": ("gs", {"density": 0.01, "chunk": 700, **SKETCH}, D),
+    "gs_chunk": ("gs", {**GS_SKETCH, "density": 0.01, "chunk": 700}, D),
     # The shipped default sketch (no rows/cols/candidates given: one row, 40k columns capped
-    # at d/4, m = 32 capped at d/(8k)). At density 0.01 both caps bind (cols 750, m 12);
-    # at density 0.001 neither does (cols 1200, m 32).
+    # at d/4, m = 32 capped at d/(8k), float16 tables, gs's by the ring). At density 0.01
+    # both caps bind (cols 750, m 12); at 0.001 neither does (cols 1200, m 32).
     "sketched_default": ("sketched", {"density": 0.01}, D),
     "gs_default": ("gs", {"density": 0.01}, D),
     "gs_default_sparse": ("gs", {"density": 0.001}, 10 * D),
@@ -76,8 +79,8 @@ DEFAULT_SHAPE = ("sketched_default", "gs_default", "gs_default_sparse", "gs_defa
 ROUNDED = {"dense16", "gs_half"}
 #: configs whose statistics alone are kept (for byte-count tests)
 STATS_ONLY: dict[str, tuple[str, dict, int]] = {
-    "gs_k_small_d": ("gs", {"k": 30, **SKETCH}, D),
-    "gs_k_large_d": ("gs", {"k": 30, **SKETCH}, 10 * D),
+    "gs_k_small_d": ("gs", {**GS_SKETCH, "k": 30}, D),
+    "gs_k_large_d": ("gs", {**GS_SKETCH, "k": 30}, 10 * D),
 }
 
 

@@ -166,7 +166,8 @@ def test_half_tables_halve_the_sketch_bytes_and_pick_what_float32_picks(world_si
     ranks = results(world_size)
     k = round(0.01 * D)
     for table_bytes, name in ((4, "gs"), (2, "gs_half")):
-        spec = MethodSpec("gs", "gs", D, k, table_bytes=table_bytes, **SKETCH)
+        spec = MethodSpec("gs", "gs", D, k, table_bytes=table_bytes,
+                          **{n: SKETCH[n] for n in ("rows", "cols", "candidates")})
         sent = traffic(spec, world_size).sent
         assert [r[name]["stats"][-1]["bytes_sent"] for r in ranks] == list(sent), name
     half = ranks[0]["gs_half"]

@@ -87,12 +87,13 @@ def test_loopback_run_writes_results_whose_bytes_match_the_formulas(loopback_run
     assert [m for m in results if m != "_meta"] == list(VARIANTS)
     _check_results(results, workers=2, d=20000, density=0.001)
     assert results["_meta"]["link"] == "none" and results["_meta"]["mode"] == "loopback"
-    # gs and topk by the design's figures: rows*cols + m*k numbers per round, no indices;
-    # topk sends and receives (P-1) * 2k numbers. Plus the non-finite flag's (P-1) * 4 bytes.
+    # gs and topk by the design's figures: rows*cols table cells (float16 by default) and
+    # m*k float32 values per round (at P = 2 the ring sends each once), no indices; topk
+    # sends and receives (P-1) * 2k numbers. Plus the non-finite flag's (P-1) * 4 bytes.
     gs = results["gs"]["spec"]
     k, rows, cols, m = gs["k"], gs["rows"], gs["cols"], gs["candidates"]
-    assert k == 20
-    assert results["gs"]["bytes_sent_per_step"] == (rows * cols + m * k) * 4 + 4
+    assert k == 20 and gs["table_bytes"] == 2
+    assert results["gs"]["bytes_sent_per_step"] == rows * cols * 2 + m * k * 4 + 4
     assert results["topk"]["bytes_received_per_step"] == 2 * k * 4 + 4
     assert (loopback_run / "comm.png").stat().st_size > 0
     assert "gs speed-up" in (loopback_run / "table.txt").read_text()

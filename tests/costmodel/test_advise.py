@@ -18,15 +18,17 @@ from gssgd.costmodel.advice import (
     DEFAULT_RUN_STEPS,
     advise,
     candidate_methods,
+    fitted_network,
     held_out_error,
     parse_params,
     parse_workers,
 )
 from gssgd.costmodel.architectures import layer_shapes
 from gssgd.costmodel.check import error_record
-from gssgd.costmodel.cluster import Link
+from gssgd.costmodel.cluster import Link, predict_step
 from gssgd.costmodel.devices import get_device
 from gssgd.costmodel.method_specs import traffic
+from gssgd.costmodel.network import cluster_network
 from gssgd.ddp import HookState
 from gssgd.recipes import SPARSE_WARMUP_STEPS
 from gssgd.train.config import TrainConfig
@@ -151,8 +153,9 @@ def test_the_recommendation_changes_with_the_link_rate(capsys) -> None:
 
 def test_a_measured_cell_gets_a_recommendation_within_10_percent_of_the_fastest(capsys) -> None:
     """P = 4, d = 25M, 100 Mbit/s on this machine (studies/aggregation_grid/results): measured gTop-k
-    1.57 s, local Top-k 1.79 s, gs with the ring 1.85 s, dense 13.5 s. With the run's own
-    measured latency (1.05 ms) and no backward the model ranks a Top-k method first."""
+    1.57 s, local Top-k 1.79 s, gs with float32 tables (by the ring 1.85 s; by recursive
+    doubling, gs-rd, slower), dense 13.5 s. With the run's own measured latency (1.05 ms)
+    and no backward the model ranks a Top-k method first among the methods measured."""
     out = _advise_json(
         capsys,
         "--params",
@@ -160,7 +163,7 @@ def test_a_measured_cell_gets_a_recommendation_within_10_percent_of_the_fastest(
         "--arch",
         "resnet",
         "--methods",
-        "dense,topk,gtopk,sketched,gs,gs-backend",
+        "dense,topk,gtopk,sketched,gs-rd",
         "--workers",
         "4",
         "--link",
@@ -271,31 +274,34 @@ def test_text_report_shows_the_split_the_commands_and_the_error(capsys) -> None:
 
 
 def _variants(workers: int) -> tuple:
-    a = _advise(workers=workers, methods=["gs-half", "gs-backend", "dense16", "powersgd-r4"])
+    a = _advise(workers=workers,
+                methods=["gs-half", "gs-backend", "gs-rd", "dense16", "powersgd-r4"])
     return a, {c.name: c for c in a.candidates}
 
 
-def test_a_variant_equal_to_the_defaults_at_its_p_sets_nothing() -> None:
-    """From 16 workers gs's defaults are the ring and float16 tables already: gs-half and
-    gs-backend are gs as it comes, so their commands carry no flags of their own."""
-    a, by_name = _variants(16)
+@pytest.mark.parametrize("workers", [8, 16])
+def test_a_variant_equal_to_the_defaults_at_its_p_sets_nothing(workers: int) -> None:
+    """gs's defaults are the ring and float16 tables at every P: gs-half and gs-backend are
+    gs as it comes, so their commands carry no flags of their own."""
+    a, by_name = _variants(workers)
     for name in ("gs-half", "gs-backend"):
         assert by_name[name].options() == {}, name
-        assert a.train_command(by_name[name]) == "gssgd train --method gs --workers 16 --density 0.001"
+        assert a.train_command(by_name[name]) == \
+            f"gssgd train --method gs --workers {workers} --density 0.001"
 
 
 def test_hook_call_and_train_command_carry_a_variants_options() -> None:
     a, by_name = _variants(8)
-    assert "--table-dtype float16" in a.train_command(by_name["gs-half"])
-    assert "table_dtype=torch.float16" in a.hook_call(by_name["gs-half"])
-    assert "--allreduce backend" in a.train_command(by_name["gs-backend"])
+    assert "--table-dtype float32" in a.train_command(by_name["gs-rd"])
+    assert "table_dtype=torch.float32" in a.hook_call(by_name["gs-rd"])
+    assert "--allreduce recursive_doubling" in a.train_command(by_name["gs-rd"])
     assert "--payload-dtype float16" in a.train_command(by_name["dense16"])
     assert "--density" not in a.train_command(by_name["dense16"])
     # the printed call builds: evaluate it with HookState and torch in scope
     import torch
 
     model = torch.nn.Linear(3, 2)
-    for name in ("gs-half", "powersgd-r4"):
+    for name in ("gs-rd", "powersgd-r4"):
         state = eval(a.hook_call(by_name[name]),
                      {"HookState": HookState, "torch": torch, "ddp_model": model})
         assert isinstance(state, HookState) and state.whole_model
@@ -322,17 +328,24 @@ def test_the_printed_error_is_the_predicting_models_on_the_committed_runs(held_o
 
 
 def test_streamed_gs_is_a_candidate_that_hides_its_table_all_reduce() -> None:
-    # 8 workers: below 16 gs-backend has the same (small-P) shape that streaming keeps
-    a = _advise(workers=8, link=Link(10**10, 20e-6), methods=["gs-stream", "gs-backend"])
+    """Streamed gs is priced with its own shape (40·k float32 columns, m = 32, every
+    coordinate sketched) and the ring; the same spec unstreamed communicates as long."""
+    link = Link(10**10, 20e-6)
+    a = _advise(workers=8, link=link, methods=["gs-stream", "gs-backend"])
     by_name = {c.name: c for c in a.candidates}
-    stream, ring = by_name["gs-stream"], by_name["gs-backend"]
-    assert stream.step.overlap == "table" and ring.step.overlap == "none"
-    assert stream.step.communication == pytest.approx(ring.step.communication)
+    stream = by_name["gs-stream"]
+    spec = stream.spec
+    assert (spec.cols, spec.candidates, spec.table_bytes, spec.prefilter) == (
+        40 * spec.k, 32, 4, 0)
+    ring = predict_step(dataclasses.replace(spec, name="gs-backend"), 8, link,
+                        get_device("h200"), cluster_network(fitted_network()), overlap="none")
+    assert stream.step.overlap == "table" and ring.overlap == "none"
+    assert stream.step.communication == pytest.approx(ring.communication)
     assert 0 < stream.step.hidden < stream.step.communication
-    assert stream.step.total < ring.step.total
-    assert a.train_command(stream).endswith("--allreduce backend --overlap stream")
-    assert "--prefilter" not in a.train_command(stream)
-    assert a.hook_call(stream).endswith("allreduce='backend', overlap='stream')")
+    # the hook streams with that shape by itself: the command names the overlap only
+    assert a.train_command(stream) == \
+        "gssgd train --method gs --workers 8 --density 0.001 --overlap stream"
+    assert a.hook_call(stream).endswith("warmup_steps=100, overlap='stream')")
     assert "gs-stream" in candidate_methods()
 
 

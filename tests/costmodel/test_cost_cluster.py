@@ -46,9 +46,10 @@ GRID = Path(__file__).resolve().parents[2] / "docs" / "results" / "grid"
         ("topk", "allgather"),
         ("gtopk", "recursive_doubling"),
         ("sketched", "star"),
-        ("gs", "recursive_doubling"),
+        ("gs", "ring"),
         ("gs-backend", "ring"),
-        ("gs-half", "recursive_doubling"),
+        ("gs-half", "ring"),
+        ("gs-rd", "recursive_doubling"),
     ],
 )
 def test_pattern_is_read_from_the_methods_traffic_formula(name: str, pattern: str) -> None:
@@ -119,7 +120,7 @@ def test_communication_is_the_methods_own_rounds_and_bytes() -> None:
 
 
 def test_a_network_adds_its_round_cost_driven_wait_burst_credit_and_software_per_byte() -> None:
-    spec = method_spec("gs", 10**7, 0.001)
+    spec = method_spec("gs-rd", 10**7, 0.001)
     t, r = traffic(spec, 8), rounds_of(spec, 8)
     net = Network(efficiency={"recursive_doubling": 0.5}, round_s=1e-3, driven_round_s=2e-3,
                   burst_credit=0.5, software_s_per_byte=1e-9)
@@ -283,7 +284,7 @@ def test_fit_recovers_the_network_and_compute_and_predicts_held_out_runs() -> No
 
 def test_driven_round_is_least_squares_on_the_relative_error() -> None:
     truth = _truth(efficiency={"recursive_doubling": 0.5}, driven_round_s=5e-3)
-    data = _synthetic(truth, [method_spec("gs", 10**6, 0.001)], [(4, 10**9), (8, 10**9)])
+    data = _synthetic(truth, [method_spec("gs-rd", 10**6, 0.001)], [(4, 10**9), (8, 10**9)])
     start = FittedModel(dataclasses.replace(truth.network, driven_round_s=0.0), truth.compute)
     assert fit_driven_round(start, data) == pytest.approx(5e-3, rel=1e-9)
     # a step all of whose rounds are collective leaves it as it was
@@ -311,15 +312,16 @@ def test_held_out_check_on_measured_cells_predicts_within_the_documented_error(
 def test_rounds_split_into_collective_and_driven() -> None:
     d = 10**7
     for p in (4, 8, 16):
-        for name in ("dense", "dense16", "gs", "gs-backend", "gtopk", "topk", "sketched",
+        for name in ("dense", "dense16", "gs", "gs-rd", "gtopk", "topk", "sketched",
                      "powersgd"):
             spec = method_spec(name, d, 0.001)
             r = rounds_of(spec, p)
             assert r.total == traffic(spec, p).rounds, (name, p)
             driven = pattern_of(spec) in ("recursive_doubling", "star")
             assert (r.driven > 0) == driven, (name, p)
-    # gs at P = 8: log2(8) = 3 exchanges for the table and 3 for the exact values
-    assert rounds_of(method_spec("gs", d, 0.001), 8).driven == 6
+    # gs by recursive doubling at P = 8: log2(8) = 3 exchanges for the table and 3 for the
+    # exact values
+    assert rounds_of(method_spec("gs-rd", d, 0.001), 8).driven == 6
     assert rounds_of(method_spec("gtopk", d, 0.001), 8).driven == 3
 
 

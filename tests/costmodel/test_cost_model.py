@@ -66,7 +66,7 @@ def test_byte_formulas_equal_the_aggregators_last_stats_for_2_3_and_4_ranks():
 
 def test_byte_formulas_match_the_documented_figures():
     d, k, p = 1_000_000, 1000, 8
-    gs = method_spec("gs", d, k=k, cols=5000, candidates=4)
+    gs = method_spec("gs-rd", d, k=k, cols=5000, candidates=4)
     rows_cols = gs.rows * 5000
     flag = (p - 1) * 4  # the non-finite flag's all-gather
     assert traffic(gs, p).critical_bytes == 3 * (rows_cols + 4 * k) * 4 + flag
@@ -74,8 +74,10 @@ def test_byte_formulas_match_the_documented_figures():
     assert topk.sent[0] == topk.received[0] == (p - 1) * 2 * k * 4 + flag
     assert traffic(method_spec("gtopk", d, k=k), p).critical_bytes == 3 * 2 * k * 4 + flag
     assert traffic(method_spec("dense", d), p).sent[0] == 2 * (p - 1) * 4 * d // p + flag
-    sketched = traffic(method_spec("sketched", d, k=k, cols=5000, candidates=4), p)
-    assert sketched.received[0] == (p - 1) * (rows_cols * 4 + 4 * k * 4) + flag
+    sketched_spec = method_spec("sketched", d, k=k, cols=5000, candidates=4)
+    sketched = traffic(sketched_spec, p)  # float16 tables by default: 2 bytes a cell
+    assert sketched_spec.table_bytes == 2
+    assert sketched.received[0] == (p - 1) * (rows_cols * 2 + 4 * k * 4) + flag
     assert sketched.received[1] == 4 * k * 4 + 2 * k * 4 + flag
 
 

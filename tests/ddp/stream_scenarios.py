@@ -32,14 +32,18 @@ LAYOUTS = {"many": 0.0005, "uneven": 0.004, "one": 25.0}
 START = 2
 ITERS = 7
 #: density 0.02 of d = 4010: k = 80; 3 rows of 160 columns in all; m = 2.
+#: float32 tables throughout (streaming's; whole-model gs's default is float16), as the
+#: independent reference sums them
 SETTINGS = {
-    "rows3": {"density": 0.02, "rows": 3, "cols": 160, "candidates": 2},
+    "rows3": {"density": 0.02, "rows": 3, "cols": 160, "candidates": 2,
+              "table_dtype": torch.float32},
     # the exact round by recursive doubling (streaming's default is the backend's ring)
     "rows1-momentum": {"density": 0.02, "rows": 1, "cols": 400, "candidates": 3,
-                       "momentum": 0.9, "allreduce": "recursive_doubling"},
+                       "momentum": 0.9, "allreduce": "recursive_doubling",
+                       "table_dtype": torch.float32},
     # 1-bit Adam's compressed momentum (what compressed_adamw streams)
     "rows3-onebit": {"density": 0.02, "rows": 3, "cols": 160, "candidates": 2,
-                     "feedback": "onebit", "momentum": 0.9},
+                     "feedback": "onebit", "momentum": 0.9, "table_dtype": torch.float32},
 }
 
 
