@@ -317,7 +317,8 @@ register_method(
         "gs-SGD, sketch all-reduce (float16 tables, ring) + exact round",
         GlobalSketchSGD,
         variants=(
-            Variant("gs-backend", "gs-SGD with the backend's (ring) all-reduce",
+            Variant("gs-backend", "gs-SGD with the backend's (ring) all-reduce (now the "
+                    "default; the name kept for earlier runs)",
                     {"allreduce": "backend"}),
             Variant("gs-rd", "gs-SGD with float32 tables summed by recursive doubling",
                     {"allreduce": "recursive_doubling", "table_dtype": torch.float32}),
@@ -325,7 +326,8 @@ register_method(
                     {"exact": False}),
             Variant("gs-small", "gs-SGD with a sketch of a quarter of the columns",
                     _quarter_columns),
-            Variant("gs-half", "gs-SGD with float16 sketch tables on the wire",
+            Variant("gs-half", "gs-SGD with float16 sketch tables on the wire (now the "
+                    "default; the name kept for earlier runs)",
                     {"table_dtype": torch.float16}),
         ),
     )

@@ -40,8 +40,8 @@ Differences from whole-model gs, by design:
   exact round (``allreduce=`` still chooses it).
 * The sketch takes :func:`~gssgd.aggregators.sizing.streaming_shape` (40·k float32
   columns, m = 32) at every ``P`` and sketches every coordinate: the pre-filter needs the
-  whole gradient before bucket 0, and the default shape's float16 table and m = 8 rely on
-  it.
+  whole gradient before bucket 0, and the default shape's float16 table and (from 16
+  workers) narrow table were measured with it.
 * The residual is kept in bucket order (bucket index, then DDP's order inside it), like
   per-bucket mode: a resume needs the same bucket layout (same model and
   ``bucket_cap_mb``). The layout is recorded in a dense iteration, so each process runs
@@ -117,7 +117,7 @@ def _aggregator(state: HookCore, layouts: list[Layout]) -> StreamingGS:
     state.settings.check_k(d, "the whole model")
     # every coordinate is sketched: a pre-filter needs the whole gradient before bucket 0;
     # the regions go by the backend's ring, and so, unless asked otherwise, does the exact round
-    # (streaming's own shape at every P: the default's float16 table and m = 8 need the pre-filter)
+    # (streaming's own shape at every P: the default's was measured with the pre-filter)
     given = streaming_options(d, resolve_k(d, state.density, None), state.settings.options)
     _, k, options = build_options("gs", d, state.density, **given)
     agg = StreamingGS(sizes, d, k, options, state.group)

@@ -3,7 +3,7 @@
 # with m = 8 and the ring would cost each model below 16 workers (issue #48). Runs go to
 # runs/sizing-shapes/P<P>/<model>-<shape>-s<seed>/ (git-ignored); the table:
 #   .venv/bin/python studies/sizing/shapes_report.py runs/sizing-shapes > studies/sizing/results/shapes.md
-# SECTION=rule runs only the last section (the adopted rule's arm). Cost on the 2-core machine: ~1 min a CNN run, ~3 min an LSTM run at P = 4 (5 at P = 8);
+# SECTION=rule or SECTION=fashion runs only that section (the adopted rule's arm; Fashion-MNIST). Cost on the 2-core machine: ~1 min a CNN run, ~3 min an LSTM run at P = 4 (5 at P = 8);
 # the whole grid ~2.5 CPU-hours.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -59,6 +59,7 @@ done
 fi
 # the rule adopted below 16 workers (float16 tables and the ring, 40·k columns, m = 32):
 # three seeds at P = 4 and 8 (runs already there are kept); alone with SECTION=rule
+if [ "${SECTION:-all}" != fashion ]; then
 for seed in 0 1 2; do
   for P in 4 8; do
     for model in cnn lm; do
@@ -72,3 +73,19 @@ for seed in 0 1 2; do
     done
   done
 done
+fi
+# the same CNN on Fashion-MNIST at P = 4: dense, the earlier default, the rule (SECTION=fashion)
+if [ "${SECTION:-all}" = all ] || [ "${SECTION:-all}" = fashion ]; then
+FASHION="--dataset fashion-mnist --model cnn --steps 400 --eval-every 100 --workers 4 --global-batch 64"
+for seed in 0 1 2; do
+  for s in dense default wide16-m32; do
+    out=$R/P4/fashion-$s-s$seed
+    [ -f $out/summary.json ] && continue
+    if [ $s = dense ]; then
+      $T $FASHION --seed $seed --method dense --lr 0.05 --out $out
+    else
+      $T $FASHION --seed $seed $GS $(shape $s $K_CNN) --out $out
+    fi
+  done
+done
+fi

@@ -37,9 +37,13 @@ SHAPES = {
 MIN_AUDITS = 10
 
 
+#: The CNN's runs by dataset (MNIST, Fashion-MNIST): judged on accuracy, the rest on loss.
+IMAGE = ("cnn", "fashion")
+
+
 def _metric(model: str) -> Metric:
     """What a model's runs are judged on: the CNN's accuracy, the LSTM's loss."""
-    return ACCURACY if model == "cnn" else LOSS
+    return ACCURACY if model in IMAGE else LOSS
 
 
 def _runs(root: Path) -> dict[tuple[int, str, str], list[list[dict]]]:
@@ -57,7 +61,7 @@ def _runs(root: Path) -> dict[tuple[int, str, str], list[list[dict]]]:
 
 def _value(model: str, v: float) -> str:
     """An accuracy in per cent, a loss as it is."""
-    return f"{100 * v:.2f}" if model == "cnn" else f"{v:.4f}"
+    return f"{100 * v:.2f}" if model in IMAGE else f"{v:.4f}"
 
 
 def _row(p: int, model: str, shape: str, seeds: list[list[dict]], dense: float | None
@@ -67,14 +71,14 @@ def _row(p: int, model: str, shape: str, seeds: list[list[dict]], dense: float |
     mean = statistics.mean(finals)
     if dense is None or shape == "dense":
         gap = "–"
-    elif model == "cnn":
+    elif model in IMAGE:
         gap = f"{100 * (mean - dense):+.2f} pt"
     else:
         gap = f"{100 * (mean / dense - 1):+.1f} %"
-    shown = (f"{_value(model, mean)}{' %' if model == 'cnn' else ''} "
+    shown = (f"{_value(model, mean)}{' %' if model in IMAGE else ''} "
              f"({', '.join(_value(model, f) for f in finals)})")
     reach = "–"
-    if model == "cnn" and dense is not None and shape != "dense":
+    if model in IMAGE and dense is not None and shape != "dense":
         _, sent = reach_on_mean_curve(curves, ACCURACY, dense)  # dense - 0.5 point
         reach = "not reached" if sent is None else fmt_bytes(sent)
     recalls = [[r["audited_recall"] for r in rs if r.get("audited_recall") is not None]
