@@ -10,7 +10,9 @@
 
 The samplers are Optuna's, seeded from the spec so that a study is a pure function of its
 spec: TPE (its first ``budget // 2`` trials random, as its startup), a grid (Optuna's
-``GridSampler``, the settings in a seeded order), or random. The search keeps no database:
+``GridSampler``, the settings in a seeded order), random, or a Latin hypercube
+(:mod:`gssgd.study.design`: every knob spread over the budget; for budgets too small for
+TPE to explore a list of choices). The search keeps no database:
 on resume it asks the seeded sampler again, checks each answer against the trial's
 ``trial.json`` and tells it the stored outcome, so a killed study continues with exactly
 the trials it would have run (tests/study/test_study.py kills one and compares).
@@ -24,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from gssgd.study.curves import Metric
+from gssgd.study.design import latin_hypercube
 from gssgd.study.spec import Knob, MethodSpace, StudySpec
 from gssgd.study.trials import Outcome, read_outcome, run_trial, trial_config
 
@@ -58,11 +61,16 @@ def _grid(knob: Knob) -> list[Any]:
     return list(range(int(knob.low), int(knob.high) + 1))
 
 
+def _seed(spec: StudySpec, row: MethodSpace) -> int:
+    """The method's search seed: stable across processes and resumes."""
+    return zlib.crc32(f"{spec.name}/{row.label}".encode())
+
+
 def _sampler(optuna: Any, spec: StudySpec, row: MethodSpace) -> Any:
-    seed = zlib.crc32(f"{spec.name}/{row.label}".encode())  # stable across processes
+    seed = _seed(spec, row)
     if spec.sampler == "grid":
         return optuna.samplers.GridSampler({k.name: _grid(k) for k in row.knobs}, seed=seed)
-    if spec.sampler == "random":
+    if spec.sampler in ("random", "lhs"):  # lhs: every trial enqueued from its design
         return optuna.samplers.RandomSampler(seed=seed)
     return optuna.samplers.TPESampler(seed=seed, n_startup_trials=max(1, spec.budget // 2))
 
@@ -87,7 +95,11 @@ def search_method(spec: StudySpec, row: MethodSpace, root: Path, metric: Metric,
     space = {k.name: _distribution(optuna, k) for k in row.knobs}
     trials: list[tuple[dict[str, Any], Outcome]] = []
     dirs = [root / row.label / f"t{i:03d}" for i in range(spec.budget)]
+    design = (latin_hypercube(row.knobs, spec.budget, _seed(spec, row))
+              if spec.sampler == "lhs" else None)
     for i, out in enumerate(dirs):
+        if design is not None:
+            study.enqueue_trial(design[i])
         trial, params = _ask_new(study, space, trials, metric, reference)
         outcome = _train(spec, row, params, spec.seeds[0], out, metric, reference)
         study.tell(trial, outcome.objective(metric, reference))

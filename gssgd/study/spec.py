@@ -12,7 +12,8 @@ Example (``examples/user_model_study.toml`` and ``studies/equal_budget/specs/`` 
     simulate = true                # the simulated world (default); false: real processes
     budget = 6                     # trials per method: every method gets the same
     seeds = [0, 1, 2]              # each method's best setting is re-run at every seed
-    sampler = "tpe"                # Optuna's TPE (seeded), or "grid", or "random"
+    sampler = "tpe"                # Optuna's TPE (seeded), "grid", "random", or "lhs" (a
+                                   # Latin hypercube: each knob spread over the budget)
 
     [target]
     metric = "accuracy"            # or "loss"
@@ -55,7 +56,7 @@ __all__ = ["Knob", "MethodSpace", "StudySpec", "load_spec", "parse_spec"]
 RUN_KEYS = ("dataset", "model", "workers", "global_batch", "batch_size", "steps",
             "eval_every", "simulate", "optimizer", "seq_len", "plugins", "threads")
 STUDY_KEYS = ("name", "budget", "seeds", "sampler", "target", "methods")
-SAMPLERS = ("tpe", "grid", "random")
+SAMPLERS = ("tpe", "grid", "random", "lhs")
 METRICS = ("accuracy", "loss")
 
 

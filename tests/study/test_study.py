@@ -4,6 +4,7 @@ summary, and the spec's mistakes refused before anything trains."""
 from __future__ import annotations
 
 import json
+import math
 import os
 import signal
 import subprocess
@@ -82,11 +83,12 @@ def test_the_example_study_gives_every_method_the_same_budget(tmp_path: Path) ->
     assert "Largest bytes reduction within the target" in text
 
 
-def test_a_killed_study_resumes_to_the_same_summary(tmp_path: Path) -> None:
+@pytest.mark.parametrize("sampler", ["tpe", "lhs"])
+def test_a_killed_study_resumes_to_the_same_summary(tmp_path: Path, sampler: str) -> None:
     """Kill the command (SIGKILL) after a few runs, run it again: the summary, table and
     plot equal an uninterrupted study's, byte for byte, and no finished run trained twice."""
     spec_file = tmp_path / "tiny.toml"
-    spec_file.write_text(SMALL)
+    spec_file.write_text(SMALL.replace('seeds = [0, 1]', f'seeds = [0, 1]\nsampler = "{sampler}"'))
     whole = tmp_path / "whole"
     assert main(["study", str(spec_file), "--out", str(whole), "--no-progress"]) == 0
 
@@ -108,6 +110,21 @@ def test_a_killed_study_resumes_to_the_same_summary(tmp_path: Path) -> None:
     assert main(["study", str(spec_file), "--out", str(cut), "--no-progress"]) == 0
     assert _outputs(cut) == _outputs(whole)
     assert all((p / "summary.json").stat().st_mtime_ns == t for p, t in done.items())
+
+
+def test_a_latin_hypercube_study_tries_every_choice_and_stratum(tmp_path: Path) -> None:
+    """Three trials over a learning-rate range and three densities: the Latin hypercube
+    tries each density once and each third of the range once (seeded TPE, with one random
+    start, kept its first density in all three trials of the first language-model cells)."""
+    spec = parse_spec(_small(budget=3, seeds=[0], sampler="lhs", methods={
+        "dense": {"lr": [0.02, 0.05, 0.1]},
+        "gs": {"lr": {"low": 0.05, "high": 0.4, "log": True}, "density": [0.05, 0.1, 0.2],
+               "fixed": {"cols": 400}}}))
+    summary = run_study(spec, tmp_path, progress=False)
+    drawn = [t["setting"] for t in next(m for m in summary["methods"]
+                                        if m["label"] == "gs")["trials"]]
+    assert sorted(t["density"] for t in drawn) == [0.05, 0.1, 0.2]
+    assert sorted(int(3 * math.log(t["lr"] / 0.05) / math.log(8)) for t in drawn) == [0, 1, 2]
 
 
 def test_a_study_refuses_another_spec_in_its_directory(tmp_path: Path) -> None:

@@ -1,0 +1,76 @@
+"""A Latin-hypercube design: a small trial budget that covers every knob.
+
+With a budget of 3–4 trials, Optuna's TPE draws its first ``budget // 2`` settings at
+random and then samples near its best so far; a categorical knob (a density, a rank, a
+chunk) then keeps its first draw in every trial, so the search tunes the learning rate of
+one random shape (issue #50's first language-model cells did exactly that). A Latin
+hypercube spreads the budget instead (McKay, Beckman and Conover, 1979): each knob's range
+is cut into ``budget`` strata and every stratum is tried once, each knob in its own seeded
+order, so
+
+* a range (``lr = { low, high, log }``) is tried at the centres of ``budget`` equal strata
+  (on the log scale when ``log``), once each;
+* a list of ``c`` choices is tried ``budget // c`` or ``budget // c + 1`` times each (every
+  choice once when ``budget >= c``; a seeded subset of ``budget`` distinct ones otherwise).
+
+The design is a pure function of the knobs, the budget and the seed, so a resumed study asks
+for the same trials. Settings that repeat (possible when every knob is a short list) are
+re-paired with the next seed.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from typing import Any
+
+from gssgd.study.spec import Knob
+
+__all__ = ["latin_hypercube"]
+
+#: How many seeded pairings are tried before a design with a repeated setting is refused.
+MAX_PAIRINGS = 1000
+
+
+def _column(knob: Knob, budget: int, rng: random.Random) -> list[Any]:
+    """``budget`` values of one knob: its strata (or choices) in a seeded order."""
+    if knob.choices is not None:
+        choices = list(knob.choices)
+        rng.shuffle(choices)
+        values = [choices[i % len(choices)] for i in range(budget)]
+    else:
+        assert knob.low is not None and knob.high is not None
+        lo, hi = (math.log(knob.low), math.log(knob.high)) if knob.log else (knob.low, knob.high)
+        values = [lo + (i + 0.5) / budget * (hi - lo) for i in range(budget)]
+        if knob.log:
+            values = [math.exp(v) for v in values]
+        if knob.integer:
+            values = [min(int(knob.high), max(int(knob.low), round(v))) for v in values]
+    rng.shuffle(values)
+    return values
+
+
+def latin_hypercube(knobs: tuple[Knob, ...], budget: int, seed: int) -> list[dict[str, Any]]:
+    """``budget`` settings, one per trial, that spread each knob over its range.
+
+    Args:
+        knobs: the method's searched knobs.
+        budget: the number of trials (>= 1).
+        seed: the design's seed (a study seeds it from its name and the method's label).
+
+    Returns:
+        ``[{knob name: value}, ...]``, ``budget`` distinct settings in trial order.
+
+    Raises:
+        ValueError: the knobs have fewer distinct settings than ``budget``, so any design
+            repeats one (a spec's check refuses such a space first).
+    """
+    for attempt in range(MAX_PAIRINGS):
+        rng = random.Random(seed + attempt)
+        columns = {knob.name: _column(knob, budget, rng) for knob in knobs}
+        design = [{name: values[i] for name, values in columns.items()} for i in range(budget)]
+        if len({repr(sorted(s.items())) for s in design}) == budget:
+            return design
+    raise ValueError(f"no Latin-hypercube design of {budget} distinct settings over "
+                     f"{[k.name for k in knobs]} in {MAX_PAIRINGS} pairings: the space has "
+                     "too few settings; lower the budget or widen a knob")
