@@ -7,8 +7,8 @@ Steps (per rank p, each step):
     1. Accumulate: ``a_p = e_p + u_p``.
     2. Compress: Count-Sketch ``a_p`` with hashes every rank derives from the same seed
        (with ``prefilter`` f: only this rank's ``f * k`` largest coordinates of it).
-    3. Communicate: all-reduce the tables (recursive doubling: log2(P) rounds of rows*cols
-       numbers and no indices; or the backend's ring all-reduce).
+    3. Communicate: all-reduce the tables, no indices (by default the backend's ring, in
+       float16; or recursive doubling: log2(P) rounds of rows*cols numbers).
     4. Recover: every rank takes the same top ``m*k`` candidates by |estimate| from the
        summed sketch (ties by lower index), in the canonical order of increasing index.
     5. Exact round (``exact=True``): all-reduce ``a_p`` at the candidates (m*k numbers, no

@@ -308,11 +308,11 @@ def _sketch_flags(agg: argparse._ArgumentGroup) -> None:
                      help=f"{_applies('exact')}: fetch exact sums of the candidates (default --exact)")
     agg.add_argument("--allreduce", choices=("recursive_doubling", "backend"), default=None,
                      help=f"{_applies('allreduce')}: how sketches are summed (default "
-                     "recursive_doubling; from 16 workers backend, whose ring bytes do not grow "
-                     "with P)")
+                     "backend, whose ring bytes do not grow with P; recursive_doubling takes "
+                     "log2 P rounds, fewer messages on fast links)")
     agg.add_argument("--table-dtype", choices=tuple(PAYLOAD_DTYPES), default=None,
                      help=f"{_applies('table_dtype')}: dtype of the sketch tables on the wire "
-                     "(default float32, from 16 workers float16; 16 bits halve them)")
+                     "(default float16, half float32's bytes; streamed gs: float32)")
     agg.add_argument("--guard", choices=("grow", "raise", "off"), default=None,
                      help=f"{_applies('guard')}: when an audit finds the sketch collapsed, grow "
                      "it (default), raise, or off")

@@ -174,8 +174,10 @@ def test_the_cost_map_is_remade_from_the_fit_and_its_runs(
                 ["check.json", "predictions.json", "win_map.md", "win_map.png"])
 
 
-EQUAL_BUDGET_CELLS = sorted(p.parent.name for p in
-                            (STUDIES / "equal_budget" / "results").glob("*/summary.json"))
+#: The cells, and the TPE-searched records under results/tpe/ (as "tpe/<cell>").
+EQUAL_BUDGET_CELLS = sorted(str(p.parent.relative_to(STUDIES / "equal_budget" / "results"))
+                            for pattern in ("*/summary.json", "tpe/*/summary.json")
+                            for p in (STUDIES / "equal_budget" / "results").glob(pattern))
 
 
 @pytest.mark.parametrize("cell", EQUAL_BUDGET_CELLS)
