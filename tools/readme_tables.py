@@ -172,13 +172,14 @@ def equal_rows(cell: str, summary: dict[str, Any]) -> list[str]:
     return [cell, str(run["workers"]), f"{scale * ref['target']:.2f}{unit}",
             _leader(summary, "bytes"), _leader(summary, "time_1gbit"),
             _leader(summary, "time_10gbit"), gs_cell,
-            f"{summary['budget_per_method']} / {len(summary['seeds'])}"]
+            f"{summary['budget_per_method']} / {len(summary['seeds'])} ({summary['sampler']})"]
 
 
 def equal_table(summaries: dict[str, dict[str, Any]]) -> str:
     """The equal-budget study's table over its committed cells."""
     head = ["cell", "workers", "target", "fewest bytes to the target", "least time, 1 Gbit/s",
-            "least time, 10 Gbit/s", "gs-SGD (place, bytes)", "trials / seeds per method"]
+            "least time, 10 Gbit/s", "gs-SGD (place, bytes)",
+            "trials / seeds per method (search)"]
     return markdown_table(head, [equal_rows(c, s) for c, s in summaries.items()])
 
 
