@@ -35,11 +35,11 @@ def test_one_study_per_family() -> None:
 def test_a_lookup_takes_the_nearest_p_within_2x_and_says_why_otherwise() -> None:
     image = study_for("image")
     powersgd = method_spec("powersgd", 80_602, shapes=((80_602,),))
-    row = "powersgd-r4"  # the equal-budget study's best rank at P = 16
-    assert row_key(powersgd, 0.001) == "powersgd-r2"
+    row = "powersgd-r2"  # the equal-budget study's best rank at P = 16
+    assert row_key(powersgd, 0.001) == row
     at_32 = evidence_for(image, row, 32, "image")
     assert at_32.measured and at_32.workers == 16
-    assert not evidence_for(image, "powersgd-r2", 16, "image").measured
+    assert not evidence_for(image, "powersgd-r4", 16, "image").measured
     far = evidence_for(image, row, 1024, "image")
     assert not far.measured and "is beyond 2x the nearest measured P=" in far.why
     other = evidence_for(image, row, 16, "language")
