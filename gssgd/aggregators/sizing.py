@@ -13,7 +13,7 @@ tables' bytes dominate a step.
 
 Streamed gs (:mod:`gssgd.ddp.stream`) sketches every coordinate (a pre-filter needs the
 whole gradient before the first bucket), so it keeps float32 tables (40·k columns, m = 32:
-:func:`streaming_shape`) at every P.
+:func:`streaming_options`) at every P.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ import torch
 
 __all__ = [
     "DEFAULT_CANDIDATES", "DEFAULT_ROWS", "MANY_WORKERS", "SketchShape", "default_candidates",
-    "default_sketch_cols", "sketch_default_shape", "streaming_options", "streaming_shape",
+    "default_sketch_cols", "sketch_default_shape", "streaming_options",
 ]
 
 #: Default rows of a sketch (odd, so the median is one of them).
@@ -102,19 +102,16 @@ def sketch_default_shape(d: int, k: int, rows: int = DEFAULT_ROWS,
     return SketchShape(cols, candidates, "backend", torch.float16, prefilter=8)
 
 
-def streaming_shape(d: int, k: int, rows: int = DEFAULT_ROWS) -> SketchShape:
-    """Streamed gs's shape at every P: the small-P width and m (:func:`default_sketch_cols`,
-    :func:`default_candidates`) in float32 tables, no pre-filter (it sketches every
-    coordinate, bucket by bucket), the backend's ring."""
-    return SketchShape(default_sketch_cols(d, k, rows), default_candidates(d, k), "backend",
-                       torch.float32, 0)
-
-
 def streaming_options(d: int, k: int, given: dict[str, Any]) -> dict[str, Any]:
-    """The options streamed gs runs with: ``given`` (an option set to None counts as not
-    given) over :func:`streaming_shape`, and never a pre-filter. A bad value is left for
-    :func:`gssgd.aggregators.build_options` to refuse with its message."""
+    """The options streamed gs runs with, at every P: ``given`` (an option set to None
+    counts as not given) over its own shape, the small-P width and m
+    (:func:`default_sketch_cols`, :func:`default_candidates`) in float32 tables summed by
+    the backend's ring, and never a pre-filter (it sketches every coordinate, bucket by
+    bucket). A bad value is left for :func:`gssgd.aggregators.build_options` to refuse
+    with its message."""
     chosen = {n: v for n, v in given.items() if v is not None}
     rows = chosen.get("rows", DEFAULT_ROWS)
-    shape = streaming_shape(d, k, rows if isinstance(rows, int) and rows > 0 else DEFAULT_ROWS)
+    rows = rows if isinstance(rows, int) and rows > 0 else DEFAULT_ROWS
+    shape = SketchShape(default_sketch_cols(d, k, rows), default_candidates(d, k), "backend",
+                        torch.float32, 0)
     return {**shape.options(), **chosen, "prefilter": 0}

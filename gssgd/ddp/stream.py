@@ -38,7 +38,7 @@ Differences from whole-model gs, by design:
 * The regions are summed with the backend's all-reduce (ring, counted ``2(P-1)/P`` of
   the region's bytes), the only one that runs asynchronously, and by default so is the
   exact round (``allreduce=`` still chooses it).
-* The sketch takes :func:`~gssgd.aggregators.sizing.streaming_shape` (40·k float32
+* The sketch takes :func:`~gssgd.aggregators.sizing.streaming_options` (40·k float32
   columns, m = 32) at every ``P`` and sketches every coordinate: the pre-filter needs the
   whole gradient before bucket 0, and the default shape's float16 table and (from 16
   workers) narrow table were measured with it.
