@@ -35,6 +35,10 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     parser.add_argument("spec", type=Path, help="the study's spec file (TOML)")
     parser.add_argument("--out", type=Path, default=None,
                         help="the study's directory (default runs/study-<name>)")
+    parser.add_argument("--jobs", type=int, default=1, metavar="N",
+                        help="search N methods at once, each in its own process (default 1; "
+                             "the summary is the same; each real-process run starts its "
+                             "workers, so N multiplies them)")
     parser.add_argument("--no-progress", dest="progress", action="store_false",
                         help="no progress bar")
     parser.set_defaults(run=run)
@@ -53,7 +57,7 @@ def _run(args: argparse.Namespace) -> int:
 
     spec = load_spec(args.spec)
     out = args.out or Path("runs") / f"study-{spec.name}"
-    run_study(spec, out, progress=args.progress)
+    run_study(spec, out, progress=args.progress, jobs=args.jobs)
     print((out / "summary.md").read_text())
     print(f"gssgd study: wrote {out / 'summary.json'}, {out / 'summary.md'}, "
           f"{out / 'curves.png'}")

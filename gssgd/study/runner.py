@@ -12,10 +12,13 @@ from __future__ import annotations
 
 import json
 import statistics
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 from gssgd.study.curves import ACCURACY, LOSS, Metric
+from gssgd.study.parallel import check_jobs, search_methods
 from gssgd.study.report import markdown, plot
 from gssgd.study.search import rejudge, search_method
 from gssgd.study.spec import StudySpec
@@ -27,6 +30,7 @@ from gssgd.train.progress import counter
 __all__ = ["metric_of", "run_study"]
 
 SPEC_FILE = "spec.json"
+LOCK_FILE = ".lock"
 
 
 def metric_of(spec: StudySpec) -> Metric:
@@ -48,18 +52,50 @@ def _claim(spec: StudySpec, out: Path) -> None:
     write_json(path, mine)
 
 
-def run_study(spec: StudySpec, out: Path, progress: bool = True) -> dict[str, Any]:
+def run_study(spec: StudySpec, out: Path, progress: bool = True,
+              jobs: int = 1) -> dict[str, Any]:
     """Run (or continue) the study into ``out`` and write its summary.
+
+    Args:
+        spec: the study.
+        out: its directory.
+        progress: show a progress bar over the study's runs.
+        jobs: how many methods to search at once, each in a process of its own
+            (:mod:`gssgd.study.parallel`; the reference is searched first, alone). The
+            summary does not depend on it.
 
     Returns:
         The summary (also in ``out/summary.json``).
 
     Raises:
-        ValueError: a spec whose methods reject a knob, or ``out`` holding another study.
+        ValueError: a spec whose methods reject a knob, ``out`` holding another study, or
+            ``jobs`` below 1.
         RuntimeError: a trial that did not complete.
     """
+    check_jobs(jobs)
     check_spec(spec, out / "runs")
     _claim(spec, out)
+    with _alone_in(out):
+        return _run(spec, out, progress, jobs)
+
+
+@contextmanager
+def _alone_in(out: Path) -> Iterator[None]:
+    """Hold ``out/.lock`` while the study runs, so that a second study into the same
+    directory is refused instead of training into the same run folders (the lock goes
+    with the process, however it ends)."""
+    import fcntl
+
+    with open(out / LOCK_FILE, "w") as handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise ValueError(f"another gssgd study is running in {out}: wait for it to end, "
+                             "or give this one another --out") from None
+        yield
+
+
+def _run(spec: StudySpec, out: Path, progress: bool, jobs: int) -> dict[str, Any]:
     metric, runs = metric_of(spec), out / "runs"
     bar = counter(spec.trials, "study", "run", progress, who="gssgd study")
 
@@ -75,9 +111,8 @@ def run_study(spec: StudySpec, out: Path, progress: bool = True) -> dict[str, An
                            "seed, so the study has no target; narrow its search space")
     dense = statistics.mean(finals)
     found[ref_row.label] = rejudge(found[ref_row.label], metric, dense)
-    for row in spec.methods:
-        if row.label != ref_row.label:
-            found[row.label] = search_method(spec, row, runs, metric, dense, tick)
+    others = [row for row in spec.methods if row.label != ref_row.label]
+    found.update(search_methods(spec, others, runs, metric, dense, tick, jobs))
     bar.close()
     d = found[ref_row.label]["trials"][0][1].d
     ordered = {row.label: found[row.label] for row in spec.methods}
