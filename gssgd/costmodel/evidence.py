@@ -52,7 +52,8 @@ class Study:
             loss above dense's, in %; the crossing was not measured).
         target: the target in words ("dense - 0.5 point", "dense's loss + 3 %").
         target_gap: for ``final_gap``: the largest gap that reaches the target (%).
-        rows: P -> row -> ``{"seeds", "gap", "steps_ratio"}`` (``gap``: accuracy points
+        rows: P -> row -> ``{"seeds", "gap", "steps_ratio"}`` and ``"trial": true`` for
+            a setting only one trial of a search ran (``gap``: accuracy points
             against dense for an image family, loss % above dense for the language family).
         source: the summary it was written from.
     """
@@ -90,6 +91,8 @@ class Evidence:
         steps_ratio: steps to the target over dense's (None: not measured, or not reached).
         reached: whether it reached the target (None: not measured).
         why: why not measured ("" when measured).
+        trial: the row is one trial of a study's search, not a best re-run at every seed
+            (one seed, at the learning rate that trial drew: weaker evidence, said so).
     """
 
     study: Study | None
@@ -100,6 +103,7 @@ class Evidence:
     steps_ratio: float | None = None
     reached: bool | None = None
     why: str = ""
+    trial: bool = False
 
     @property
     def measured(self) -> bool:
@@ -110,7 +114,9 @@ class Evidence:
         if not self.measured:
             return f"steps not measured: {self.why}"
         assert self.study is not None and self.gap is not None
-        where = f"{self.study.title}, P={self.workers}, {self.seeds} seed{'s' * (self.seeds > 1)}"
+        where = f"{self.study.title}, P={self.workers}, " + (
+            "one trial of its search (one seed and learning rate)" if self.trial
+            else f"{self.seeds} seed{'s' * (self.seeds > 1)}")
         if self.study.metric == "final_gap" and self.steps_ratio is None:
             verdict = "within" if self.reached else "beyond"
             return (f"final loss {self.gap:+.1f} % ({verdict} the target), steps not "
@@ -186,4 +192,5 @@ def evidence_for(study: Study | None, row: str, workers: int, family: str) -> Ev
     r = study.rows[p][row]
     reached = (r["steps_ratio"] is not None if study.metric == "steps"
                else r["gap"] <= (study.target_gap or 0.0))
-    return Evidence(study, row, p, r["seeds"], r["gap"], r["steps_ratio"], reached)
+    return Evidence(study, row, p, r["seeds"], r["gap"], r["steps_ratio"], reached,
+                    trial=bool(r.get("trial")))

@@ -136,11 +136,12 @@ def language_study(summary: dict[str, Any]) -> dict[str, Any]:
             "source": "studies/local_steps/results/lm/summary.json", "rows": rows}
 
 
-def _equal_row(m: dict[str, Any], d: int, workers: int) -> str:
-    """An equal-budget study's method row as advise names it (:func:`row_key`)."""
+def _equal_row(m: dict[str, Any], setting: dict[str, Any], d: int, workers: int) -> str:
+    """An equal-budget study's method ``m`` at ``setting`` (its best, or one of its
+    trials) as advise names it (:func:`row_key`)."""
     from gssgd.costmodel.evidence import row_key
 
-    setting = {**m["fixed"], **m["best_setting"]}
+    setting = {**m["fixed"], **setting}
     if m["method"] == "dense":
         if setting.get("local_steps"):
             return f"diloco-h{setting['local_steps']}"
@@ -156,11 +157,16 @@ def _equal_row(m: dict[str, Any], d: int, workers: int) -> str:
     return row_key(spec, density) + (f"-chunk{chunk}" if chunk else "")
 
 
-def _gap(m: dict[str, Any], ref: dict[str, Any], metric: str) -> float | None:
-    """A method's final value against the reference's: accuracy points, or loss % above."""
+def _ratio(steps: int | None, ref_steps: int) -> float | None:
+    """Steps to the target over the reference's (None: never reached)."""
+    return None if steps is None else _round(steps / ref_steps)
+
+
+def _gap(final: float, ref: dict[str, Any], metric: str) -> float | None:
+    """A final value against the reference's mean: accuracy points, or loss % above."""
     if metric == "accuracy":
-        return _round(100 * (m["final"]["mean"] - ref["final"]["mean"]))
-    return round(100 * (m["final"]["mean"] / ref["final"]["mean"] - 1), 1)
+        return _round(100 * (final - ref["final"]["mean"]))
+    return round(100 * (final / ref["final"]["mean"] - 1), 1)
 
 
 def equal_budget_study(name: str, summaries: list[dict[str, Any]], family: str = "image",
@@ -168,7 +174,9 @@ def equal_budget_study(name: str, summaries: list[dict[str, Any]], family: str =
                        ) -> dict[str, Any]:
     """A family's evidence from ``gssgd study``'s summaries of one model (one per P): each
     method's best setting (its seeds' mean curve), steps to the target over the
-    reference's, and its final gap (accuracy points; for a loss, % above the reference's).
+    reference's, and its final gap (accuracy points; for a loss, % above the reference's);
+    then each other setting its search tried, as a one-seed row (where it names a row the
+    best did not: a DiLoCo H or a density that lost is evidence too).
     Compressed outer steps (local steps with a sparse method) are not advise candidates yet
     and are left out."""
     rows: dict[str, dict[str, dict[str, Any]]] = {}
@@ -177,17 +185,19 @@ def equal_budget_study(name: str, summaries: list[dict[str, Any]], family: str =
         p, d = summary["run"]["workers"], summary["d"]
         ref = next(m for m in summary["methods"] if m["label"] == summary["reference"]["label"])
         out: dict[str, dict[str, Any]] = {}
+        ref_steps = ref["to_target"]["steps"]
         for m in summary["methods"]:
-            if m["final"]["mean"] is None or (
-                    m["method"] != "dense"
-                    and {**m["fixed"], **m["best_setting"]}.get("local_steps")):
-                continue  # every seed stopped early, or a compressed outer step
-            steps = m["to_target"]["steps"]
-            out[_equal_row(m, d, p)] = {
-                "seeds": len(m["seeds"]),
-                "gap": _gap(m, ref, metric),
-                "steps_ratio": None if steps is None else _round(steps / ref["to_target"]["steps"]),
-            }
+            if m["method"] != "dense" and {**m["fixed"], **m["best_setting"]}.get("local_steps"):
+                continue  # a compressed outer step
+            if m["final"]["mean"] is not None:
+                out[_equal_row(m, m["best_setting"], d, p)] = {
+                    "seeds": len(m["seeds"]), "gap": _gap(m["final"]["mean"], ref, metric),
+                    "steps_ratio": _ratio(m["to_target"]["steps"], ref_steps)}
+            for trial in m["trials"]:  # the other settings tried: one seed each
+                row = _equal_row(m, trial["setting"], d, p)
+                if trial["final"] is not None and row not in out:
+                    out[row] = {"seeds": 1, "gap": _gap(trial["final"], ref, metric),
+                                "steps_ratio": _ratio(trial["steps"], ref_steps), "trial": True}
         rows[str(p)] = dict(sorted(out.items()))
     margin = 100 * summaries[0]["reference"]["margin"]
     target = (f"dense's mean accuracy - {margin:g} point" if metric == "accuracy"

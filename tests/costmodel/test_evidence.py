@@ -29,7 +29,9 @@ def test_the_evidence_files_are_what_the_committed_summaries_give() -> None:
 def test_one_study_per_family() -> None:
     assert {s.family for s in studies()} == {"image", "language"}
     assert study_for("image").name == "mnist-equal-budget"  # it supersedes the fair frontier
-    assert study_for("language").metric == "final_gap"
+    # the LSTM's equal-budget cells supersede the local-steps record's final gaps
+    assert study_for("language").name == "lstm-equal-budget"
+    assert study_for("language").metric == "steps"
 
 
 def test_a_lookup_takes_the_nearest_p_within_2x_and_says_why_otherwise() -> None:
@@ -39,23 +41,38 @@ def test_a_lookup_takes_the_nearest_p_within_2x_and_says_why_otherwise() -> None
     assert row_key(powersgd, 0.001) == row
     at_32 = evidence_for(image, row, 32, "image")
     assert at_32.measured and at_32.workers == 16
-    assert not evidence_for(image, "powersgd-r4", 16, "image").measured
+    tried = evidence_for(image, "powersgd-r4", 16, "image")  # one trial of the search
+    assert tried.trial and tried.seeds == 1
+    assert "one trial of its search (one seed and learning rate)" in tried.describe()
+    assert not evidence_for(image, "powersgd-r16", 16, "image").measured
     far = evidence_for(image, row, 1024, "image")
     assert not far.measured and "is beyond 2x the nearest measured P=" in far.why
     other = evidence_for(image, row, 16, "language")
     assert not other.measured and other.why == "no study of a language model"
-    unrun = evidence_for(image, row_key(method_spec("gtopk", 80_602, 0.001), 0.001), 16, "image")
-    assert not unrun.measured and unrun.why == "gtopk@0.001 was not run in mnist-equal-budget"
+    unrun = evidence_for(image, row_key(method_spec("gtopk", 80_602, 0.0003), 0.0003), 16,
+                         "image")
+    assert not unrun.measured and unrun.why == "gtopk@0.0003 was not run in mnist-equal-budget"
     assert "steps not measured" in unrun.describe()
 
 
 def test_a_final_gap_study_reaches_within_its_target_and_measures_no_steps() -> None:
-    lm = study_for("language")
+    lm = next(s for s in studies() if s.name == "lstm-local-steps")
+    assert lm.metric == "final_gap"
     diloco = evidence_for(lm, "diloco-h30", 16, "language")
     assert diloco.reached is False and diloco.steps_ratio is None
     assert "beyond the target), steps not measured" in diloco.describe()
     dense = evidence_for(lm, "dense", 16, "language")  # the reference: its own steps
     assert dense.reached is True and dense.steps_ratio == 1.0
+
+
+def test_a_language_cell_that_misses_the_target_says_so_with_its_gap() -> None:
+    """The LSTM at 16 workers (equal budgets): local Top-k reaches dense's loss + 3 % in
+    more steps than dense; gs, at its searched shape, does not reach it."""
+    lm = study_for("language")
+    topk = evidence_for(lm, "topk@0.01", 16, "language")
+    assert topk.measured and topk.steps_ratio is not None and topk.steps_ratio > 1
+    gs = [row for row in lm.rows[16] if row.startswith("gs")]
+    assert gs and evidence_for(lm, gs[0], 16, "language").steps_ratio is None
 
 
 #: Modules allowed to hold many numbers: none today (a measured figure belongs in a data
@@ -79,9 +96,12 @@ def test_no_study_figure_is_pasted_into_a_python_module(path: Path) -> None:
 
 
 def _method(label: str, method: str, final: float, steps: int | None, setting: dict,
-            fixed: dict | None = None) -> dict:
+            fixed: dict | None = None, others: list[dict] | None = None) -> dict:
+    """A summary's method row: its best, and (``others``) the other trials of its search."""
+    best = {"setting": setting, "final": final, "steps": steps}
     return {"label": label, "method": method, "final": {"mean": final}, "seeds": [0, 1, 2],
-            "best_setting": setting, "fixed": fixed or {}, "to_target": {"steps": steps}}
+            "best_setting": setting, "fixed": fixed or {}, "to_target": {"steps": steps},
+            "trials": [best, *(others or [])]}
 
 
 def test_an_equal_budget_summary_becomes_rows_advise_looks_up() -> None:
@@ -94,12 +114,23 @@ def test_an_equal_budget_summary_becomes_rows_advise_looks_up() -> None:
                    _method("dense16", "dense", 0.979, 420, {"lr": 0.1},
                            {"payload_dtype": "float16"}),
                    _method("gs", "gs", 0.976, 600, {"lr": 0.3, "density": 0.003}),
-                   _method("powersgd", "powersgd", 0.97, None, {"powersgd_rank": 4}),
-                   _method("sl", "topk", 0.97, 500, {"density": 0.05}, {"local_steps": 30}),
+                   _method("powersgd", "powersgd", 0.97, None, {"powersgd_rank": 4}, others=[
+                       {"setting": {"powersgd_rank": 1}, "final": 0.976, "steps": 700},
+                       {"setting": {"powersgd_rank": 4, "lr": 0.3}, "final": 0.96,
+                        "steps": None},
+                       {"setting": {"powersgd_rank": 8}, "final": None, "steps": None}]),
+                   _method("sl", "topk", 0.97, 500, {"density": 0.05}, {"local_steps": 30},
+                           others=[{"setting": {"density": 0.01}, "final": 0.96,
+                                    "steps": None}]),
                ]}
     study = write_evidence.equal_budget_study("MNIST CNN", [summary])
     rows = study["rows"]["16"]
-    assert set(rows) == {"dense", "dense16", "gs-c16-m8-h-pf8@0.003", "powersgd-r4"}
+    assert set(rows) == {"dense", "dense16", "gs-c16-m8-h-pf8@0.003", "powersgd-r4",
+                         "powersgd-r1"}
+    # another setting the search tried: one seed, its own gap and steps; the best's row
+    # is never replaced by a worse trial of the same row, a diverged trial is no row
+    assert rows["powersgd-r1"] == {"seeds": 1, "gap": -0.4, "steps_ratio": 1.75,
+                                   "trial": True}
     assert rows["gs-c16-m8-h-pf8@0.003"] == {"seeds": 3, "gap": -0.4, "steps_ratio": 1.5}
     assert rows["powersgd-r4"]["steps_ratio"] is None and rows["dense"]["steps_ratio"] == 1.0
     assert study["supersedes"] == ["mnist-fair-frontier"]
