@@ -157,6 +157,13 @@ def _equal_row(m: dict[str, Any], setting: dict[str, Any], d: int, workers: int)
     return row_key(spec, density) + (f"-chunk{chunk}" if chunk else "")
 
 
+def _trial_rank(trial: dict[str, Any], metric: str) -> tuple[bool, int, float]:
+    """A search's trials best first: reached the target (in fewer steps), then the better
+    final value."""
+    final = -trial["final"] if metric == "accuracy" else trial["final"]
+    return (trial["steps"] is None, trial["steps"] or 0, final)
+
+
 def _ratio(steps: int | None, ref_steps: int) -> float | None:
     """Steps to the target over the reference's (None: never reached)."""
     return None if steps is None else _round(steps / ref_steps)
@@ -193,9 +200,10 @@ def equal_budget_study(name: str, summaries: list[dict[str, Any]], family: str =
                 out[_equal_row(m, m["best_setting"], d, p)] = {
                     "seeds": len(m["seeds"]), "gap": _gap(m["final"]["mean"], ref, metric),
                     "steps_ratio": _ratio(m["to_target"]["steps"], ref_steps)}
-            for trial in m["trials"]:  # the other settings tried: one seed each
-                row = _equal_row(m, trial["setting"], d, p)
-                if trial["final"] is not None and row not in out:
+            finished = [t for t in m["trials"] if t["final"] is not None]
+            for trial in sorted(finished, key=lambda t: _trial_rank(t, metric)):
+                row = _equal_row(m, trial["setting"], d, p)  # one seed each, the best
+                if row not in out:                          # trial where a row repeats
                     out[row] = {"seeds": 1, "gap": _gap(trial["final"], ref, metric),
                                 "steps_ratio": _ratio(trial["steps"], ref_steps), "trial": True}
         rows[str(p)] = dict(sorted(out.items()))

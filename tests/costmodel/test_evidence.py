@@ -115,6 +115,8 @@ def test_an_equal_budget_summary_becomes_rows_advise_looks_up() -> None:
                            {"payload_dtype": "float16"}),
                    _method("gs", "gs", 0.976, 600, {"lr": 0.3, "density": 0.003}),
                    _method("powersgd", "powersgd", 0.97, None, {"powersgd_rank": 4}, others=[
+                       {"setting": {"powersgd_rank": 1, "lr": 0.05}, "final": 0.95,
+                        "steps": None},
                        {"setting": {"powersgd_rank": 1}, "final": 0.976, "steps": 700},
                        {"setting": {"powersgd_rank": 4, "lr": 0.3}, "final": 0.96,
                         "steps": None},
@@ -127,8 +129,9 @@ def test_an_equal_budget_summary_becomes_rows_advise_looks_up() -> None:
     rows = study["rows"]["16"]
     assert set(rows) == {"dense", "dense16", "gs-c16-m8-h-pf8@0.003", "powersgd-r4",
                          "powersgd-r1"}
-    # another setting the search tried: one seed, its own gap and steps; the best's row
-    # is never replaced by a worse trial of the same row, a diverged trial is no row
+    # another setting the search tried: one seed, its own gap and steps (of two trials of
+    # rank 1, the one that reached); the best's row is never replaced by a trial of the
+    # same row, and a diverged trial is no row
     assert rows["powersgd-r1"] == {"seeds": 1, "gap": -0.4, "steps_ratio": 1.75,
                                    "trial": True}
     assert rows["gs-c16-m8-h-pf8@0.003"] == {"seeds": 3, "gap": -0.4, "steps_ratio": 1.5}
