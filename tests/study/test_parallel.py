@@ -5,10 +5,6 @@ summary; a second study into a running directory and a bad ``--jobs`` are refuse
 from __future__ import annotations
 
 import fcntl
-import os
-import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -18,7 +14,7 @@ from gssgd.cli.main import main
 from gssgd.study import parse_spec, run_study
 from gssgd.study.curves import LOSS
 from gssgd.study.parallel import search_methods
-from tests.study.test_study import ROOT, SMALL, _outputs, _runs, _small
+from tests.study.test_study import SMALL, _outputs, _runs, _small, kill_study_after
 
 
 @pytest.fixture(scope="module")
@@ -47,18 +43,8 @@ def test_a_killed_parallel_study_leaves_no_orphan_and_resumes(whole: Path,
     after the kill (the workers died with it), and running it again gives the same
     summary without training a finished run twice."""
     spec_file, cut = whole.parent / "tiny.toml", tmp_path / "cut"
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    proc = subprocess.Popen([sys.executable, "-c", "from gssgd.cli.main import main; "
-                             f"main(['study', {str(spec_file)!r}, '--out', {str(cut)!r}, "
-                             "'--no-progress', '--jobs', '2'])"], cwd=ROOT, env=env,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    deadline = time.monotonic() + 180
     dense_runs = 3 + 1  # the reference's budget and its other seed come first, alone
-    while len(_runs(cut)) < dense_runs + 2 and time.monotonic() < deadline \
-            and proc.poll() is None:
-        time.sleep(0.05)
-    proc.send_signal(signal.SIGKILL)
-    proc.wait()
+    kill_study_after(spec_file, cut, dense_runs + 2, "--jobs", "2", timeout=180)
     done = {p: (p / "summary.json").stat().st_mtime_ns for p in _runs(cut)}
     time.sleep(3.0)  # a run of this study takes about a second: an orphan would write one
     assert {p: (p / "summary.json").stat().st_mtime_ns for p in _runs(cut)} == done

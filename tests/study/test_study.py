@@ -58,6 +58,23 @@ def _runs(out: Path) -> list[Path]:
     return sorted(p.parent for p in (out / "runs").glob("*/*/summary.json"))
 
 
+def kill_study_after(spec_file: Path, out: Path, runs: int, *args: str,
+                     timeout: float = 120) -> None:
+    """Run ``gssgd study spec_file --out out *args`` in a process of its own and SIGKILL
+    it once ``runs`` runs have finished (or it ended, or ``timeout`` seconds passed)."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    argv = ["study", str(spec_file), "--out", str(out), "--no-progress", *args]
+    proc = subprocess.Popen([sys.executable, "-c",
+                             f"from gssgd.cli.main import main; main({argv!r})"],
+                            cwd=ROOT, env=env, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + timeout
+    while len(_runs(out)) < runs and time.monotonic() < deadline and proc.poll() is None:
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+
+
 def test_the_example_study_gives_every_method_the_same_budget(tmp_path: Path) -> None:
     """The committed example spec on the plugin model: each method ran exactly the budget
     of distinct settings plus its best at the other seed; the summary ranks them."""
@@ -93,16 +110,7 @@ def test_a_killed_study_resumes_to_the_same_summary(tmp_path: Path, sampler: str
     assert main(["study", str(spec_file), "--out", str(whole), "--no-progress"]) == 0
 
     cut = tmp_path / "cut"
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    proc = subprocess.Popen([sys.executable, "-c", "from gssgd.cli.main import main; "
-                             f"main(['study', {str(spec_file)!r}, '--out', {str(cut)!r}, "
-                             "'--no-progress'])"], cwd=ROOT, env=env,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    deadline = time.monotonic() + 120
-    while len(_runs(cut)) < 4 and time.monotonic() < deadline and proc.poll() is None:
-        time.sleep(0.05)
-    proc.send_signal(signal.SIGKILL)
-    proc.wait()
+    kill_study_after(spec_file, cut, runs=4)
     done = {p: (p / "summary.json").stat().st_mtime_ns for p in _runs(cut)}
     total = load_spec(spec_file).trials
     assert 4 <= len(done) < total and not (cut / "summary.json").exists()
