@@ -251,8 +251,10 @@ def _recommendation(advice: Advice) -> str:
     to = rec.target_seconds(n)
     dense = next((c for c in advice.candidates if c.name == "dense"), None)
     speedup = "" if dense is None else f", {dense.step.total / rec.step.total:.2f}x dense's"
+    kin = rec.evidence.kin
     measured = ("" if rec.evidence.steps_ratio is not None
-                else "; its steps to the target were not measured")
+                else "; its steps to the target were not measured"
+                + (f"; {kin}" if kin and not rec.evidence.measured else ""))
     return (f"recommended: {rec.name} ({rec.step.total * 1e3:.1f} ms per step{speedup}"
             + ("" if to is None else f"; {to:.4g} s for dense's {n} steps to the target")
             + f"{measured})")

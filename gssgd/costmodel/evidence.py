@@ -12,7 +12,10 @@ model's family (:func:`study_for`) and looks each candidate up in it
 * another model family than the study's: "steps not measured";
 * a worker count more than twice (or less than half) the nearest measured one that ran the
   row: "steps not measured";
-* a density (or rank, or H) the study did not run at any P: "steps not measured".
+* a density (or rank, or H) the study did not run at any P: "steps not measured", and
+  what the study measured of the same method at the nearest P (how many of its settings
+  reached the target, the best of them): a faster step of an unmeasured setting is no
+  promise when every measured setting of its method fell short.
 
 A candidate without evidence is ranked by its time per step alone (the run of dense's
 steps), marked so; one measured short of the target is ranked after all others.
@@ -93,6 +96,8 @@ class Evidence:
         why: why not measured ("" when measured).
         trial: the row is one trial of a study's search, not a best re-run at every seed
             (one seed, at the learning rate that trial drew: weaker evidence, said so).
+        kin: for a row the study did not run: what it measured of the same method
+            (:func:`measured_kin`; "" where nothing).
     """
 
     study: Study | None
@@ -104,6 +109,7 @@ class Evidence:
     reached: bool | None = None
     why: str = ""
     trial: bool = False
+    kin: str = ""
 
     @property
     def measured(self) -> bool:
@@ -112,7 +118,7 @@ class Evidence:
     def describe(self) -> str:
         """A few words for the report."""
         if not self.measured:
-            return f"steps not measured: {self.why}"
+            return f"steps not measured: {self.why}" + (f"; {self.kin}" if self.kin else "")
         assert self.study is not None and self.gap is not None
         where = f"{self.study.title}, P={self.workers}, " + (
             "one trial of its search (one seed and learning rate)" if self.trial
@@ -172,6 +178,43 @@ def row_key(spec: MethodSpec, density: float, *, streamed: bool = False,
     return row if spec.aggregator == "dense" else f"{row}@{density:g}"
 
 
+def method_of(row: str) -> str:
+    """The method a study row runs: ``gs`` for every gs shape, ``powersgd`` for every rank,
+    ``diloco`` for every H, ``topk`` for ``topk@0.01`` (see the module doc)."""
+    return row.split("@")[0].split("-")[0]
+
+
+def measured_kin(study: Study, row: str, workers: int) -> str:
+    """What ``study`` measured of ``row``'s method at the P nearest ``workers`` (within
+    2x), in words: how many of its settings reached the target and the best of them (the
+    fewest steps; where none reached, the smallest gap). "" where it measured none.
+
+    Example: ``"its measured powersgd settings at P=16: none of 3 reached the target
+    (closest: powersgd-r8, +8.30 %)"``.
+    """
+    method = method_of(row)
+    ps = [p for p, rows in study.rows.items()
+          if any(method_of(r) == method for r in rows)
+          and max(p / workers, workers / p) <= MAX_P_FACTOR]
+    if not ps:
+        return ""
+    p = min(ps, key=lambda q: (abs(math.log2(q / workers)), -q))
+    kin = {r: v for r, v in study.rows[p].items() if method_of(r) == method}
+    reached = {r: v for r, v in kin.items() if evidence_for(study, r, p, study.family).reached}
+    head = f"its measured {method} settings at P={p}:"
+    if reached:
+        best = min(reached, key=lambda r: (reached[r]["steps_ratio"] or 1.0, r))
+        ratio = reached[best]["steps_ratio"]
+        how = "" if ratio is None else f", {ratio:.2f}x dense's steps"
+        return f"{head} {len(reached)} of {len(kin)} reached the target (best: {best}{how})"
+    # a loss gap is better smaller, an accuracy gap (points against dense) larger
+    sign = 1 if study.family == "language" else -1
+    closest = min(kin, key=lambda r: (sign * kin[r]["gap"], r))
+    unit = " %" if study.family == "language" else " pt"
+    return (f"{head} none of {len(kin)} reached the target (closest: {closest}, "
+            f"{kin[closest]['gap']:+.2f}{unit})")
+
+
 def evidence_for(study: Study | None, row: str, workers: int, family: str) -> Evidence:
     """The measurement of ``row`` nearest to ``workers`` in ``study`` (see the module doc).
 
@@ -185,7 +228,8 @@ def evidence_for(study: Study | None, row: str, workers: int, family: str) -> Ev
         return Evidence(study, row, why=f"no study of a {family} model")
     ps = [p for p, rows in study.rows.items() if row in rows]
     if not ps:
-        return Evidence(study, row, why=f"{row} was not run in {study.name}")
+        return Evidence(study, row, why=f"{row} was not run in {study.name}",
+                        kin=measured_kin(study, row, workers))
     p = min(ps, key=lambda q: (abs(math.log2(q / workers)), -q))
     if max(p / workers, workers / p) > MAX_P_FACTOR:
         return Evidence(study, row, why=f"P={workers} is beyond 2x the nearest measured P={p}")

@@ -446,6 +446,10 @@ def test_outside_the_evidence_a_method_says_so_and_borrows_no_factor(capsys) -> 
     assert image["methods"]["powersgd"]["evidence"]["steps_ratio"] is not None  # rank 2
     assert image["methods"]["diloco-h30"]["evidence"]["not_measured_because"] == \
         "diloco-h30 was not run in mnist-equal-budget"
+    assert image["methods"]["diloco-h30"]["evidence"]["its_method_measured"] is None
+    # a gs shape the study did not run: what it did measure of gs at the nearest P
+    kin = image["methods"]["gs-stream"]["evidence"]["its_method_measured"]
+    assert kin.startswith("its measured gs settings at P=16: ")
 
 
 def test_local_steps_pay_their_outer_step_every_h_steps() -> None:

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from gssgd.costmodel import store
-from gssgd.costmodel.evidence import evidence_for, row_key, studies, study_for
+from gssgd.costmodel.evidence import Study, evidence_for, row_key, studies, study_for
 from gssgd.costmodel.method_specs import method_spec
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -53,6 +53,41 @@ def test_a_lookup_takes_the_nearest_p_within_2x_and_says_why_otherwise() -> None
                          "image")
     assert not unrun.measured and unrun.why == "gtopk@0.0003 was not run in mnist-equal-budget"
     assert "steps not measured" in unrun.describe()
+
+
+def _study(family: str, rows: dict[int, dict[str, dict]]) -> Study:
+    return Study("made-up", "a made-up study", family, "steps", "dense's target", rows)
+
+
+def test_an_unrun_setting_says_what_its_method_measured_at_the_nearest_p() -> None:
+    """A faster step of an unrun setting is no promise when its method's measured settings
+    fell short: the lookup says how many reached and the best (or the closest miss)."""
+    row = lambda ratio, gap: {"seeds": 3, "gap": gap, "steps_ratio": ratio}  # noqa: E731
+    lm = _study("language", {
+        16: {"powersgd-r8": row(None, 8.3), "powersgd-r2": row(None, 12.0),
+             "gs-c16-m8-h-pf8@0.003": row(1.4, 2.5), "gs-c4-m8-h-pf8@0.01": row(1.2, 1.9),
+             "topk@0.01": row(None, 3.4)},
+        64: {"powersgd-r4": row(0.9, 1.0)}})
+    missed = evidence_for(lm, "powersgd-r1", 16, "language")
+    assert not missed.measured and missed.kin == (
+        "its measured powersgd settings at P=16: none of 2 reached the target "
+        "(closest: powersgd-r8, +8.30 %)")
+    assert missed.describe().endswith(missed.kin)
+    # 24 is nearer 16 than 64; at 48, P = 64 is the nearest and its rank 4 reached
+    assert "P=16" in evidence_for(lm, "powersgd-r1", 24, "language").kin
+    assert evidence_for(lm, "powersgd-r1", 48, "language").kin == (
+        "its measured powersgd settings at P=64: 1 of 1 reached the target "
+        "(best: powersgd-r4, 0.90x dense's steps)")
+    assert evidence_for(lm, "gs-c40-m32@0.001", 16, "language").kin == (
+        "its measured gs settings at P=16: 2 of 2 reached the target "
+        "(best: gs-c4-m8-h-pf8@0.01, 1.20x dense's steps)")
+    # nothing of the method within 2x, or at all: nothing to say
+    assert evidence_for(lm, "powersgd-r1", 256, "language").kin == ""
+    assert evidence_for(lm, "gtopk@0.01", 16, "language").kin == ""
+    # an accuracy gap (image family) is better larger: the closest miss is the smallest loss
+    image = _study("image", {16: {"topk@0.01": row(None, -1.5), "topk@0.003": row(None, -0.7)}})
+    assert evidence_for(image, "topk@0.001", 16, "image").kin.endswith(
+        "(closest: topk@0.003, -0.70 pt)")
 
 
 def test_a_final_gap_study_reaches_within_its_target_and_measures_no_steps() -> None:
