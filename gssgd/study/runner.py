@@ -11,16 +11,15 @@ finished one it only rewrites the summary from the runs.
 from __future__ import annotations
 
 import json
-import statistics
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 from gssgd.study.curves import ACCURACY, LOSS, Metric
-from gssgd.study.parallel import check_jobs, search_methods
+from gssgd.study.parallel import check_jobs, run_planned, search_methods
 from gssgd.study.report import markdown, plot
-from gssgd.study.search import rejudge, search_method
+from gssgd.study.search import reference_value, rejudge, search_method
 from gssgd.study.spec import StudySpec
 from gssgd.study.summary import summarise
 from gssgd.study.trials import check_spec
@@ -60,9 +59,9 @@ def run_study(spec: StudySpec, out: Path, progress: bool = True,
         spec: the study.
         out: its directory.
         progress: show a progress bar over the study's runs.
-        jobs: how many methods to search at once, each in a process of its own
-            (:mod:`gssgd.study.parallel`; the reference is searched first, alone). The
-            summary does not depend on it.
+        jobs: how many runs (a Latin hypercube, grid or random search: every setting is
+            known ahead) or methods (TPE) at once, each in a process of its own
+            (:mod:`gssgd.study.parallel`). The summary does not depend on it.
 
     Returns:
         The summary (also in ``out/summary.json``).
@@ -98,18 +97,18 @@ def _alone_in(out: Path) -> Iterator[None]:
 def _run(spec: StudySpec, out: Path, progress: bool, jobs: int) -> dict[str, Any]:
     metric, runs = metric_of(spec), out / "runs"
     bar = counter(spec.trials, "study", "run", progress, who="gssgd study")
+    counted: set[str] = set()
 
-    def tick(text: str) -> None:
+    def tick(text: str) -> None:  # once per run: a run done ahead is read again later
         bar.set_postfix(run=text)
-        bar.update(1)
+        if text not in counted:
+            counted.add(text)
+            bar.update(1)
 
     ref_row = spec.method(spec.reference)
+    run_planned(spec, runs, metric, tick, jobs)  # jobs > 1: the runs known in advance
     found = {ref_row.label: search_method(spec, ref_row, runs, metric, None, tick)}
-    finals = [o.final for o in found[ref_row.label]["seeds"].values()]
-    if None in finals:
-        raise RuntimeError(f"the reference {ref_row.label}'s best setting stopped early at a "
-                           "seed, so the study has no target; narrow its search space")
-    dense = statistics.mean(finals)
+    dense = reference_value(ref_row.label, list(found[ref_row.label]["seeds"].values()))
     found[ref_row.label] = rejudge(found[ref_row.label], metric, dense)
     others = [row for row in spec.methods if row.label != ref_row.label]
     found.update(search_methods(spec, others, runs, metric, dense, tick, jobs))

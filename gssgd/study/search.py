@@ -20,6 +20,7 @@ the trials it would have run (tests/study/test_study.py kills one and compares).
 
 from __future__ import annotations
 
+import statistics
 import zlib
 from collections.abc import Callable
 from pathlib import Path
@@ -30,7 +31,13 @@ from gssgd.study.design import latin_hypercube
 from gssgd.study.spec import Knob, MethodSpace, StudySpec
 from gssgd.study.trials import Outcome, read_outcome, run_trial, trial_config
 
-__all__ = ["MethodResult", "rejudge", "search_method"]
+__all__ = ["PLANNED_SAMPLERS", "MethodResult", "best_trial", "planned_settings",
+           "reference_value", "rejudge", "search_method", "seed_dir", "seed_text",
+           "train_run", "trial_dirs", "trial_text"]
+
+#: The samplers whose every setting is known before the first run (``--jobs`` runs them
+#: run by run, not method by method: :mod:`gssgd.study.parallel`).
+PLANNED_SAMPLERS = ("lhs", "grid", "random")
 
 #: What a method's search gives: each trial's (setting, outcome) and its best's other seeds.
 MethodResult = dict[str, Any]
@@ -91,29 +98,96 @@ def search_method(spec: StudySpec, row: MethodSpace, root: Path, metric: Metric,
         "dirs": {"trials": [path, ...], "seeds": {seed: path}}}``.
     """
     optuna = _optuna()
-    study = optuna.create_study(direction="minimize", sampler=_sampler(optuna, spec, row))
-    space = {k.name: _distribution(optuna, k) for k in row.knobs}
+    study, space, design = _new_search(optuna, spec, row)
     trials: list[tuple[dict[str, Any], Outcome]] = []
-    dirs = [root / row.label / f"t{i:03d}" for i in range(spec.budget)]
-    design = (latin_hypercube(row.knobs, spec.budget, _seed(spec, row))
-              if spec.sampler == "lhs" else None)
+    dirs = trial_dirs(root, row, spec.budget)
     for i, out in enumerate(dirs):
         if design is not None:
             study.enqueue_trial(design[i])
-        trial, params = _ask_new(study, space, trials, metric, reference)
+        trial, params = _ask_new(study, space, [p for p, _ in trials],
+                                 lambda j: trials[j][1].objective(metric, reference))
         outcome = _train(spec, row, params, spec.seeds[0], out, metric, reference)
         study.tell(trial, outcome.objective(metric, reference))
         trials.append((params, outcome))
-        tick(f"{row.label} trial {i + 1}/{spec.budget}")
-    best = min(range(len(trials)), key=lambda i: (trials[i][1].objective(metric, reference), i))
+        tick(trial_text(row, i, spec.budget))
+    best = best_trial([o for _, o in trials], metric, reference)
     seeds, seed_dirs = {spec.seeds[0]: trials[best][1]}, {spec.seeds[0]: dirs[best]}
     for seed in spec.seeds[1:]:
-        seed_dirs[seed] = root / row.label / f"best-s{seed}"
+        seed_dirs[seed] = seed_dir(root, row, seed)
         seeds[seed] = _train(spec, row, trials[best][0], seed, seed_dirs[seed], metric,
                              reference)
-        tick(f"{row.label} best, seed {seed}")
+        tick(seed_text(row, seed))
     return {"trials": trials, "best": best, "seeds": seeds,
             "dirs": {"trials": dirs, "seeds": seed_dirs}}
+
+
+def planned_settings(spec: StudySpec, row: MethodSpace) -> list[dict[str, Any]] | None:
+    """Every trial's setting of ``row``'s search, known before any of them runs, or None
+    for TPE (whose later trials follow the earlier outcomes). A Latin hypercube, a grid
+    and random draws ask the same settings whatever the outcomes, so the same seeded
+    sampler asked here without them gives what :func:`search_method` will ask (a run
+    planned from it and found done there is checked against its ``trial.json``)."""
+    if spec.sampler not in PLANNED_SAMPLERS:
+        return None
+    study, space, design = _new_search(_optuna(), spec, row)
+    settings: list[dict[str, Any]] = []
+    for i in range(spec.budget):
+        if design is not None:
+            study.enqueue_trial(design[i])
+        trial, params = _ask_new(study, space, settings, lambda _: 0.0)
+        study.tell(trial, 0.0)
+        settings.append(params)
+    return settings
+
+
+def best_trial(outcomes: list[Outcome], metric: Metric, reference: float | None) -> int:
+    """The index of the best of a search's trials (the first of equals)."""
+    return min(range(len(outcomes)),
+               key=lambda i: (outcomes[i].objective(metric, reference), i))
+
+
+def reference_value(label: str, seeds: list[Outcome]) -> float:
+    """The value the target is judged against: the mean final value of the reference's
+    best setting over the seeds.
+
+    Raises:
+        RuntimeError: a seed's run stopped early (the study has no target).
+    """
+    finals = [o.final for o in seeds]
+    if None in finals:
+        raise RuntimeError(f"the reference {label}'s best setting stopped early at a "
+                           "seed, so the study has no target; narrow its search space")
+    return statistics.mean(finals)  # type: ignore[arg-type]
+
+
+def trial_dirs(root: Path, row: MethodSpace, budget: int) -> list[Path]:
+    """The folders of ``row``'s trials (seed ``seeds[0]``)."""
+    return [root / row.label / f"t{i:03d}" for i in range(budget)]
+
+
+def seed_dir(root: Path, row: MethodSpace, seed: int) -> Path:
+    """The folder of ``row``'s best setting at another ``seed``."""
+    return root / row.label / f"best-s{seed}"
+
+
+def trial_text(row: MethodSpace, i: int, budget: int) -> str:
+    """The progress bar's words for trial ``i`` (one description per run of the study)."""
+    return f"{row.label} trial {i + 1}/{budget}"
+
+
+def seed_text(row: MethodSpace, seed: int) -> str:
+    """The progress bar's words for the best setting's run at ``seed``."""
+    return f"{row.label} best, seed {seed}"
+
+
+def _new_search(optuna: Any, spec: StudySpec, row: MethodSpace
+                ) -> tuple[Any, dict[str, Any], list[dict[str, Any]] | None]:
+    """The method's seeded Optuna study, its search space, and (``lhs``) its design."""
+    study = optuna.create_study(direction="minimize", sampler=_sampler(optuna, spec, row))
+    space = {k.name: _distribution(optuna, k) for k in row.knobs}
+    design = (latin_hypercube(row.knobs, spec.budget, _seed(spec, row))
+              if spec.sampler == "lhs" else None)
+    return study, space, design
 
 
 def rejudge(found: MethodResult, metric: Metric, reference: float) -> MethodResult:
@@ -130,24 +204,30 @@ def rejudge(found: MethodResult, metric: Metric, reference: float) -> MethodResu
 MAX_REPEATS = 200
 
 
-def _ask_new(study: Any, space: dict[str, Any], trials: list[tuple[dict[str, Any], Outcome]],
-             metric: Metric, reference: float | None) -> tuple[Any, dict[str, Any]]:
+def _ask_new(study: Any, space: dict[str, Any], tried: list[dict[str, Any]],
+             value_of: Callable[[int], float]) -> tuple[Any, dict[str, Any]]:
     """A trial whose setting was not tried yet: a repeat (TPE and random draws repeat in a
-    small space) is told its known outcome and asked again, so it costs no budget."""
-    tried = [params for params, _ in trials]
+    small space) is told its known outcome (``value_of(index)``) and asked again, so it
+    costs no budget."""
     for _ in range(MAX_REPEATS):
         trial = study.ask(space)
         params = dict(trial.params)
         if params not in tried:
             return trial, params
-        study.tell(trial, trials[tried.index(params)][1].objective(metric, reference))
+        study.tell(trial, value_of(tried.index(params)))
     raise RuntimeError(f"the sampler proposed only settings already tried {MAX_REPEATS} times "
                        "in a row: widen the method's search space or lower the budget")
 
 
-def _train(spec: StudySpec, row: MethodSpace, params: dict[str, Any], seed: int, out: Path,
-           metric: Metric, reference: float | None) -> Outcome:
+def train_run(spec: StudySpec, row: MethodSpace, params: dict[str, Any], seed: int,
+              out: Path) -> None:
+    """Train ``row`` at ``params`` and ``seed`` into ``out`` (nothing where it is done)."""
     meta = {"label": row.label, "method": row.method, "params": params, "seed": seed,
             "fixed": row.fixed, "run": spec.run}
     run_trial(trial_config(spec, row, params, seed, out), out, meta)
+
+
+def _train(spec: StudySpec, row: MethodSpace, params: dict[str, Any], seed: int, out: Path,
+           metric: Metric, reference: float | None) -> Outcome:
+    train_run(spec, row, params, seed, out)
     return read_outcome(out, metric, reference)

@@ -30,7 +30,7 @@ from gssgd.train.metrics import (
     write_json,
 )
 
-__all__ = ["Outcome", "check_spec", "read_outcome", "run_trial", "trial_config"]
+__all__ = ["Outcome", "check_spec", "finished", "read_outcome", "run_trial", "trial_config"]
 
 #: How a run may end and still be a trial's outcome: a setting that diverges or collapses
 #: the sketch is a result (the worst), not a reason to stop the study.
@@ -71,6 +71,12 @@ def check_spec(spec: StudySpec, root: Path) -> None:
             trial_config(spec, row, probe, spec.seeds[0], root / "check")
         except (ValueError, TypeError) as err:
             raise ValueError(f"study spec, methods.{row.label}: {err}") from err
+
+
+def finished(out: Path) -> bool:
+    """Whether ``out`` holds a run that ended as a trial's outcome (:data:`FINISHED`)."""
+    done = read_run(out) if (out / TRIAL_FILE).is_file() else None
+    return done is not None and done[0].get("status") in FINISHED
 
 
 def run_trial(cfg: TrainConfig, out: Path, meta: dict[str, Any]) -> dict[str, Any]:

@@ -1,27 +1,35 @@
-"""``gssgd study --jobs N``: methods searched in processes of their own write the summary
-one process writes; a killed parallel study leaves no orphan and resumes to the same
-summary; a second study into a running directory and a bad ``--jobs`` are refused."""
+"""``gssgd study --jobs N``: runs (a Latin hypercube: every setting known ahead) or whole
+searches (TPE) in processes of their own write the summary one process writes; a killed
+parallel study leaves no orphan and resumes to the same summary; runs start as soon as
+what they need is known; a second study into a running directory and a bad ``--jobs``
+are refused."""
 
 from __future__ import annotations
 
 import fcntl
+import json
 import time
 from pathlib import Path
 
 import pytest
 
 from gssgd.cli.main import main
-from gssgd.study import parse_spec, run_study
+from gssgd.study import load_spec, parse_spec, run_study
 from gssgd.study.curves import LOSS
-from gssgd.study.parallel import search_methods
+from gssgd.study.parallel import _Plan, run_planned, search_methods
 from tests.study.test_study import SMALL, _outputs, _runs, _small, kill_study_after
 
 
-@pytest.fixture(scope="module")
-def whole(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The small study in one process (the reference for every test here)."""
+def _spec_text(sampler: str) -> str:
+    return SMALL.replace("seeds = [0, 1]", f'seeds = [0, 1]\nsampler = "{sampler}"')
+
+
+@pytest.fixture(scope="module", params=["tpe", "lhs"])
+def whole(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The small study in one process (the reference for the tests here), searched by TPE
+    (whole searches in the workers) and by a Latin hypercube (single runs)."""
     spec_file = tmp_path_factory.mktemp("spec") / "tiny.toml"
-    spec_file.write_text(SMALL)
+    spec_file.write_text(_spec_text(request.param))
     out = spec_file.parent / "whole"
     assert main(["study", str(spec_file), "--out", str(out), "--no-progress"]) == 0
     return out
@@ -43,7 +51,7 @@ def test_a_killed_parallel_study_leaves_no_orphan_and_resumes(whole: Path,
     after the kill (the workers died with it), and running it again gives the same
     summary without training a finished run twice."""
     spec_file, cut = whole.parent / "tiny.toml", tmp_path / "cut"
-    dense_runs = 3 + 1  # the reference's budget and its other seed come first, alone
+    dense_runs = 3 + 1  # the reference's budget and its other seed
     kill_study_after(spec_file, cut, dense_runs + 2, "--jobs", "2", timeout=180)
     done = {p: (p / "summary.json").stat().st_mtime_ns for p in _runs(cut)}
     time.sleep(3.0)  # a run of this study takes about a second: an orphan would write one
@@ -57,7 +65,7 @@ def test_a_killed_parallel_study_leaves_no_orphan_and_resumes(whole: Path,
 
 
 def test_a_second_study_into_a_running_directory_is_refused(whole: Path) -> None:
-    spec = parse_spec(_small())
+    spec = load_spec(whole.parent / "tiny.toml")
     with open(whole / ".lock", "w") as held:
         fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)  # as a running study holds it
         with pytest.raises(ValueError, match="another gssgd study is running in"):
@@ -77,6 +85,44 @@ def test_a_failing_method_stops_the_study_with_its_own_error(tmp_path: Path) -> 
     import multiprocessing
 
     assert multiprocessing.active_children() == []
+
+
+def test_a_failing_run_stops_the_study_with_its_own_error(tmp_path: Path) -> None:
+    """Every planned run fails (its folder cannot be made): the first error comes back as
+    itself, and no worker outlives the call."""
+    spec = parse_spec(_small(sampler="lhs"))
+    blocked = tmp_path / "not-a-folder"
+    blocked.write_text("")
+    with pytest.raises(OSError):
+        run_planned(spec, blocked, LOSS, lambda text: None, jobs=2)
+    import multiprocessing
+
+    assert multiprocessing.active_children() == []
+
+
+def test_a_run_starts_once_what_it_needs_is_known(tmp_path: Path) -> None:
+    """The plan of a Latin hypercube study: every method's trials at once, the
+    reference's first; the reference's best at its other seed when its trials are done;
+    another method's best at its other seed when its trials are done and the target is
+    known (whichever comes last)."""
+    spec = parse_spec(_small(sampler="lhs"))
+    run_study(spec, tmp_path, progress=False)  # the runs the plan reads
+    plan = _Plan(spec, tmp_path / "runs", LOSS)
+    first = [task.name for task in plan.first()]
+    assert first == [f"{label} trial {i}/3" for label in ("dense", "gs", "powersgd")
+                     for i in (1, 2, 3)]
+    assert all(task.fn is None for task in plan.first())  # all done: nothing to train
+    for name in ("gs trial 1/3", "gs trial 2/3", "dense trial 1/3", "gs trial 3/3",
+                 "dense trial 2/3", "powersgd trial 1/3"):
+        assert plan.then(name) == []  # gs waits for the target
+    assert [t.name for t in plan.then("dense trial 3/3")] == ["dense best, seed 1"]
+    assert [t.name for t in plan.then("dense best, seed 1")] == ["gs best, seed 1"]
+    assert plan.then("powersgd trial 2/3") == []
+    assert [t.name for t in plan.then("powersgd trial 3/3")] == ["powersgd best, seed 1"]
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    best = {m["label"]: m["best_setting"] for m in summary["methods"]}
+    seed_runs = sorted((tmp_path / "runs").glob("*/best-s1/trial.json"))
+    assert {p.parts[-3]: json.loads(p.read_text())["params"] for p in seed_runs} == best
 
 
 @pytest.mark.parametrize("jobs", ["0", "-2"])
