@@ -36,9 +36,9 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     parser.add_argument("--out", type=Path, default=None,
                         help="the study's directory (default runs/study-<name>)")
     parser.add_argument("--jobs", type=int, default=1, metavar="N",
-                        help="search N methods at once, each in its own process (default 1; "
-                             "the summary is the same; each real-process run starts its "
-                             "workers, so N multiplies them)")
+                        help="train N runs at once (N methods for a TPE search), each in "
+                             "its own process (default 1; the summary is the same; each "
+                             "real-process run starts its workers, so N multiplies them)")
     parser.add_argument("--no-progress", dest="progress", action="store_false",
                         help="no progress bar")
     parser.set_defaults(run=run)
