@@ -16,17 +16,23 @@ order, so
 The design is a pure function of the knobs, the budget and the seed, so a resumed study asks
 for the same trials. Settings that repeat (possible when every knob is a short list) are
 re-paired with the next seed.
+
+A grid (:func:`grid_design`) is the other design known ahead: every combination of the
+knobs' lists, in a seeded order, the first ``budget`` of them. (Optuna's own
+``GridSampler`` ends its study when the grid is used up, which its ask-and-tell interface,
+the one a resumable study needs, refuses.)
 """
 
 from __future__ import annotations
 
+import itertools
 import math
 import random
 from typing import Any
 
 from gssgd.study.spec import Knob
 
-__all__ = ["latin_hypercube"]
+__all__ = ["grid_design", "latin_hypercube"]
 
 #: How many seeded pairings are tried before a design with a repeated setting is refused.
 MAX_PAIRINGS = 1000
@@ -74,3 +80,27 @@ def latin_hypercube(knobs: tuple[Knob, ...], budget: int, seed: int) -> list[dic
     raise ValueError(f"no Latin-hypercube design of {budget} distinct settings over "
                      f"{[k.name for k in knobs]} in {MAX_PAIRINGS} pairings: the space has "
                      "too few settings; lower the budget or widen a knob")
+
+
+def grid_design(knobs: tuple[Knob, ...], budget: int, seed: int) -> list[dict[str, Any]]:
+    """``budget`` distinct settings of a grid: every combination of the knobs' values
+    (lists, or every integer of an integer range) in a seeded order, the first ``budget``.
+
+    Raises:
+        ValueError: a knob without a grid (a float range), or fewer combinations than
+            ``budget`` (a spec's check refuses both first).
+    """
+    values = []
+    for knob in knobs:
+        if knob.choices is not None:
+            values.append(list(knob.choices))
+        elif knob.integer:
+            values.append(list(range(int(knob.low), int(knob.high) + 1)))  # type: ignore[arg-type]
+        else:
+            raise ValueError(f"{knob.name}: a float range has no grid; give a list of values")
+    points = [dict(zip([k.name for k in knobs], combo, strict=True))
+              for combo in itertools.product(*values)]
+    if len(points) < budget:
+        raise ValueError(f"a grid of {len(points)} settings cannot fill a budget of {budget}")
+    random.Random(seed).shuffle(points)
+    return points[:budget]

@@ -9,8 +9,9 @@
    the **same budget** of trials; then its best setting is re-run at every other seed.
 
 The samplers are Optuna's, seeded from the spec so that a study is a pure function of its
-spec: TPE (its first ``budget // 2`` trials random, as its startup), a grid (Optuna's
-``GridSampler``, the settings in a seeded order), random, or a Latin hypercube
+spec: TPE (its first ``budget // 2`` trials random, as its startup), a grid (every
+combination of the knobs' lists in a seeded order: :func:`~gssgd.study.design.grid_design`),
+random, or a Latin hypercube
 (:mod:`gssgd.study.design`: every knob spread over the budget; for budgets too small for
 TPE to explore a list of choices). The search keeps no database:
 on resume it asks the seeded sampler again, checks each answer against the trial's
@@ -27,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from gssgd.study.curves import Metric
-from gssgd.study.design import latin_hypercube
+from gssgd.study.design import grid_design, latin_hypercube
 from gssgd.study.spec import Knob, MethodSpace, StudySpec
 from gssgd.study.trials import Outcome, read_outcome, run_trial, trial_config
 
@@ -62,12 +63,6 @@ def _distribution(optuna: Any, knob: Knob) -> Any:
     return dists.FloatDistribution(knob.low, knob.high, log=knob.log)
 
 
-def _grid(knob: Knob) -> list[Any]:
-    if knob.choices is not None:
-        return list(knob.choices)
-    return list(range(int(knob.low), int(knob.high) + 1))
-
-
 def _seed(spec: StudySpec, row: MethodSpace) -> int:
     """The method's search seed: stable across processes and resumes."""
     return zlib.crc32(f"{spec.name}/{row.label}".encode())
@@ -75,9 +70,7 @@ def _seed(spec: StudySpec, row: MethodSpace) -> int:
 
 def _sampler(optuna: Any, spec: StudySpec, row: MethodSpace) -> Any:
     seed = _seed(spec, row)
-    if spec.sampler == "grid":
-        return optuna.samplers.GridSampler({k.name: _grid(k) for k in row.knobs}, seed=seed)
-    if spec.sampler in ("random", "lhs"):  # lhs: every trial enqueued from its design
+    if spec.sampler in ("random", "lhs", "grid"):  # lhs, grid: each trial enqueued
         return optuna.samplers.RandomSampler(seed=seed)
     return optuna.samplers.TPESampler(seed=seed, n_startup_trials=max(1, spec.budget // 2))
 
@@ -182,11 +175,13 @@ def seed_text(row: MethodSpace, seed: int) -> str:
 
 def _new_search(optuna: Any, spec: StudySpec, row: MethodSpace
                 ) -> tuple[Any, dict[str, Any], list[dict[str, Any]] | None]:
-    """The method's seeded Optuna study, its search space, and (``lhs``) its design."""
+    """The method's seeded Optuna study, its search space, and (``lhs``, ``grid``) its
+    design."""
     study = optuna.create_study(direction="minimize", sampler=_sampler(optuna, spec, row))
     space = {k.name: _distribution(optuna, k) for k in row.knobs}
-    design = (latin_hypercube(row.knobs, spec.budget, _seed(spec, row))
-              if spec.sampler == "lhs" else None)
+    designs = {"lhs": latin_hypercube, "grid": grid_design}
+    design = (designs[spec.sampler](row.knobs, spec.budget, _seed(spec, row))
+              if spec.sampler in designs else None)
     return study, space, design
 
 

@@ -1,4 +1,5 @@
-"""The Latin-hypercube design of gssgd.study.design: every knob spread over the budget."""
+"""The designs of gssgd.study.design: a Latin hypercube (every knob spread over the budget)
+and a grid (distinct combinations in a seeded order)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ from collections import Counter
 
 import pytest
 
-from gssgd.study.design import latin_hypercube
+from gssgd.study.design import grid_design, latin_hypercube
 from gssgd.study.spec import Knob
 
 LR = Knob("lr", low=0.002, high=0.02, log=True)
@@ -53,3 +54,21 @@ def test_an_integer_range_gives_whole_numbers_in_it() -> None:
 def test_a_space_too_small_for_the_budget_is_refused() -> None:
     with pytest.raises(ValueError, match="too few settings"):
         latin_hypercube((CHUNK,), 3, 0)
+
+
+def test_a_grid_takes_distinct_combinations_in_a_seeded_order() -> None:
+    rank = Knob("rank", choices=(1, 2))
+    every = grid_design((DENSITY, rank), 6, 0)  # the whole grid: every combination once
+    assert sorted((s["density"], s["rank"]) for s in every) == [
+        (d, r) for d in (0.001, 0.003, 0.01) for r in (1, 2)]
+    assert grid_design((DENSITY, rank), 4, 0) == every[:4]
+    assert grid_design((DENSITY, rank), 6, 1) != every  # another seed, another order
+    steps = grid_design((Knob("local_steps", low=1, high=3, integer=True),), 3, 5)
+    assert sorted(s["local_steps"] for s in steps) == [1, 2, 3]
+
+
+def test_a_grid_without_a_grid_or_too_small_is_refused() -> None:
+    with pytest.raises(ValueError, match="lr: a float range has no grid"):
+        grid_design((LR,), 2, 0)
+    with pytest.raises(ValueError, match="a grid of 2 settings cannot fill a budget of 3"):
+        grid_design((CHUNK,), 3, 0)

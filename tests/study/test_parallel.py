@@ -45,6 +45,19 @@ def test_two_jobs_write_the_summary_one_process_writes(whole: Path, tmp_path: Pa
         [p.relative_to(whole) for p in _runs(whole)]
 
 
+def test_a_grid_search_run_by_run_writes_the_summary_one_process_writes(
+        tmp_path: Path) -> None:
+    """Optuna's grid sampler visits its points in a seeded order whatever the outcomes:
+    the runs planned ahead are the ones the search asks for."""
+    spec_file = tmp_path / "grid.toml"
+    spec_file.write_text(_spec_text("grid").replace(
+        "lr = { low = 0.05, high = 0.4, log = true }", "lr = [0.05, 0.2]"))
+    for jobs, out in (("1", "one"), ("2", "two")):
+        assert main(["study", str(spec_file), "--out", str(tmp_path / out),
+                     "--no-progress", "--jobs", jobs]) == 0
+    assert _outputs(tmp_path / "two") == _outputs(tmp_path / "one")
+
+
 def test_a_killed_parallel_study_leaves_no_orphan_and_resumes(whole: Path,
                                                               tmp_path: Path) -> None:
     """SIGKILL the command while two methods train in their workers: no run is written
