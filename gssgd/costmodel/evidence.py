@@ -180,8 +180,10 @@ def row_key(spec: MethodSpec, density: float, *, streamed: bool = False,
 
 def method_of(row: str) -> str:
     """The method a study row runs: ``gs`` for every gs shape, ``powersgd`` for every rank,
-    ``diloco`` for every H, ``topk`` for ``topk@0.01`` (see the module doc)."""
-    return row.split("@")[0].split("-")[0]
+    ``diloco`` for every H, ``topk`` for ``topk@0.01``; an estimate without the exact
+    second round (``topk-estimate``) is a method of its own (see the module doc)."""
+    name = row.split("@")[0]
+    return name if name.endswith("-estimate") else name.split("-")[0]
 
 
 def measured_kin(study: Study, row: str, workers: int) -> str:
@@ -202,13 +204,15 @@ def measured_kin(study: Study, row: str, workers: int) -> str:
     kin = {r: v for r, v in study.rows[p].items() if method_of(r) == method}
     reached = {r: v for r, v in kin.items() if evidence_for(study, r, p, study.family).reached}
     head = f"its measured {method} settings at P={p}:"
-    if reached:
-        best = min(reached, key=lambda r: (reached[r]["steps_ratio"] or 1.0, r))
+    # a loss gap is better smaller, an accuracy gap (points against dense) larger
+    sign = 1 if study.family == "language" else -1
+    if reached:  # the fewest steps; where a study measured none (final gaps), the best gap
+        best = min(reached, key=lambda r: (reached[r]["steps_ratio"] is None,
+                                           reached[r]["steps_ratio"] or 0.0,
+                                           sign * reached[r]["gap"], r))
         ratio = reached[best]["steps_ratio"]
         how = "" if ratio is None else f", {ratio:.2f}x dense's steps"
         return f"{head} {len(reached)} of {len(kin)} reached the target (best: {best}{how})"
-    # a loss gap is better smaller, an accuracy gap (points against dense) larger
-    sign = 1 if study.family == "language" else -1
     closest = min(kin, key=lambda r: (sign * kin[r]["gap"], r))
     unit = " %" if study.family == "language" else " pt"
     return (f"{head} none of {len(kin)} reached the target (closest: {closest}, "

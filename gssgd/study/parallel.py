@@ -17,9 +17,10 @@ reads each run back in the spec's order exactly as one process would, so the sum
 equals, byte for byte, the one a single process writes (tests/study/test_parallel.py);
 only the wall-clock time changes.
 
-Dying together: a worker process dies with the study (Linux's parent-death signal, and a
-check of its parent between runs elsewhere), so a killed study leaves no orphan training
-into the folders a resumed study will use. A study that fails in one worker stops the
+Dying together: a worker process dies with the study (Linux's parent-death signal; a
+whole search also checks its parent between runs), and so do the ranks a real-process run
+starts in it (:func:`~gssgd.train.leave.die_with_parent`), so a killed study leaves no
+orphan training into the folders a resumed study will use. A study that fails in one worker stops the
 others (their cut runs train again from the start on resume, as any killed run does).
 """
 
@@ -27,8 +28,8 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import pickle
 import queue as queue_module
-import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -46,10 +47,12 @@ from gssgd.study.search import (
     seed_text,
     train_run,
     trial_dirs,
+    trial_meta,
     trial_text,
 )
 from gssgd.study.spec import MethodSpace, StudySpec
 from gssgd.study.trials import finished, read_outcome
+from gssgd.train.leave import die_with_parent
 
 __all__ = ["check_jobs", "run_planned", "search_methods"]
 
@@ -72,16 +75,16 @@ class Task:
 def check_jobs(jobs: int) -> None:
     """Raises ValueError (naming the value and the fix) unless ``jobs`` is 1 or more."""
     if jobs < 1:
-        raise ValueError(f"jobs={jobs}: give how many methods to search at once, 1 or more "
-                         "(1 searches them one after the other)")
+        raise ValueError(f"jobs={jobs}: give how many runs (or TPE searches) to train at "
+                         "once, 1 or more (1 trains them one after the other)")
 
 
 def search_methods(spec: StudySpec, rows: list[MethodSpace], root: Path, metric: Metric,
                    reference: float | None, tick: Callable[[str], None],
                    jobs: int = 1) -> dict[str, MethodResult]:
-    """Search every method of ``rows`` (:func:`~gssgd.study.search.search_method`),
-    ``jobs`` of them at a time. A method whose runs :func:`run_planned` trained is only
-    read back, here.
+    """Search every method of ``rows`` (:func:`~gssgd.study.search.search_method`): a TPE
+    search ``jobs`` methods at a time; one whose settings are planned ahead here, one after
+    the other (:func:`run_planned` trained its runs: they are only read back).
 
     Args:
         spec, rows: the study and the methods to search.
@@ -195,8 +198,11 @@ class _Plan:
                 for seed in self.spec.seeds[1:]]
 
     def _task(self, name: str, label: str, kind: str, args: tuple[Any, ...]) -> Task:
+        """A run (``args``: spec, row, setting, seed, folder); none where it is done (a
+        folder of another setting is refused, as :func:`search_method` would)."""
         self.of_task[name] = (label, kind)
-        return Task(name, None if finished(args[-1]) else train_run, args)
+        done = finished(args[-1], trial_meta(*args[:-1]))
+        return Task(name, None if done else train_run, args)
 
 
 def run_tasks(tasks: list[Task], jobs: int, tick: Callable[[str], None],
@@ -289,7 +295,7 @@ def _handle(message: tuple[Any, ...] | None, tick: Callable[[str], None],
 
 def _in_worker(task: Task, messages: Any, parent: int) -> None:
     """One task in a worker process; what it gives (or raises) goes back on ``messages``."""
-    _die_with(parent)
+    die_with_parent(parent)
 
     def tick(text: str) -> None:
         if os.getppid() != parent:  # the study is gone (where no death signal was armed)
@@ -301,21 +307,8 @@ def _in_worker(task: Task, messages: Any, parent: int) -> None:
         args = (*task.args, tick) if task.ticks else task.args
         messages.put(("done", task.name, task.fn(*args)))
     except Exception as err:  # noqa: BLE001 - every failure goes back to the study
-        try:
-            messages.put(("error", task.name, err))
+        try:  # the queue pickles in a thread of its own: find out here whether it can
+            pickle.loads(pickle.dumps(err))
         except Exception:  # noqa: BLE001 - an exception that does not pickle
-            messages.put(("error", task.name,
-                          RuntimeError(f"{task.name}: {type(err).__name__}: {err}")))
-
-
-def _die_with(parent: int) -> None:
-    """Ask the kernel to kill this process when its parent dies (Linux), and end now if
-    the parent died already."""
-    if sys.platform.startswith("linux"):
-        import ctypes
-        import signal
-
-        pr_set_pdeathsig = 1
-        ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, int(signal.SIGKILL))
-    if os.getppid() != parent:
-        os._exit(1)
+            err = RuntimeError(f"{task.name}: {type(err).__name__}: {err}")
+        messages.put(("error", task.name, err))

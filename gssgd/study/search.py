@@ -34,7 +34,7 @@ from gssgd.study.trials import Outcome, read_outcome, run_trial, trial_config
 
 __all__ = ["PLANNED_SAMPLERS", "MethodResult", "best_trial", "planned_settings",
            "reference_value", "rejudge", "search_method", "seed_dir", "seed_text",
-           "train_run", "trial_dirs", "trial_text"]
+           "train_run", "trial_dirs", "trial_meta", "trial_text"]
 
 #: The samplers whose every setting is known before the first run (``--jobs`` runs them
 #: run by run, not method by method: :mod:`gssgd.study.parallel`).
@@ -214,12 +214,18 @@ def _ask_new(study: Any, space: dict[str, Any], tried: list[dict[str, Any]],
                        "in a row: widen the method's search space or lower the budget")
 
 
+def trial_meta(spec: StudySpec, row: MethodSpace, params: dict[str, Any],
+               seed: int) -> dict[str, Any]:
+    """What a run's ``trial.json`` records: the setting a finished run is checked against."""
+    return {"label": row.label, "method": row.method, "params": params, "seed": seed,
+            "fixed": row.fixed, "run": spec.run}
+
+
 def train_run(spec: StudySpec, row: MethodSpace, params: dict[str, Any], seed: int,
               out: Path) -> None:
     """Train ``row`` at ``params`` and ``seed`` into ``out`` (nothing where it is done)."""
-    meta = {"label": row.label, "method": row.method, "params": params, "seed": seed,
-            "fixed": row.fixed, "run": spec.run}
-    run_trial(trial_config(spec, row, params, seed, out), out, meta)
+    run_trial(trial_config(spec, row, params, seed, out), out,
+              trial_meta(spec, row, params, seed))
 
 
 def _train(spec: StudySpec, row: MethodSpace, params: dict[str, Any], seed: int, out: Path,

@@ -73,9 +73,23 @@ def check_spec(spec: StudySpec, root: Path) -> None:
             raise ValueError(f"study spec, methods.{row.label}: {err}") from err
 
 
-def finished(out: Path) -> bool:
-    """Whether ``out`` holds a run that ended as a trial's outcome (:data:`FINISHED`)."""
-    done = read_run(out) if (out / TRIAL_FILE).is_file() else None
+def finished(out: Path, meta: dict[str, Any]) -> bool:
+    """Whether ``out`` holds a run of the setting ``meta`` that ended as a trial's outcome
+    (:data:`FINISHED`).
+
+    Raises:
+        ValueError: ``out`` holds a run of another setting (the spec, or the sampler that
+            planned it, changed since the study started: the message says to start it in a
+            new directory).
+    """
+    written = out / TRIAL_FILE
+    if not written.is_file():
+        return False
+    before = json.loads(written.read_text())
+    if before != meta:
+        raise ValueError(f"{out} was trained with {before}, not {meta}: the spec changed "
+                         "since this study started; give the study a new directory")
+    done = read_run(out)
     return done is not None and done[0].get("status") in FINISHED
 
 
@@ -93,17 +107,10 @@ def run_trial(cfg: TrainConfig, out: Path, meta: dict[str, Any]) -> dict[str, An
     """
     from gssgd.train.loop import run_training
 
-    written = out / TRIAL_FILE
-    if written.is_file():
-        before = json.loads(written.read_text())
-        if before != meta:
-            raise ValueError(f"{out} was trained with {before}, not {meta}: the spec changed "
-                             "since this study started; give the study a new directory")
-        done = read_run(out)
-        if done is not None and done[0].get("status") in FINISHED:
-            return done[0]
+    if finished(out, meta):
+        return read_run(out)[0]  # type: ignore[index]
     out.mkdir(parents=True, exist_ok=True)
-    write_json(written, meta)  # atomic: a kill never leaves half a setting
+    write_json(out / TRIAL_FILE, meta)  # atomic: a kill never leaves half a setting
     with open(out / LOG_FILE, "w") as log, redirect_stdout(log), redirect_stderr(log):
         summary = run_training(cfg)  # its lines go to the trial's log, not the study's bar
     if summary is None or summary.get("status") not in FINISHED:

@@ -46,7 +46,13 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from gssgd.train.leave import exit_worker, leave_process_group, leave_together, release
+from gssgd.train.leave import (
+    die_with_launcher,
+    exit_worker,
+    leave_process_group,
+    leave_together,
+    release,
+)
 
 __all__ = [
     "CUDA_BACKEND_ENV",
@@ -204,7 +210,7 @@ def launch(
     with tempfile.TemporaryDirectory(prefix="gssgd-rendezvous-") as tmp:
         context = mp.start_processes(
             _spawned,
-            args=(world_size, tmp, kind, timeout_s, fn, args, dict(os.environ)),
+            args=(world_size, tmp, kind, timeout_s, fn, args, dict(os.environ), os.getpid()),
             nprocs=world_size,
             join=False,
             start_method=_start_method(),
@@ -351,16 +357,18 @@ def _spawned(
     fn: Callable[..., Any],
     args: tuple[Any, ...],
     env: dict[str, str],
+    launcher: int,
 ) -> None:
     """Body of a spawned worker: join the local group, run ``fn``, hand rank 0's result back.
 
     ``env`` is the launching process's environment at the launch (a fork server started
-    earlier holds an older one).
+    earlier holds an older one); ``launcher`` its pid: the rank ends if it is killed.
 
     An exception is printed here, once and briefly for a user error, with its traceback for
     anything else. Then, whatever happened, the worker leaves the process group and ends
     (:func:`~gssgd.train.leave.exit_worker`) with status 0, or 1 after an error; it never returns.
     """
+    die_with_launcher(launcher)  # no rank trains on after its launcher was killed
     os.environ.clear()
     os.environ.update(env)
     os.environ["GLOO_SOCKET_IFNAME"] = "lo"  # loopback only: never listen on other interfaces

@@ -21,7 +21,59 @@ from typing import NoReturn
 
 import torch.distributed as dist
 
-__all__ = ["exit_worker", "leave_process_group", "leave_together", "release"]
+__all__ = ["die_with_launcher", "die_with_parent", "exit_worker", "leave_process_group",
+           "leave_together", "release"]
+
+#: How often (seconds) a spawned rank looks whether its launcher is still there.
+LAUNCHER_POLL_S = 1.0
+
+
+def die_with_parent(parent: int | None = None) -> None:
+    """Ask the kernel to kill this process when its parent dies (Linux's parent-death
+    signal; elsewhere nothing is armed), and end now if the parent is already gone.
+
+    A worker that outlived its launcher would go on training into folders that a resumed
+    run is about to use.
+
+    Args:
+        parent: the parent's pid as the parent saw it (None: this process's parent now).
+    """
+    parent = os.getppid() if parent is None else parent
+    if sys.platform.startswith("linux"):
+        import ctypes
+        import signal
+
+        pr_set_pdeathsig = 1
+        ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, int(signal.SIGKILL))
+    if os.getppid() != parent:
+        os._exit(1)
+
+
+def die_with_launcher(launcher: int) -> None:
+    """End this rank (SIGKILL) soon after the process that launched it is gone.
+
+    The parent-death signal (:func:`die_with_parent`) covers a rank whose parent is the
+    launcher ("spawn"); a rank forked by the fork server is the server's child, and the
+    server may outlive a killed launcher (seen here), so a daemon thread also looks every
+    :data:`LAUNCHER_POLL_S` seconds whether the launcher's pid is still alive.
+
+    Args:
+        launcher: the pid of the process that started the ranks.
+    """
+    die_with_parent()
+    import signal
+    import threading
+    import time
+
+    def watch() -> None:
+        while True:
+            time.sleep(LAUNCHER_POLL_S)
+            try:
+                os.kill(launcher, 0)
+            except ProcessLookupError:
+                os.kill(os.getpid(), signal.SIGKILL)
+
+    threading.Thread(target=watch, name="gssgd-launcher-watch", daemon=True).start()
 
 
 def leave_together() -> None:

@@ -84,6 +84,14 @@ def test_an_unrun_setting_says_what_its_method_measured_at_the_nearest_p() -> No
     # nothing of the method within 2x, or at all: nothing to say
     assert evidence_for(lm, "powersgd-r1", 256, "language").kin == ""
     assert evidence_for(lm, "gtopk@0.01", 16, "language").kin == ""
+    # an estimate without the exact round is a method of its own
+    assert evidence_for(lm, "topk-estimate@0.001", 16, "language").kin == ""
+    # a study of final gaps measured no steps: the best reached is the smallest gap
+    gaps = Study("gaps", "final gaps", "language", "final_gap", "dense's loss + 3 %",
+                 {16: {"diloco-h10": row(None, 2.5), "diloco-h30": row(None, 1.1),
+                       "diloco-h100": row(None, 9.0)}}, target_gap=3.0)
+    assert evidence_for(gaps, "diloco-h50", 16, "language").kin == (
+        "its measured diloco settings at P=16: 2 of 3 reached the target (best: diloco-h30)")
     # an accuracy gap (image family) is better larger: the closest miss is the smallest loss
     image = _study("image", {16: {"topk@0.01": row(None, -1.5), "topk@0.003": row(None, -0.7)}})
     assert evidence_for(image, "topk@0.001", 16, "image").kin.endswith(

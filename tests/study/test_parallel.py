@@ -47,8 +47,8 @@ def test_two_jobs_write_the_summary_one_process_writes(whole: Path, tmp_path: Pa
 
 def test_a_grid_search_run_by_run_writes_the_summary_one_process_writes(
         tmp_path: Path) -> None:
-    """Optuna's grid sampler visits its points in a seeded order whatever the outcomes:
-    the runs planned ahead are the ones the search asks for."""
+    """A grid's design (its combinations in a seeded order) does not depend on the
+    outcomes: the runs planned ahead are the ones the search asks for."""
     spec_file = tmp_path / "grid.toml"
     spec_file.write_text(_spec_text("grid").replace(
         "lr = { low = 0.05, high = 0.4, log = true }", "lr = [0.05, 0.2]"))
@@ -136,6 +136,13 @@ def test_a_run_starts_once_what_it_needs_is_known(tmp_path: Path) -> None:
     best = {m["label"]: m["best_setting"] for m in summary["methods"]}
     seed_runs = sorted((tmp_path / "runs").glob("*/best-s1/trial.json"))
     assert {p.parts[-3]: json.loads(p.read_text())["params"] for p in seed_runs} == best
+    # a finished run of another setting (the sampler that planned it changed) is refused
+    # before anything trains, as the one-process search refuses it
+    written = tmp_path / "runs" / "gs" / "t001" / "trial.json"
+    meta = json.loads(written.read_text())
+    written.write_text(json.dumps({**meta, "params": {**meta["params"], "lr": 0.123}}))
+    with pytest.raises(ValueError, match="was trained with .* the spec changed"):
+        _Plan(spec, tmp_path / "runs", LOSS).first()
 
 
 @pytest.mark.parametrize("jobs", ["0", "-2"])
