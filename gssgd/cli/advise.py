@@ -254,7 +254,7 @@ def _recommendation(advice: Advice) -> str:
     kin = rec.evidence.kin
     measured = ("" if rec.evidence.steps_ratio is not None
                 else "; its steps to the target were not measured"
-                + (f"; {kin}" if kin and not rec.evidence.measured else ""))
+                + (f"; {kin}" if kin else ""))
     return (f"recommended: {rec.name} ({rec.step.total * 1e3:.1f} ms per step{speedup}"
             + ("" if to is None else f"; {to:.4g} s for dense's {n} steps to the target")
             + f"{measured})")

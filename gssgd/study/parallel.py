@@ -19,8 +19,9 @@ only the wall-clock time changes.
 
 Dying together: a worker process dies with the study (Linux's parent-death signal; a
 whole search also checks its parent between runs), and so do the ranks a real-process run
-starts in it (:func:`~gssgd.train.leave.die_with_parent`), so a killed study leaves no
-orphan training into the folders a resumed study will use. A study that fails in one worker stops the
+starts in it (:func:`~gssgd.train.leave.die_with_launcher`), so a killed study leaves no
+orphan training into the folders a resumed study will use. A study that fails in one
+worker stops the
 others (their cut runs train again from the start on resume, as any killed run does).
 """
 
@@ -171,17 +172,18 @@ class _Plan:
 
     def _target_known(self) -> list[Task]:
         row = self.rows[self.reference_label]
-        best = self._best(self.reference_label, None)
+        best = trial_dirs(self.root, row, self.spec.budget)[self._best(row.label, None)]
         outs = [best, *(seed_dir(self.root, row, s) for s in self.spec.seeds[1:])]
         self.target = reference_value(
             row.label, [read_outcome(out, self.metric, None) for out in outs])
         waiting, self.waiting = self.waiting, []
         return [task for label in waiting for task in self._seeds(label, self.target)]
 
-    def _best(self, label: str, target: float | None) -> Path:
+    def _best(self, label: str, target: float | None) -> int:
+        """The index of ``label``'s best trial, judged against ``target``."""
         dirs = trial_dirs(self.root, self.rows[label], self.spec.budget)
         outcomes = [read_outcome(out, self.metric, target) for out in dirs]
-        return dirs[best_trial(outcomes, self.metric, target)]
+        return best_trial(outcomes, self.metric, target)
 
     def _trials(self, label: str) -> list[Task]:
         row = self.rows[label]
@@ -191,8 +193,7 @@ class _Plan:
                 for i, (params, out) in enumerate(zip(self.settings[label], dirs, strict=True))]
 
     def _seeds(self, label: str, target: float | None) -> list[Task]:
-        row, best = self.rows[label], self._best(label, target)
-        params = self.settings[label][trial_dirs(self.root, row, self.spec.budget).index(best)]
+        row, params = self.rows[label], self.settings[label][self._best(label, target)]
         return [self._task(seed_text(row, seed), label, "seed",
                            (self.spec, row, params, seed, seed_dir(self.root, row, seed)))
                 for seed in self.spec.seeds[1:]]

@@ -70,7 +70,7 @@ def _seed(spec: StudySpec, row: MethodSpace) -> int:
 
 def _sampler(optuna: Any, spec: StudySpec, row: MethodSpace) -> Any:
     seed = _seed(spec, row)
-    if spec.sampler in ("random", "lhs", "grid"):  # lhs, grid: each trial enqueued
+    if spec.sampler in PLANNED_SAMPLERS:  # lhs, grid: each trial enqueued from its design
         return optuna.samplers.RandomSampler(seed=seed)
     return optuna.samplers.TPESampler(seed=seed, n_startup_trials=max(1, spec.budget // 2))
 

@@ -82,15 +82,20 @@ def finished(out: Path, meta: dict[str, Any]) -> bool:
             planned it, changed since the study started: the message says to start it in a
             new directory).
     """
+    return _finished_summary(out, meta) is not None
+
+
+def _finished_summary(out: Path, meta: dict[str, Any]) -> dict[str, Any] | None:
+    """The summary of ``out``'s finished run of ``meta`` (see :func:`finished`), or None."""
     written = out / TRIAL_FILE
     if not written.is_file():
-        return False
+        return None
     before = json.loads(written.read_text())
     if before != meta:
         raise ValueError(f"{out} was trained with {before}, not {meta}: the spec changed "
                          "since this study started; give the study a new directory")
     done = read_run(out)
-    return done is not None and done[0].get("status") in FINISHED
+    return done[0] if done is not None and done[0].get("status") in FINISHED else None
 
 
 def run_trial(cfg: TrainConfig, out: Path, meta: dict[str, Any]) -> dict[str, Any]:
@@ -107,8 +112,8 @@ def run_trial(cfg: TrainConfig, out: Path, meta: dict[str, Any]) -> dict[str, An
     """
     from gssgd.train.loop import run_training
 
-    if finished(out, meta):
-        return read_run(out)[0]  # type: ignore[index]
+    if (summary := _finished_summary(out, meta)) is not None:
+        return summary
     out.mkdir(parents=True, exist_ok=True)
     write_json(out / TRIAL_FILE, meta)  # atomic: a kill never leaves half a setting
     with open(out / LOG_FILE, "w") as log, redirect_stdout(log), redirect_stderr(log):

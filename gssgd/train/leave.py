@@ -54,7 +54,7 @@ def die_with_launcher(launcher: int) -> None:
 
     The parent-death signal (:func:`die_with_parent`) covers a rank whose parent is the
     launcher ("spawn"); a rank forked by the fork server is the server's child, and the
-    server may outlive a killed launcher (seen here), so a daemon thread also looks every
+    server may outlive a killed launcher (tests/train/test_leave.py), so a daemon thread looks every
     :data:`LAUNCHER_POLL_S` seconds whether the launcher's pid is still alive.
 
     Args:
