@@ -90,10 +90,15 @@ class PartitionedReference:
     ``opts``: HookState's options; ``exact=False`` keeps the sketch's own top k and their
     estimates; the exact round is summed with the backend's all-reduce, as streaming gs does
     by default, or with ``allreduce="recursive_doubling"`` in that pattern's order.
+    ``flags_ride_along``: the last region's table is summed with ``P`` more entries behind
+    it, as streaming gs sends its ranks' non-finite flags. The buffer's length sets where
+    gloo's ring cuts its chunks, and so the order in which each entry's ``P`` terms are
+    added: summing the table alone can differ from the hook in the last bit.
     """
 
-    def __init__(self, sizes: list[int], opts: dict) -> None:
+    def __init__(self, sizes: list[int], opts: dict, flags_ride_along: bool = False) -> None:
         self.sizes, self.d = sizes, sum(sizes)
+        self.flags_ride_along = flags_ride_along
         self.k = max(1, round(opts["density"] * self.d))
         self.rows, self.m = opts["rows"], opts["candidates"]
         self.cols = split_columns(sizes, opts["cols"])
@@ -114,6 +119,15 @@ class PartitionedReference:
         for r in range(self.rows):
             table[r].scatter_add_(0, signed[r], x)
         return table[:, :cols] - table[:, cols:]
+
+    def _sum_region(self, table: torch.Tensor, last: bool) -> torch.Tensor:
+        """The hook's region sum: the same buffer (flags behind the last), same backend."""
+        if not (last and self.flags_ride_along):
+            dist.all_reduce(table)
+            return table
+        payload = torch.cat([table.reshape(-1), torch.zeros(dist.get_world_size())])
+        dist.all_reduce(payload)
+        return payload[: table.numel()].reshape(table.shape)
 
     def _estimates(self, table: torch.Tensor, n: int, cols: int) -> torch.Tensor:
         signed = signed_indices(n, self.seed, self.rows, cols)
@@ -146,9 +160,9 @@ class PartitionedReference:
         else:
             acc = self.residual + grad
         estimates, start = [], 0
-        for n, c in zip(self.sizes, self.cols, strict=True):
-            table = self._region(acc[start : start + n], c)
-            dist.all_reduce(table)  # the hook's region sum: same size, same backend
+        for b, (n, c) in enumerate(zip(self.sizes, self.cols, strict=True)):
+            table = self._sum_region(self._region(acc[start : start + n], c),
+                                     last=b == len(self.sizes) - 1)
             estimates.append(self._estimates(table, n, c))
             start += n
         est = torch.cat(estimates)
@@ -217,7 +231,7 @@ def _against_reference(
         else:
             if ref is None:
                 sizes = [sum(numels[i] for i in layouts[b]) for b in sorted(layouts)]
-                ref = PartitionedReference(sizes, opts)
+                ref = PartitionedReference(sizes, opts, flags_ride_along=overlap == "stream")
             want = _model_order(ref.step(_bucket_order(grads, layouts)), layouts, numels)
         out["got"].append(flat_grads(model))
         out["want"].append(want)
@@ -280,7 +294,7 @@ def resume(rank: int) -> dict:
         if t >= START:
             if ref is None:
                 sizes = [sum(numels[i] for i in layouts[b]) for b in sorted(layouts)]
-                ref = PartitionedReference(sizes, opts)
+                ref = PartitionedReference(sizes, opts, flags_ride_along=True)
             ref.step(_bucket_order(grads, layouts))
         sgd(model, plain)
     buf = io.BytesIO()
