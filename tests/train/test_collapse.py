@@ -78,10 +78,16 @@ def test_without_the_guard_the_too_small_sketch_diverges_silently(runs) -> None:
 
 
 def test_local_topk_and_the_default_sketch_train_on_the_same_setup(runs) -> None:
+    # Margins that hold across CPUs and seeds: lr 0.1 with momentum 0.9 and no warm-up is
+    # chaotic, so one run's last bits move its end by points. Seeds 0-3 on an AVX-512 Xeon
+    # ended gs at 86-96 % (test loss falling 1.7-6.8x from the first evaluation) and local
+    # Top-k at 91-97 %; the collapsed sketch ends below 60 % with its loss tripled.
     for method in ("topk", "gs"):
-        _, summary = runs[method]
+        out, summary = runs[method]
         assert summary["status"] == STATUS_COMPLETED, summary
-        assert summary["final_test_accuracy"] > 0.9, summary
+        assert summary["final_test_accuracy"] > 0.8, summary
+        losses, _ = _test_curve(out)
+        assert losses[-1] < losses[0] / 1.5, (method, losses)
 
 
 def test_with_the_guard_the_same_run_grows_its_sketch_and_learns(runs) -> None:
