@@ -21,7 +21,13 @@ from gssgd.costmodel.advice import (
     parse_params,
     parse_workers,
 )
-from gssgd.costmodel.architectures import ARCHITECTURES, family_of, layer_shapes, model_shapes
+from gssgd.costmodel.architectures import (
+    ARCHITECTURES,
+    architecture_of,
+    family_of,
+    layer_shapes,
+    model_shapes,
+)
 from gssgd.costmodel.cluster import Link, parse_latency, parse_link
 from gssgd.costmodel.devices import DEVICE_NAMES, cpu_fwdbwd_seconds, get_device
 from gssgd.methods import parse_methods
@@ -137,7 +143,8 @@ def _count(flag: str, text: str | None, low: int) -> int | None:
 
 
 def _model(args: argparse.Namespace) -> tuple[int, tuple[tuple[int, ...], ...], str]:
-    """The model's parameters, layer shapes and family, from --model or --params/--arch."""
+    """The model's parameters, layer shapes and family, from --model or --params/--arch
+    (its architecture: :func:`architecture_of` the same flags)."""
     if args.model is not None:
         if args.arch is not None:
             raise ValueError("--arch goes with --params; a shipped --model has its own shapes")
@@ -178,6 +185,7 @@ def _run(args: argparse.Namespace) -> None:
         params=params, workers=parse_workers(args.workers),
         link=Link(parse_link(args.link), parse_latency(args.latency)), device=device,
         density=density, shapes=shapes, family=family, fwdbwd_s=fwdbwd_s, methods=methods,
+        architecture=architecture_of(model=args.model, arch=args.arch),
         warmup_steps=_count("--warmup-steps", args.warmup_steps, 0),
         run_steps=_count("--steps", args.steps, 1) or DEFAULT_RUN_STEPS,
     )
@@ -265,7 +273,10 @@ def _evidence_line(advice: Advice) -> str:
     if study is None:
         return (f"evidence: no study measured a {advice.family} model: every method is ranked "
                 "by its time per step alone (steps not measured).")
-    return (f"evidence: one study, {study.title} ({study.source}); target {study.target}; "
+    wanted = advice.architecture
+    other = (f"; its model: {study.architecture}, as no study measured a {wanted}"
+             if wanted and study.architecture and study.architecture != wanted else "")
+    return (f"evidence: one study, {study.title} ({study.source}{other}); target {study.target}; "
             f"'target s' is a run of --steps {advice.run_steps} for dense, scaled by each "
             "method's measured steps ratio (1 where not measured).")
 

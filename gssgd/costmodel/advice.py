@@ -228,6 +228,7 @@ class Advice:
     study: Study | None
     family: str
     run_steps: int = DEFAULT_RUN_STEPS
+    architecture: str | None = None
 
     @property
     def recommended(self) -> Candidate:
@@ -288,6 +289,7 @@ class Advice:
                 "params": self.params, "workers": self.workers, "link_bps": self.link.rate_bps,
                 "latency_s": self.link.latency_s, "device": self.device.name,
                 "density": self.density, "run_steps": self.run_steps, "family": self.family,
+                "architecture": self.architecture,
             },
             "methods": {c.name: self._method_record(c) for c in self.candidates},
             "fastest_step": self.fastest_step.name,
@@ -302,6 +304,7 @@ class Advice:
             },
             "evidence": None if self.study is None else {
                 "study": self.study.name, "title": self.study.title,
+                "architecture": self.study.architecture or None,
                 "target": self.study.target, "source": self.study.source},
             "model_error": held_out_error(),
         }
@@ -388,6 +391,7 @@ def advise(
     warmup_steps: int | None = None,
     run_steps: int = DEFAULT_RUN_STEPS,
     network: Network | None = None,
+    architecture: str | None = None,
 ) -> Advice:
     """Predict every candidate's step and time to dense's target, and rank them (see the
     module doc).
@@ -403,6 +407,9 @@ def advise(
             flatters it, so the command line always passes shapes).
         family: the model's family (:data:`gssgd.costmodel.evidence.FAMILIES`): which study
             the evidence comes from.
+        architecture: the model's architecture (``"lstm"``, ``"transformer"``, ...;
+            :func:`gssgd.costmodel.architectures.architecture_of`): within the family, the
+            study of the same architecture where one was measured (None: the family's).
         fwdbwd_s: measured forward + backward seconds of one worker's batch (None: the
             device's per-parameter estimate).
         methods: the candidates (default :func:`candidate_methods`).
@@ -420,9 +427,10 @@ def advise(
                                   or value < low):  # fmt: skip
             raise ValueError(f"{label}={value!r} must be an integer >= {low}")
     net = cluster_network(fitted_network()) if network is None else network
-    study = study_for(family)
+    study = study_for(family, architecture)
     names = tuple(methods) if methods is not None else candidate_methods()
     out = [_candidate(n, params, workers, link, device, net, density, fwdbwd_s, warmup_steps,
                       shapes, study, family) for n in names]
     out.sort(key=lambda c: c.rank_key(run_steps))
-    return Advice(tuple(out), params, workers, link, device, density, study, family, run_steps)
+    return Advice(tuple(out), params, workers, link, device, density, study, family, run_steps,
+                  architecture)

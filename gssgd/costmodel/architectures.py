@@ -32,7 +32,8 @@ from __future__ import annotations
 
 import math
 
-__all__ = ["ARCHITECTURES", "LANGUAGE_MODELS", "family_of", "layer_shapes", "model_shapes"]
+__all__ = ["ARCHITECTURES", "LANGUAGE_MODELS", "MODEL_ARCHITECTURES", "architecture_of",
+           "family_of", "layer_shapes", "model_shapes"]
 
 Shape = tuple[int, ...]
 
@@ -136,6 +137,23 @@ def layer_shapes(arch: str, params: int) -> tuple[Shape, ...]:
             f"smallest here has {_count(shapes):,}); give --params of at least that"
         )
     return tuple(shapes) + (((rest,),) if rest else ())
+
+
+#: The architecture of each shipped model, as a study's evidence names its model's: within
+#: a family, ``advise`` reads the study of the same architecture where there is one (a
+#: character GPT's evidence for a transformer, the character LSTM's for ``--model lm``).
+MODEL_ARCHITECTURES: dict[str, str] = {
+    "mlp": "mlp", "cnn": "cnn", "resnet": "resnet", "wresnet": "resnet", "lm": "lstm",
+    "gpt": "transformer", "gpt-s": "transformer",
+}
+
+
+def architecture_of(model: str | None = None, arch: str | None = None) -> str | None:
+    """The architecture (:data:`MODEL_ARCHITECTURES`) of a shipped model, or the family
+    ``arch`` itself (``"transformer"``, ``"resnet"``); None where neither is given."""
+    if model is not None:
+        return MODEL_ARCHITECTURES.get(model, model)
+    return arch
 
 
 def family_of(model: str | None = None, arch: str | None = None) -> str:

@@ -6,7 +6,8 @@ each step gets. Each study file (``gssgd/costmodel/data/evidence/*.json``, writt
 study's committed summary by ``studies/cost_model/write_evidence.py``) holds, per worker count and
 method row, the seeds, the final gap to dense and, where the study measured the crossing,
 the steps to dense's target over dense's own. ``advise`` takes **one study** for the
-model's family (:func:`study_for`) and looks each candidate up in it
+model's family, of the model's architecture where one was measured (:func:`study_for`),
+and looks each candidate up in it
 (:func:`evidence_for`); it never mixes studies and never stretches one:
 
 * another model family than the study's: "steps not measured";
@@ -59,6 +60,8 @@ class Study:
             a setting only one trial of a search ran (``gap``: accuracy points
             against dense for an image family, loss % above dense for the language family).
         source: the summary it was written from.
+        architecture: the model's architecture (``"lstm"``, ``"transformer"``, ``"cnn"``;
+            :data:`gssgd.costmodel.architectures.MODEL_ARCHITECTURES`; "" where unsaid).
     """
 
     name: str
@@ -71,6 +74,7 @@ class Study:
     source: str = ""
     #: the studies this one replaces (advise reads this one instead; they stay for history)
     supersedes: tuple[str, ...] = ()
+    architecture: str = ""
 
     @classmethod
     def load(cls, name: str) -> Study:
@@ -79,7 +83,7 @@ class Study:
         return cls(name.removeprefix("evidence/").removesuffix(".json"), data["title"],
                    data["family"], data["metric"], data["target"], rows,
                    data.get("target_gap"), data.get("source", ""),
-                   tuple(data.get("supersedes", ())))
+                   tuple(data.get("supersedes", ())), data.get("architecture", ""))
 
 
 @dataclass(frozen=True)
@@ -138,13 +142,15 @@ def studies() -> list[Study]:
     return [Study.load(name) for name in store.evidence_names()]
 
 
-def study_for(family: str) -> Study | None:
-    """The one study ``advise`` reads for a model of ``family`` (the first by name of those
-    no other study supersedes), or None where no study measured that family."""
+def study_for(family: str, architecture: str | None = None) -> Study | None:
+    """The one study ``advise`` reads for a model of ``family``: of those no other study
+    supersedes, the first by name of the model's ``architecture`` where one measured it,
+    else the family's first by name; None where no study measured that family."""
     every = studies()
     superseded = {name for s in every for name in s.supersedes}
     found = [s for s in every if s.family == family and s.name not in superseded]
-    return found[0] if found else None
+    same = [s for s in found if architecture and s.architecture == architecture]
+    return (same or found or [None])[0]
 
 
 def frontier_row(spec: MethodSpec, *, streamed: bool = False) -> str:

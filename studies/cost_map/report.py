@@ -28,7 +28,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root, for studies._lib
 from gssgd.costmodel import store  # noqa: E402
 from gssgd.costmodel.advice import advise  # noqa: E402
-from gssgd.costmodel.architectures import family_of, layer_shapes  # noqa: E402
+from gssgd.costmodel.architectures import architecture_of, family_of, layer_shapes  # noqa: E402
 from gssgd.costmodel.check import ADVISE_EXCLUDES, held_out_errors, recommendation_check  # noqa: E402
 from gssgd.costmodel.cluster import Link, StepTime  # noqa: E402
 from gssgd.costmodel.devices import device_record, get_device  # noqa: E402
@@ -92,7 +92,7 @@ def run_map(out: Path) -> dict:
             for p in WORKERS:
                 a = advise(params=params, workers=p, link=Link(rate, LATENCY_S), device=device,
                            density=DENSITY, fwdbwd_s=fwdbwd, shapes=shapes,
-                           family=family_of(arch=arch))
+                           family=family_of(arch=arch), architecture=architecture_of(arch=arch))
                 n = a.run_steps
                 dense = next(c for c in a.candidates if c.name == "dense")
                 measured = a.best_measured

@@ -15,6 +15,9 @@ committed summaries: what ``gssgd advise`` reads for each method's steps to dens
 * ``lstm-equal-budget.json`` (language family; supersedes ``lstm-local-steps.json``): the
   summaries of studies/equal_budget/specs/lstm_p*.toml (AdamW, 600 steps evaluated every
   50; target dense's loss + 3 %), written once a cell is committed.
+* ``gpt-equal-budget.json`` (language family, a transformer: what advise reads for
+  ``--arch transformer`` and ``--model gpt``/``gpt-s``): the summaries of
+  studies/equal_budget/specs/gpt_p*.toml, as the LSTM's.
 * ``lstm-local-steps.json`` (language family): studies/local_steps/results/lm/summary.json
   (studies/local_steps/report.py): the character LSTM, AdamW, global batch 128, 1,500
   steps; final test loss above dense's (the crossing was not measured). Target: dense's
@@ -217,12 +220,15 @@ def equal_budget_study(name: str, summaries: list[dict[str, Any]], family: str =
 
 
 #: The equal-budget study's committed cells that advise reads, by evidence file: the
-#: model's name, its cells, its family and the evidence files it supersedes.
+#: model's name, its cells, its family, the evidence files it supersedes and its
+#: architecture (advise reads a study of the model's own architecture first).
 EQUAL_BUDGET = {
     "mnist-equal-budget": ("MNIST CNN", ("mnist_p16", "mnist_p64"), "image",
-                           ("mnist-fair-frontier",)),
+                           ("mnist-fair-frontier",), "cnn"),
     "lstm-equal-budget": ("character LSTM", ("lstm_p16", "lstm_p64"), "language",
-                          ("lstm-local-steps",)),
+                          ("lstm-local-steps",), "lstm"),
+    "gpt-equal-budget": ("character GPT (gpt-s)", ("gpt_p16", "gpt_p64"), "language", (),
+                         "transformer"),
 }
 
 
@@ -230,17 +236,18 @@ def files() -> dict[str, dict[str, Any]]:
     """Evidence file name -> content, from the committed summaries."""
     read = lambda rel: json.loads((ROOT / rel).read_text())  # noqa: E731
     equal = {}
-    for name, (title, cells, family, supersedes) in EQUAL_BUDGET.items():
+    for name, (title, cells, family, supersedes, architecture) in EQUAL_BUDGET.items():
         found = [ROOT / "studies/equal_budget/results" / c / "summary.json" for c in cells]
         summaries = [json.loads(f.read_text()) for f in found if f.is_file()]
         if summaries:
-            equal[f"evidence/{name}.json"] = equal_budget_study(title, summaries, family,
-                                                                supersedes)
+            equal[f"evidence/{name}.json"] = {
+                **equal_budget_study(title, summaries, family, supersedes),
+                "architecture": architecture}
     return {**equal,
-        "evidence/mnist-fair-frontier.json": image_study(
-            read("studies/fair_frontier/results/mnist/summary.json")),
-        "evidence/lstm-local-steps.json": language_study(
-            read("studies/local_steps/results/lm/summary.json")),
+        "evidence/mnist-fair-frontier.json": {**image_study(
+            read("studies/fair_frontier/results/mnist/summary.json")), "architecture": "cnn"},
+        "evidence/lstm-local-steps.json": {**language_study(
+            read("studies/local_steps/results/lm/summary.json")), "architecture": "lstm"},
     }
 
 

@@ -113,6 +113,7 @@ def test_json_output_has_every_method_split_and_a_recommendation(capsys) -> None
         "density": 0.001,
         "run_steps": DEFAULT_RUN_STEPS,
         "family": "image",
+        "architecture": "resnet",
     }
     assert set(out["methods"]) == set(candidate_methods())
     assert "gs-estimate" not in out["methods"]
@@ -270,7 +271,9 @@ def test_text_report_shows_the_split_the_commands_and_the_error(capsys) -> None:
     assert text.count("recommended:") == 1 and "use --method" not in text  # one pick
     assert "train:     gssgd train --method" in text and "DDP:       " in text
     assert "model error (this model, held out on" in text and "powersgd" in text
+    # no study measured a transformer yet: the family's study, and the line says so
     assert "evidence: one study, character LSTM" in text
+    assert "its model: lstm, as no study measured a transformer" in text
 
 
 def _variants(workers: int) -> tuple:

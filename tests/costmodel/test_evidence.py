@@ -214,3 +214,29 @@ def test_a_superseded_study_is_not_the_one_advise_reads(monkeypatch) -> None:
     assert evidence.study_for("image") is new
     monkeypatch.setattr(evidence, "studies", lambda: [old])
     assert evidence.study_for("image") is old
+
+
+def test_advise_reads_the_study_of_the_models_architecture_first(monkeypatch) -> None:
+    from gssgd.costmodel import evidence
+
+    gpt = evidence.Study("a-gpt", "gpt", "language", "steps", "t", {16: {}},
+                         architecture="transformer")
+    lstm = evidence.Study("b-lstm", "lstm", "language", "steps", "t", {16: {}},
+                          architecture="lstm")
+    monkeypatch.setattr(evidence, "studies", lambda: [gpt, lstm])
+    assert evidence.study_for("language", "lstm") is lstm  # not the first by name
+    assert evidence.study_for("language", "transformer") is gpt
+    assert evidence.study_for("language") is gpt  # no architecture: the family's first
+    monkeypatch.setattr(evidence, "studies", lambda: [lstm])
+    assert evidence.study_for("language", "transformer") is lstm  # the family's, said so
+
+
+def test_the_evidence_files_name_their_models_architecture() -> None:
+    from gssgd.costmodel.architectures import MODEL_ARCHITECTURES, architecture_of
+
+    for study in studies():
+        assert study.architecture in set(MODEL_ARCHITECTURES.values()), study.name
+    assert architecture_of(model="lm") == "lstm" and architecture_of(model="gpt-s") == (
+        "transformer")
+    assert architecture_of(arch="transformer") == "transformer"
+    assert study_for("language", architecture_of(model="lm")).architecture == "lstm"
