@@ -14,7 +14,9 @@ family's at the given size (:func:`gssgd.costmodel.architectures.layer_shapes`).
 Ranking (:meth:`Candidate.rank_key`): by the predicted time to the target, where a
 candidate's steps are dense's times its measured ratio; a candidate the study did not
 measure (another family, a P beyond 2x, a density not run) is ranked by its time per step
-alone (dense's steps) and marked so; one measured short of the target comes last.
+alone (dense's steps) and marked so; one measured short of the target comes last, with
+one the study did not run whose method's every measured setting missed (a faster step of
+an unmeasured setting is no promise then).
 
 Example:
     >>> a = advise(params=25_600_000, workers=64, link=Link(10**10, 20e-6),
@@ -186,10 +188,12 @@ class Candidate:
         return None if steps is None else self.warmup.run_bytes_sent(steps)
 
     def rank_key(self, dense_steps: int) -> tuple[int, float]:
-        """Advice order: by the time to the target; those measured short of it last, by
-        the step."""
+        """Advice order: by the time to the target; last, by the step, those measured short
+        of it and those not run whose method's every measured setting missed it."""
         seconds = self.target_seconds(dense_steps)
-        return (0, seconds) if seconds is not None else (1, self.step.total)
+        if seconds is None or self.evidence.kin_missed:
+            return (1, self.step.total)
+        return (0, seconds)
 
     @property
     def method(self) -> str:
@@ -323,7 +327,8 @@ class Advice:
             "evidence": {"row": e.row, "measured_at_workers": e.workers, "seeds": e.seeds,
                          "gap": e.gap, "steps_ratio": e.steps_ratio, "reached": e.reached,
                          "not_measured_because": e.why or None,
-                         "its_method_measured": e.kin or None},
+                         "its_method_measured": e.kin or None,
+                         "its_method_missed": e.kin_missed},
             "to_target": {"steps": c.target_steps(n), "seconds": c.target_seconds(n),
                           "bytes_sent": c.target_bytes(n),
                           "steps_measured": e.steps_ratio is not None},

@@ -19,7 +19,9 @@ and looks each candidate up in it
   promise when every measured setting of its method fell short.
 
 A candidate without evidence is ranked by its time per step alone (the run of dense's
-steps), marked so; one measured short of the target is ranked after all others.
+steps), marked so; one measured short of the target is ranked after all others, and so is
+one the study did not run whose method's every measured setting at the nearest P fell
+short (``Evidence.kin_missed``).
 
 Rows are named as the studies name them: ``dense``, ``dense16``, ``powersgd-r<rank>``,
 ``diloco-h<H>`` and ``<row>@<density>`` for the sparse methods, where ``<row>`` is the
@@ -102,6 +104,8 @@ class Evidence:
             (one seed, at the learning rate that trial drew: weaker evidence, said so).
         kin: for a row the study did not run: what it measured of the same method
             (:func:`measured_kin`; "" where nothing).
+        kin_missed: for a row the study did not run: its method's every measured setting
+            at the nearest P missed the target (ranked with the misses).
     """
 
     study: Study | None
@@ -114,6 +118,7 @@ class Evidence:
     why: str = ""
     trial: bool = False
     kin: str = ""
+    kin_missed: bool = False
 
     @property
     def measured(self) -> bool:
@@ -192,6 +197,22 @@ def method_of(row: str) -> str:
     return name if name.endswith("-estimate") else name.split("-")[0]
 
 
+def _kin(study: Study, row: str, workers: int
+         ) -> tuple[int, dict[str, dict[str, Any]], dict[str, dict[str, Any]]] | None:
+    """``row``'s method's rows at the measured P nearest ``workers`` (within 2x): (that P,
+    its rows, those that reached the target); None where the study measured none."""
+    method = method_of(row)
+    ps = [p for p, rows in study.rows.items()
+          if any(method_of(r) == method for r in rows)
+          and max(p / workers, workers / p) <= MAX_P_FACTOR]
+    if not ps:
+        return None
+    p = min(ps, key=lambda q: (abs(math.log2(q / workers)), -q))
+    kin = {r: v for r, v in study.rows[p].items() if method_of(r) == method}
+    reached = {r: v for r, v in kin.items() if evidence_for(study, r, p, study.family).reached}
+    return p, kin, reached
+
+
 def measured_kin(study: Study, row: str, workers: int) -> str:
     """What ``study`` measured of ``row``'s method at the P nearest ``workers`` (within
     2x), in words: how many of its settings reached the target and the best of them (the
@@ -200,16 +221,11 @@ def measured_kin(study: Study, row: str, workers: int) -> str:
     Example: ``"its measured powersgd settings at P=16: none of 3 reached the target
     (closest: powersgd-r8, +8.30 %)"``.
     """
-    method = method_of(row)
-    ps = [p for p, rows in study.rows.items()
-          if any(method_of(r) == method for r in rows)
-          and max(p / workers, workers / p) <= MAX_P_FACTOR]
-    if not ps:
+    found = _kin(study, row, workers)
+    if found is None:
         return ""
-    p = min(ps, key=lambda q: (abs(math.log2(q / workers)), -q))
-    kin = {r: v for r, v in study.rows[p].items() if method_of(r) == method}
-    reached = {r: v for r, v in kin.items() if evidence_for(study, r, p, study.family).reached}
-    head = f"its measured {method} settings at P={p}:"
+    p, kin, reached = found
+    head = f"its measured {method_of(row)} settings at P={p}:"
     # a loss gap is better smaller, an accuracy gap (points against dense) larger
     sign = 1 if study.family == "language" else -1
     if reached:  # the fewest steps; where a study measured none (final gaps), the best gap
@@ -238,8 +254,10 @@ def evidence_for(study: Study | None, row: str, workers: int, family: str) -> Ev
         return Evidence(study, row, why=f"no study of a {family} model")
     ps = [p for p, rows in study.rows.items() if row in rows]
     if not ps:
+        found = _kin(study, row, workers)
         return Evidence(study, row, why=f"{row} was not run in {study.name}",
-                        kin=measured_kin(study, row, workers))
+                        kin=measured_kin(study, row, workers),
+                        kin_missed=found is not None and not found[2])
     p = min(ps, key=lambda q: (abs(math.log2(q / workers)), -q))
     if max(p / workers, workers / p) > MAX_P_FACTOR:
         return Evidence(study, row, why=f"P={workers} is beyond 2x the nearest measured P={p}")

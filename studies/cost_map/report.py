@@ -107,7 +107,8 @@ def run_map(out: Path) -> dict:
                     ),
                     "methods": {
                         c.name: {**_split(c.step), "to_target": _sig(c.target_seconds(n)),
-                                 "evidence": c.evidence.describe()}
+                                 "evidence": c.evidence.describe(),
+                                 "with_the_misses": c.rank_key(n)[0] == 1}
                         for c in a.candidates
                     },
                 }
@@ -133,9 +134,10 @@ def _ratio(a: float | None, b: float | None) -> float | None:
 
 
 def _best_gs(cell: dict) -> tuple[str, float] | None:
-    """The gs variant fastest to the target (None where none has a time to it)."""
+    """The gs variant fastest to the target (None where none has a time to it, or every
+    one ranks with the misses: measured short, or unrun where every measured gs missed)."""
     gs = {n: m["to_target"] for n, m in cell["methods"].items()
-          if n.startswith("gs") and m["to_target"] is not None}
+          if n.startswith("gs") and m["to_target"] is not None and not m["with_the_misses"]}
     if not gs:
         return None
     name = min(gs, key=gs.__getitem__)
@@ -151,7 +153,7 @@ def win_tables(preds: dict) -> str:
         "method fastest to the target (`gssgd advise`'s recommendation: predicted step times "
         "the steps one study measured, dense's where it measured none) and dense's time over "
         "its; † its steps were not measured, and [the fastest whose were]; / the best gs "
-        "variant's time over the winner's.",
+        "variant's time over the winner's (none where every gs variant ranks with the misses).",
         "",
     ]
     for model, by_rate in preds.items():

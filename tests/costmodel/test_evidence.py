@@ -29,9 +29,11 @@ def test_the_evidence_files_are_what_the_committed_summaries_give() -> None:
 def test_one_study_per_family() -> None:
     assert {s.family for s in studies()} == {"image", "language"}
     assert study_for("image").name == "mnist-equal-budget"  # it supersedes the fair frontier
-    # the LSTM's equal-budget cells supersede the local-steps record's final gaps
-    assert study_for("language").name == "lstm-equal-budget"
-    assert study_for("language").metric == "steps"
+    # the LSTM's equal-budget cells supersede the local-steps record's final gaps; a
+    # transformer reads the GPT's
+    assert study_for("language", "lstm").name == "lstm-equal-budget"
+    assert study_for("language", "transformer").name == "gpt-equal-budget"
+    assert study_for("language", "lstm").metric == "steps"
 
 
 def test_a_lookup_takes_the_nearest_p_within_2x_and_says_why_otherwise() -> None:
@@ -111,7 +113,7 @@ def test_a_final_gap_study_reaches_within_its_target_and_measures_no_steps() -> 
 def test_a_language_cell_that_misses_the_target_says_so_with_its_gap() -> None:
     """The LSTM at 16 workers (equal budgets): local Top-k reaches dense's loss + 3 % in
     more steps than dense; gs, at its searched shape, does not reach it."""
-    lm = study_for("language")
+    lm = study_for("language", "lstm")
     topk = evidence_for(lm, "topk@0.01", 16, "language")
     assert topk.measured and topk.steps_ratio is not None and topk.steps_ratio > 1
     gs = [row for row in lm.rows[16] if row.startswith("gs")]
