@@ -197,8 +197,11 @@ def method_of(row: str) -> str:
     return name if name.endswith("-estimate") else name.split("-")[0]
 
 
-def _kin(study: Study, row: str, workers: int
-         ) -> tuple[int, dict[str, dict[str, Any]], dict[str, dict[str, Any]]] | None:
+#: :func:`_kin`'s answer: the P, the method's rows there, those that reached the target.
+_Kin = tuple[int, dict[str, dict[str, Any]], dict[str, dict[str, Any]]]
+
+
+def _kin(study: Study, row: str, workers: int) -> _Kin | None:
     """``row``'s method's rows at the measured P nearest ``workers`` (within 2x): (that P,
     its rows, those that reached the target); None where the study measured none."""
     method = method_of(row)
@@ -221,7 +224,11 @@ def measured_kin(study: Study, row: str, workers: int) -> str:
     Example: ``"its measured powersgd settings at P=16: none of 3 reached the target
     (closest: powersgd-r8, +8.30 %)"``.
     """
-    found = _kin(study, row, workers)
+    return _kin_words(study, row, _kin(study, row, workers))
+
+
+def _kin_words(study: Study, row: str, found: _Kin | None) -> str:
+    """:func:`measured_kin`'s words for :func:`_kin`'s answer."""
     if found is None:
         return ""
     p, kin, reached = found
@@ -256,7 +263,7 @@ def evidence_for(study: Study | None, row: str, workers: int, family: str) -> Ev
     if not ps:
         found = _kin(study, row, workers)
         return Evidence(study, row, why=f"{row} was not run in {study.name}",
-                        kin=measured_kin(study, row, workers),
+                        kin=_kin_words(study, row, found),
                         kin_missed=found is not None and not found[2])
     p = min(ps, key=lambda q: (abs(math.log2(q / workers)), -q))
     if max(p / workers, workers / p) > MAX_P_FACTOR:
