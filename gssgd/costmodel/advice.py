@@ -188,12 +188,18 @@ class Candidate:
         return None if steps is None else self.warmup.run_bytes_sent(steps)
 
     def rank_key(self, dense_steps: int) -> tuple[int, float]:
-        """Advice order: by the time to the target; last, by the step, those measured short
-        of it and those not run whose method's every measured setting missed it."""
-        seconds = self.target_seconds(dense_steps)
-        if seconds is None or self.evidence.kin_missed:
+        """Advice order: by the time to the target; last, by the step, those that rank with
+        the misses (:meth:`ranks_with_the_misses`)."""
+        if self.ranks_with_the_misses(dense_steps):
             return (1, self.step.total)
+        seconds = self.target_seconds(dense_steps)
+        assert seconds is not None
         return (0, seconds)
+
+    def ranks_with_the_misses(self, dense_steps: int) -> bool:
+        """Measured short of the target, or not run where its method's every measured
+        setting missed it (a faster step of an unmeasured setting is no promise then)."""
+        return self.target_seconds(dense_steps) is None or self.evidence.kin_missed
 
     @property
     def method(self) -> str:

@@ -108,7 +108,7 @@ def run_map(out: Path) -> dict:
                     "methods": {
                         c.name: {**_split(c.step), "to_target": _sig(c.target_seconds(n)),
                                  "evidence": c.evidence.describe(),
-                                 "with_the_misses": c.rank_key(n)[0] == 1}
+                                 "with_the_misses": c.ranks_with_the_misses(n)}
                         for c in a.candidates
                     },
                 }
