@@ -66,13 +66,25 @@ def merge_topk(mine: list[torch.Tensor], theirs: list[torch.Tensor], k: int,
 
 
 def present_in(indices: torch.Tensor, d: int, *more: torch.Tensor) -> torch.Tensor:
-    """A d-long mask, True at ``indices`` (and at each of ``more``): what ``torch.isin``
-    answers by sorting, in one scatter and one read (``mask[own]``), 10-20x faster on
-    CPU for the long lists of a dense warm-up step."""
+    """A d-long mask, True at ``indices`` (and at each of ``more``): the union of index
+    lists in one scatter, and ``mask[other]`` what ``torch.isin(other, indices)`` answers
+    by sorting (10-20x slower on CPU for the long lists of a dense warm-up step)."""
     mask = torch.zeros(d, dtype=torch.bool, device=indices.device)
     for found in (indices, *more):
         mask[found.to(torch.int64)] = True
     return mask
+
+
+def _cut_dropped(kept: torch.Tensor, merged_idx: torch.Tensor, tracked: list[torch.Tensor],
+                 alive: list[torch.Tensor]) -> None:
+    """After a merge: each tracked list's survival flags (``alive``, in place) lose the
+    indices the merged list no longer holds. ``kept`` is an all-False d-long mask, marked at
+    the merged indices for the lookup and cleared again: O(k) a round, not O(d)."""
+    positions = merged_idx.to(torch.int64)
+    kept[positions] = True
+    for idx, flags in zip(tracked, alive, strict=True):
+        flags &= kept[idx]
+    kept[positions] = False
 
 
 class GlobalTopk(Aggregator):
@@ -101,8 +113,9 @@ class GlobalTopk(Aggregator):
         k = self.step_k  # k, or more during a density warm-up
         with self._timed("compress"):
             accumulated = self._error_compensated(grad)
-            own_idx = topk_indices(accumulated.abs(), k).to(index_dtype(self.d))
-            merged = [own_idx, accumulated[own_idx.to(torch.int64)]]
+            own_pos = topk_indices(accumulated.abs(), k)
+            own_idx = own_pos.to(index_dtype(self.d))
+            merged = [own_idx, accumulated[own_pos]]
             own_alive = torch.ones(k, dtype=torch.bool, device=grad.device)
 
         plan = recursive_doubling_plan(self.rank, self.world_size)
@@ -113,26 +126,24 @@ class GlobalTopk(Aggregator):
             *merged, alive_u8 = self.comm.recv([*merged, own_alive.to(torch.uint8)], plan.fold_into)
             own_alive = alive_u8.bool()
         else:
-            folded: list[torch.Tensor] | None = None
+            # whose contributions this rank tracks: its own, and a folded-in rank's
+            tracked, alive = [own_pos], [own_alive]
+            kept = torch.zeros(self.d, dtype=torch.bool, device=grad.device)  # one mask a step
             if plan.folded_from is not None:
                 folded = self.comm.recv(merged, plan.folded_from)
-                folded_idx = folded[0].to(torch.int64)
+                tracked.append(folded[0].to(torch.int64))
+                alive.append(torch.ones(folded[0].numel(), dtype=torch.bool, device=grad.device))
                 merged = merge_topk(merged, folded, k, self.d)
-                kept = present_in(merged[0], self.d)
-                own_alive &= kept[own_idx.to(torch.int64)]
-                folded_alive = kept[folded_idx]
+                _cut_dropped(kept, merged[0], tracked, alive)
             for peer in plan.partners:
                 merged = merge_topk(merged, self.comm.exchange(merged, peer), k, self.d)
-                kept = present_in(merged[0], self.d)
-                own_alive &= kept[own_idx.to(torch.int64)]
-                if folded is not None:
-                    folded_alive &= kept[folded_idx]
-            if folded is not None:
-                self.comm.send([*merged, folded_alive.to(torch.uint8)], plan.folded_from)
+                _cut_dropped(kept, merged[0], tracked, alive)
+            if plan.folded_from is not None:
+                self.comm.send([*merged, alive[1].to(torch.uint8)], plan.folded_from)
 
         with self._timed("decompress"):
             final_idx, final_vals = merged[0].to(torch.int64), merged[1]
             update = torch.zeros_like(accumulated)  # in the residual's dtype
             update[final_idx] = final_vals / self.world_size
-            self.feedback.keep(accumulated, own_idx[own_alive].to(torch.int64))
+            self.feedback.keep(accumulated, own_pos[own_alive])
         return self._finish(update)

@@ -21,8 +21,8 @@ Dying together: a worker process dies with the study (Linux's parent-death signa
 whole search also checks its parent between runs), and so do the ranks a real-process run
 starts in it (:func:`~gssgd.train.leave.die_with_launcher`), so a killed study leaves no
 orphan training into the folders a resumed study will use. A study that fails in one
-worker stops the
-others (their cut runs train again from the start on resume, as any killed run does).
+worker stops the others (their cut runs train again from the start on resume, as any
+killed run does).
 """
 
 from __future__ import annotations
