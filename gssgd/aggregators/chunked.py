@@ -61,6 +61,20 @@ def grouped_topk_indices(
     so every rank holding the same ``values`` selects the same set. A group with fewer
     entries than its quota keeps them all.
 
+    Steps (no sort of all the values: per group a partial top-k, as
+    :func:`gssgd._select.exact_topk_indices` does for one group):
+
+    1. Lay the values out as a table, a row per group, in position order (groups given in
+       any other order are first sorted stably by group, which keeps position order within
+       a group); the unused cells of a short row hold -inf and are never taken. The
+       table has ``len(quotas)`` rows as long as the largest group: for gs's chunks of C
+       consecutive coordinates at most d + C cells.
+    2. Each row's threshold ``t_g``: its ``quotas[g]``-th largest value (one ``torch.topk``
+       of the largest quota over all rows).
+    3. A row keeps every value above ``t_g`` and, of those equal to it, the lowest
+       positions until its quota is met: exactly the first ``quotas[g]`` of a stable sort
+       by decreasing value.
+
     Args:
         values: 1-D scores (typically ``|estimate|`` or ``|exact sum|``).
         groups: the group of each entry (an integer tensor, any order), in
@@ -70,11 +84,31 @@ def grouped_topk_indices(
     Returns:
         int64 positions into ``values``, ascending.
     """
-    scores = torch.where(torch.isfinite(values), values, torch.full_like(values, torch.inf))
-    by_value = torch.argsort(scores, descending=True, stable=True)  # ties: lower position
-    order = by_value[torch.argsort(groups[by_value], stable=True)]  # by group, then value
+    device = values.device
+    scores = torch.nan_to_num(values, nan=torch.inf, posinf=torch.inf, neginf=torch.inf)
+    groups = groups.to(torch.int64)
+    n = scores.numel()
+    by_group = None  # the stable sort by group, where the groups are not in position order
+    if n > 1 and not bool((groups[1:] >= groups[:-1]).all()):
+        by_group = torch.argsort(groups, stable=True)
+        scores, groups = scores[by_group], groups[by_group]
     counts = torch.bincount(groups, minlength=quotas.numel())
+    keep = torch.minimum(quotas.to(device=device, dtype=torch.int64), counts)
+    most = int(keep.max()) if n else 0
+    if most == 0:
+        return torch.zeros(0, dtype=torch.int64, device=device)
     starts = torch.cumsum(counts, 0) - counts
-    ranked = groups[order]
-    rank_in_group = torch.arange(order.numel(), device=values.device) - starts[ranked]
-    return order[rank_in_group < quotas.to(values.device)[ranked]].sort().values
+    cols = torch.arange(int(counts.max()), device=device)
+    table = torch.full((counts.numel(), cols.numel()), -torch.inf, dtype=scores.dtype,
+                       device=device)
+    table[groups, torch.arange(n, device=device) - starts[groups]] = scores
+    threshold = table.topk(most, dim=1).values.gather(1, (keep - 1).clamp(min=0)[:, None])
+    real = cols < counts[:, None]
+    above = (table > threshold) & real
+    tied = (table == threshold) & real
+    owed = keep - above.sum(1)  # in [1, ties] for a row with a quota
+    if bool((tied.sum(1) > owed).any()):  # more ties than owed: the lowest positions
+        tied &= tied.cumsum(1) <= owed[:, None]
+    chosen = (above | tied) & (keep > 0)[:, None]
+    positions = (starts[:, None] + cols)[chosen]  # row by row: ascending
+    return positions if by_group is None else by_group[positions].sort().values

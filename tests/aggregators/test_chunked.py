@@ -60,6 +60,36 @@ def test_each_chunk_keeps_its_largest_as_the_reference_does(seed: int) -> None:
         assert got.tolist() == want.tolist(), total
 
 
+@pytest.mark.parametrize("seed", range(12))
+def test_any_subset_in_any_order_keeps_each_chunks_largest(seed: int) -> None:
+    """Candidate pools (a subset of the coordinates), sorted or shuffled, with ties,
+    NaN and ±Inf: the positions the reference picks, for totals from none to all."""
+    gen = torch.Generator().manual_seed(seed)
+    n = int(torch.randint(1, 2000, (1,), generator=gen))
+    chunk = int(torch.randint(1, 300, (1,), generator=gen))
+    d = 2 * n
+    values = (torch.randint(0, 5, (n,), generator=gen).float() if seed % 2
+              else torch.randn(n, generator=gen))
+    values[torch.randint(0, n, (3,), generator=gen)] = float("nan")
+    values[0] = float("-inf") if seed % 3 else float("inf")
+    coords = torch.randperm(d, generator=gen)[:n]
+    if seed % 4 < 2:
+        coords = coords.sort().values
+    sizes = torch.bincount(coords // chunk, minlength=-(-d // chunk))
+    ranked = np.where(np.isfinite(values.numpy()), values.numpy(), np.inf)
+    for total in (0, 1, n // 3, n):
+        got = grouped_topk_indices(values, coords // chunk, shares(total, sizes))
+        want = ref_chunked_topk(ranked, coords.numpy(), chunk, total, d)
+        assert got.tolist() == want.tolist(), total
+
+
+def test_a_quota_above_its_groups_size_keeps_the_whole_group() -> None:
+    values = torch.tensor([5.0, 1.0, 3.0, 3.0, 2.0])
+    groups = torch.tensor([1, 0, 1, 1, 2])
+    got = grouped_topk_indices(values, groups, torch.tensor([4, 2, 0]))
+    assert got.tolist() == [0, 1, 2]  # group 0's one, group 1's 5 and the first 3
+
+
 def test_a_subset_of_coordinates_shares_by_what_each_chunk_holds() -> None:
     """The exact round's values sit at sorted candidate coordinates: chunk 1 holds three of
     the seven candidates, so it delivers two of the four; chunk 3 holds none."""
