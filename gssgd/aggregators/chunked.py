@@ -102,13 +102,20 @@ def grouped_topk_indices(
     table = torch.full((counts.numel(), cols.numel()), -torch.inf, dtype=scores.dtype,
                        device=device)
     table[groups, torch.arange(n, device=device) - starts[groups]] = scores
+    chosen = _each_rows_largest(table, cols < counts[:, None], keep, most)
+    positions = (starts[:, None] + cols)[chosen]  # row by row: ascending
+    return positions if by_group is None else by_group[positions].sort().values
+
+
+def _each_rows_largest(table: torch.Tensor, real: torch.Tensor, keep: torch.Tensor,
+                       most: int) -> torch.Tensor:
+    """Steps 2-3 of :func:`grouped_topk_indices`: the mask of each row's ``keep[g]``
+    largest cells among its ``real`` ones, ties to the lower column (``most``: the largest
+    ``keep``)."""
     threshold = table.topk(most, dim=1).values.gather(1, (keep - 1).clamp(min=0)[:, None])
-    real = cols < counts[:, None]
     above = (table > threshold) & real
     tied = (table == threshold) & real
     owed = keep - above.sum(1)  # in [1, ties] for a row with a quota
     if bool((tied.sum(1) > owed).any()):  # more ties than owed: the lowest positions
         tied &= tied.cumsum(1) <= owed[:, None]
-    chosen = (above | tied) & (keep > 0)[:, None]
-    positions = (starts[:, None] + cols)[chosen]  # row by row: ascending
-    return positions if by_group is None else by_group[positions].sort().values
+    return (above | tied) & (keep > 0)[:, None]
