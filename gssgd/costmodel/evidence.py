@@ -216,19 +216,15 @@ def _kin(study: Study, row: str, workers: int) -> _Kin | None:
     return p, kin, reached
 
 
-def measured_kin(study: Study, row: str, workers: int) -> str:
-    """What ``study`` measured of ``row``'s method at the P nearest ``workers`` (within
-    2x), in words: how many of its settings reached the target and the best of them (the
-    fewest steps; where none reached, the smallest gap). "" where it measured none.
+def measured_kin(study: Study, row: str, found: _Kin | None) -> str:
+    """What ``study`` measured of ``row``'s method (:func:`_kin`'s answer ``found``, at the
+    P nearest the one asked about), in words: how many of its settings reached the target
+    and the best of them (the fewest steps; where none reached, the smallest gap). ""
+    where it measured none.
 
     Example: ``"its measured powersgd settings at P=16: none of 3 reached the target
     (closest: powersgd-r8, +8.30 %)"``.
     """
-    return _kin_words(study, row, _kin(study, row, workers))
-
-
-def _kin_words(study: Study, row: str, found: _Kin | None) -> str:
-    """:func:`measured_kin`'s words for :func:`_kin`'s answer."""
     if found is None:
         return ""
     p, kin, reached = found
@@ -263,7 +259,7 @@ def evidence_for(study: Study | None, row: str, workers: int, family: str) -> Ev
     if not ps:
         found = _kin(study, row, workers)
         return Evidence(study, row, why=f"{row} was not run in {study.name}",
-                        kin=_kin_words(study, row, found),
+                        kin=measured_kin(study, row, found),
                         kin_missed=found is not None and not found[2])
     p = min(ps, key=lambda q: (abs(math.log2(q / workers)), -q))
     if max(p / workers, workers / p) > MAX_P_FACTOR:
