@@ -14,6 +14,7 @@ from gssgd.aggregators import build_options
 from gssgd.aggregators.sizing import DEFAULT_ROWS
 from gssgd.bench.netns import parse_link_rate
 from gssgd.costmodel import DEFAULT_METHODS, VARIANTS, MethodSpec, method_spec
+from gssgd.costmodel.architectures import layer_shapes
 
 __all__ = ["CommBenchConfig"]
 
@@ -30,6 +31,10 @@ class CommBenchConfig:
         methods: benchmark method names (keys of :data:`gssgd.costmodel.VARIANTS`).
         repeats: timed steps per method; warmup: untimed steps before them.
         rows, cols, candidates: sketch shape and m (None: the aggregators' defaults).
+        arch: the layer shapes the vector stands for (``"resnet"``, ``"transformer"``:
+            :func:`gssgd.costmodel.architectures.layer_shapes` at ``d``), which PowerSGD
+            compresses matrix by matrix as it would the model's; None: one near-square
+            matrix. The other methods do not depend on it.
         threads: torch intra-op threads per worker.
         seed: seed of the synthetic gradients and of the sketch hashes.
         timeout_s: the whole run's limit; None derives one from the cost model's defaults.
@@ -49,6 +54,7 @@ class CommBenchConfig:
     rows: int = DEFAULT_ROWS
     cols: int | None = None
     candidates: int | None = None
+    arch: str | None = None
     threads: int = 1
     seed: int = 0
     timeout_s: float | None = None
@@ -74,6 +80,7 @@ class CommBenchConfig:
     def _resolve_specs(self) -> tuple[MethodSpec, ...]:
         """Each method's spec; checks the names, density and sketch shape, and the
         aggregator options exactly as the workers will build them."""
+        shapes = None if self.arch is None else layer_shapes(self.arch, self.d)
         specs = tuple(
             method_spec(
                 name,
@@ -83,6 +90,7 @@ class CommBenchConfig:
                 cols=self.cols,
                 candidates=self.candidates,
                 seed=self.seed,
+                shapes=shapes,
             )
             for name in self.methods
         )
@@ -108,6 +116,7 @@ class CommBenchConfig:
             f"--repeats {self.repeats} --warmup {self.warmup} --rows {self.rows}",
             *([f"--cols {self.cols}"] if self.cols is not None else []),
             *([f"--candidates {self.candidates}"] if self.candidates is not None else []),
+            *([f"--arch {self.arch}"] if self.arch is not None else []),
             f"--threads {self.threads} --seed {self.seed}",
         ]
         return " ".join(parts)

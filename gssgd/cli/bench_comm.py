@@ -11,6 +11,7 @@ from pathlib import Path
 from gssgd.aggregators.sizing import DEFAULT_ROWS
 from gssgd.cli import bench_args
 from gssgd.cli.errors import run_command
+from gssgd.costmodel.architectures import ARCHITECTURES
 from gssgd.costmodel.method_specs import VARIANTS
 
 __all__ = ["add_parser", "run"]
@@ -112,6 +113,13 @@ def _add_step_and_sketch_flags(add: Callable[..., object]) -> None:
         help="m: the sketch proposes m*k candidates (default: the aggregators' default, 32 "
         "capped so m*k <= d/8)",
     )
+    add(
+        "--arch",
+        choices=ARCHITECTURES,
+        default=None,
+        help="the layer shapes of this architecture at --d, which PowerSGD compresses "
+        "matrix by matrix as it would the model's (default: one near-square matrix)",
+    )
 
 
 def _add_run_flags(add: Callable[..., object]) -> None:
@@ -159,6 +167,7 @@ def _run(args: argparse.Namespace) -> None:
         rows=args.rows,
         cols=args.cols,
         candidates=args.candidates,
+        arch=args.arch,
         threads=args.threads,
         seed=args.seed,
         timeout_s=args.timeout,

@@ -7,6 +7,7 @@
 #   .venv/bin/python studies/aggregation_grid/report.py --doc docs/benchmarks.md   # tables + grid.png
 #   RAW=/tmp/grid DOCS=/tmp/grid-docs WORKERS="8" DS="1000000" studies/aggregation_grid/run.sh
 #   METHODS=powersgd,powersgd-r1,powersgd-r4 DOCS=studies/cost_model/runs studies/aggregation_grid/run.sh
+#   ARCH=resnet RAW=runs/grid-today DOCS=studies/cost_model/grid studies/aggregation_grid/run.sh
 #
 # Each cell's raw output (workers/ with the per-rank records, run.log with the run's
 # stdout+stderr) lands in $RAW/comm_P<P>_d<d>M_<link>/ (default runs/grid, ignored by git);
@@ -24,6 +25,7 @@ WORKERS=${WORKERS:-"8 4"}
 DS=${DS:-"1000000 10000000 25000000"}
 LINKS=${LINKS:-"100mbit 1gbit"}
 METHODS=${METHODS:-}  # a comma-separated subset of bench comm's methods (default: all)
+ARCH=${ARCH:-}        # resnet or transformer: PowerSGD over those layer shapes (default: one matrix)
 mkdir -p "$RAW"
 
 for d in $DS; do
@@ -40,7 +42,7 @@ for d in $DS; do
             fi
             echo "run   $cell ($(date -u +%H:%M:%S))"
             if "$GSSGD" bench comm --workers "$p" --d "$d" --density 0.001 --link "$link" \
-                ${METHODS:+--methods "$METHODS"} "${steps[@]}" --out "$RAW/$cell" \
+                ${METHODS:+--methods "$METHODS"} ${ARCH:+--arch "$ARCH"} "${steps[@]}" --out "$RAW/$cell" \
                 > "$RAW/$cell.log" 2>&1; then
                 mv "$RAW/$cell.log" "$RAW/$cell/run.log"
                 PLOTS=0 TABLES=0 tools/publish_results.sh "$RAW/$cell" "$DOCS/$cell"

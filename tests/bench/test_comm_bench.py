@@ -257,3 +257,18 @@ def test_bad_config_values_name_the_value_and_the_fix(capsys):
     assert "rows=4" in capsys.readouterr().err
     with pytest.raises(ValueError, match=r"workers=0 is invalid.*--workers 4"):
         CommBenchConfig(workers=0)
+
+
+def test_arch_gives_powersgd_the_layer_shapes_and_the_command_line_keeps_it():
+    """``--arch resnet``: PowerSGD compresses the ResNet layout at d matrix by matrix (the
+    cost model's calibration runs), the other methods are unchanged, and the printed
+    command reproduces it."""
+    from gssgd.costmodel.architectures import layer_shapes
+
+    cfg = CommBenchConfig(workers=2, d=1_000_000, methods=("powersgd", "gs"), arch="resnet")
+    power, gs = cfg.specs
+    assert power.shapes == layer_shapes("resnet", 1_000_000) and len(power.shapes) > 100
+    assert gs == method_spec("gs", 1_000_000, 0.001, shapes=power.shapes)
+    assert traffic(power, 2).critical_bytes != traffic(
+        CommBenchConfig(workers=2, d=1_000_000, methods=("powersgd",)).specs[0], 2).critical_bytes
+    assert "--arch resnet" in cfg.command_line()
