@@ -1,64 +1,57 @@
-"""The cost model fitted on this machine's emulated links and checked on every measured
-cell, each held out from its own fit.
+"""The one step model ``gssgd advise`` predicts with, fitted on this machine's emulated
+links and checked there on measured steps it was not fitted on.
 
-A *cell* is one ``gssgd bench comm`` run (one P, one d, one link) and its methods. For each
-cell, the model is fitted on every *other* cell (leave one run out) and predicts the held-out
-cell's step times; the errors over all cells are the model's measured error, and the same
-predictions say how often the method the model ranks first was the measured fastest (or
-within 10 % of it), which is what ``gssgd advise`` relies on.
+A *run* is one ``gssgd bench comm`` result (one P, one d, one link) and its methods. The
+model is :func:`gssgd.costmodel.cluster.predict_step` with one
+:class:`~gssgd.costmodel.network.Network`. Every term is in it on this machine and on a
+cluster alike; what differs is only its inputs:
 
-The fit (:func:`fit_model`) is :func:`gssgd.costmodel.fit.calibrate` (the round's cost
-``alpha`` from the latency probes, the software's ``beta0`` per byte) plus four things of
-this machine and its emulated links, each fitted on the training runs only:
+* the link: its rate; its per-message latency (here the run's own probe, a 4-byte
+  all-gather timed in the run, ``_meta.latency_probe``: what gloo, Python and the scheduler
+  add to a message; on a cluster ``--latency``); its token bucket (here tbf's, which lets
+  a bucket leave at memory speed after an idle moment; a real link has none);
+* the workers per core ``s`` (here the run's compute probe; 1 on a cluster), which a
+  round a Python loop drives waits for (its partner shares a core with ``s - 1`` others);
+* the compute: here the run's measured compute, as a device's measured constants give it
+  on a cluster (:mod:`gssgd.costmodel.devices`; a GPU's are not checked by these runs,
+  and the report says so).
 
-1. compute per element that grows with ``d`` (:class:`ComputeLaw`): per method,
-   ``gamma(d) = gamma_1M * (d / 1M) ** slope``, a least-squares line through
-   ``log(seconds_compute / (d * share))`` against ``log d``. The slope is the caches: a
-   vector of 1M floats (4 MB) stays near the cores, one of 25M (100 MB) streams from
-   memory, so dense's few passes cost 2.6 times as much per element at 25M as at 1M
-   (slope 0.3), the top-k methods' selection 1.3 times (slopes 0.08-0.1) and gs's
-   sketching about the same (slope 0-0.1).
-2. two costs per round: a round *inside one gloo collective* (the ring all-reduce, the
-   all-gather, the control all-gather) costs ``alpha``, the median of the training runs'
-   latency probes (a 4-byte all-gather timed in each run); a round that *a Python loop
-   drives* (each exchange of recursive doubling, each send or receive of the star through
-   rank 0, with a combine in between) costs ``driven_round_s * share`` more, ``share``
-   being the run's compute share (ranks per core), the driven round fitted by least
-   squares: the
-   rank returns to Python, combines, and its partner, sharing a core with ``share - 1``
-   other ranks, has to be scheduled again before the next message moves, so the wait grows
-   with the ranks per core. It is a property of workers that share cores, so a cluster
-   (one core per worker) does not carry it;
-3. one efficiency per collective pattern (:func:`gssgd.costmodel.network.pattern_of`): the
-   median, over the pattern's points whose wire time is at least a fifth of their
-   communication, of ``wire time / (measured - compute - latency)``;
-4. a burst credit: tbf lets a full bucket (``LinkShape(rate).burst_bytes``: 50 KB at
-   100 Mbit/s, 500 KB at 1 Gbit/s) leave at memory speed after an idle moment, so each round
-   on the critical path sends up to ``credit * burst`` bytes without wire time. ``credit``
-   is chosen from :data:`BURST_CREDITS` by the fit's squared relative error (steps 2 and 3
-   are redone for each).
+The fit (:func:`fit_model`), on the training runs only:
 
-The fitted model is the cost model itself (:func:`gssgd.costmodel.cluster.predict_step`)
-with a :class:`~gssgd.costmodel.network.Network` of these constants and the CPU's compute
-laws: what the check predicts with is what ``gssgd advise`` predicts a cluster with, there
-with the cluster's device and :func:`~gssgd.costmodel.network.cluster_network` (the fitted
-pattern efficiencies, none of the terms of workers sharing cores or of tbf). A bench comm
-step has no backward pass, so nothing overlaps here. ``gssgd advise --calibrate RUNS...``
-fits it on every run, checks it leaving one run out, and stores both in
-``gssgd/costmodel/data/fit.json`` (:func:`calibration_record`).
+1. one efficiency per collective pattern (:func:`gssgd.costmodel.network.pattern_of`): the
+   fraction of the link's rate the pattern's payload reaches. A step is
+   ``rest + wire / eta``, so ``1 / eta`` is the least-squares solution of the relative
+   error over the pattern's points (:func:`_least_squares`); patterns with fewer than two
+   points take the efficiency over all points; none above 1;
+2. the driven round: seconds a Python-driven round waits per other worker on its partner's
+   core, least squares likewise (refitted in turn with 1 until it settles);
+3. the burst credit: the share of the token bucket each round sends free, chosen from
+   :data:`BURST_CREDITS` by the squared relative error;
+4. and, for ``--device cpu`` only, the CPU's compression laws (:class:`ComputeLaw`: per
+   method, ``gamma(d) = gamma_1M * (d / 1M) ** slope``, least squares in log-log).
+
+The check (:func:`held_out`) predicts every measured step with a model fitted without it,
+three ways: leaving out its run, its worker count, or its vector size. It records the
+step's error and the **communication's alone** (the measured step less its measured
+compute, against the prediction less the same: what a cluster's step rests on where
+communication dominates), overall, per method and per family. ``advise``'s tie margin for
+a method is its family's communication error (:func:`margin_of`: the worst median of the
+three hold-outs) times the communication's share of the method's predicted step. ``gssgd
+advise --calibrate RUNS...`` fits on every run, checks, and stores both in
+``gssgd/costmodel/data/fit.json`` (:func:`calibration_record`), every float rounded to
+:data:`SIGNIFICANT` digits so that the file remade on another CPU is the same bytes.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
-import statistics
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Hashable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from gssgd.costmodel.cluster import Link, communication_seconds, predict_step
+from gssgd.costmodel.cluster import Link, communication_seconds
 from gssgd.costmodel.compute_law import ComputeLaw, fit_compute_law
 from gssgd.costmodel.devices import Device
 from gssgd.costmodel.fit import (
@@ -69,41 +62,54 @@ from gssgd.costmodel.fit import (
     load_measurements,
 )
 from gssgd.costmodel.link_rate import LinkShape
-from gssgd.costmodel.network import PATTERNS, Network, pattern_of, rounds_of, step_traffic
+from gssgd.costmodel.network import PATTERNS, Network, pattern_of, rounds_of
 
 __all__ = [
+    "ADVISE_EXCLUDES",
     "BURST_CREDITS",
+    "HOLD_OUTS",
+    "SIGNIFICANT",
     "FittedModel",
     "RecommendationRow",
     "calibration_record",
     "error_record",
-    "find_runs",
-    "fit_driven_round",
     "fit_model",
+    "held_out",
     "held_out_errors",
+    "margin_of",
     "per_method_errors",
+    "rated",
     "recommendation_check",
+    "validated_on",
 ]
 
 #: Benchmark variants ``gssgd advise`` never recommends: gs without its exact round diverged
-#: in training (docs/benchmarks.md, "Levers").
+#: in training (docs/benchmarks.md, "Levers"). (Nor a variant that is its method's defaults
+#: under an earlier name: ``Variant.alias``.)
 ADVISE_EXCLUDES: tuple[str, ...] = ("gs-estimate",)
-#: A point counts towards its pattern's efficiency when its wire time is at least this share
-#: of its communication (smaller messages are latency- or tbf-burst-bound).
-_WIRE_SHARE = 0.2
-#: The burst credits the fit chooses among (0: no credit; 1: a full bucket every round).
+#: How the check holds points out: by run, by worker count, by vector size.
+HOLD_OUTS: dict[str, Callable[[Measurement], Hashable]] = {
+    "run": lambda m: m.source,
+    "workers": lambda m: m.world_size,
+    "d": lambda m: m.spec.d,
+}
+#: The burst credits the fit chooses among (the share of the emulation's token bucket each
+#: round sends free; 0: none, 1: a full bucket every round).
 BURST_CREDITS: tuple[float, ...] = (0.0, 0.25, 0.5, 0.75, 1.0)
-#: The efficiencies and the driven round are refitted in turn (each uses the other) until
-#: the driven round moves by less than this fraction, or this many times.
+#: The efficiencies and the driven round are refitted in turn until the latter moves by
+#: less than this fraction, or this many times.
 _ALTERNATION_TOL, _ALTERNATIONS = 1e-9, 30
+#: Significant digits of every float fit.json stores (a refit on another CPU differs in
+#: the last digits of a double; six digits are far inside the model's error).
+SIGNIFICANT = 6
 
 
 @dataclass
 class FittedModel:
-    """The cost model with the constants of this machine's emulated links.
+    """The step model with the constants fitted on this machine's emulated links.
 
     Attributes:
-        network: round, driven round, pattern efficiencies, burst credit, software per byte.
+        network: the pattern efficiencies (nothing else: see the module doc).
         compute: the CPU's compression law per benchmark method.
     """
 
@@ -117,33 +123,27 @@ class FittedModel:
                       fwdbwd_s_per_param=0.0, compute=self.compute, overlap_efficiency=0.0)
 
     def predict(self, m: Measurement) -> float:
-        """The model's step time for a measured aggregation step (no forward or backward)."""
-        step = predict_step(m.spec, m.world_size, Link(m.rate_bps), self.device, self.network,
-                            fwdbwd_s=0.0, overlap="none", compute_share=m.compute_share)
-        return step.total
+        """The model's step time for a measured aggregation step (no forward or backward):
+        the run's measured compute, as a device's measured constants give it on a cluster,
+        and the communication predicted on the run's link with its probed latency."""
+        latency, bandwidth = communication_seconds(m.spec, m.world_size, _link(m),
+                                                   self.network, compute_share=m.compute_share)
+        return m.seconds_compute + latency + bandwidth
 
-    def compute_seconds(self, m: Measurement) -> float:
+    def predict_compute(self, m: Measurement) -> float:
+        """The CPU's compression law's compute for a measured step (``--device cpu``)."""
         return self.device.compression_seconds(m.spec, m.compute_share)
 
-    def latency(self, m: Measurement) -> float:
-        return communication_seconds(m.spec, m.world_size, Link(m.rate_bps), self.network,
-                                     compute_share=m.compute_share)[0]
 
-
-def find_runs(root: str | Path) -> list[Path]:
-    """Every ``gssgd bench comm`` results directory under ``root`` (sorted)."""
-    out = []
-    for path in sorted(Path(root).rglob("results.json")):
-        try:
-            load_measurements(path.parent)
-        except ValueError:
-            continue  # another benchmark's results (bench train)
-        out.append(path.parent)
-    return out
+def _link(m: Measurement) -> Link:
+    """The run's link as advise's ``--link``/``--latency`` would give it: its rate, its
+    probed seconds per message, and the emulation's token bucket (a real link has none)."""
+    bucket = 0 if m.rate_bps is None else LinkShape(m.rate_bps).burst_bytes
+    return Link(m.rate_bps, m.alpha_probe or 0.0, bucket)
 
 
 def _compute_laws(measurements: Sequence[Measurement]) -> dict[str, ComputeLaw]:
-    """Step 1 of the module doc: one :class:`ComputeLaw` per method."""
+    """Part 4 of the module doc: one :class:`ComputeLaw` per method."""
     points: dict[str, list[tuple[int, float]]] = {}
     for m in measurements:
         if m.seconds_compute > 0:
@@ -152,22 +152,76 @@ def _compute_laws(measurements: Sequence[Measurement]) -> dict[str, ComputeLaw]:
     return {name: fit_compute_law(p) for name, p in points.items()}
 
 
+def _least_squares(points: Sequence[tuple[float, float, float]]) -> float | None:
+    """The ``x >= 0`` minimising ``sum(((rest + f * x) / y - 1) ** 2)`` over
+    ``(rest, f, y)`` points: ``sum((f / y) * (1 - rest / y)) / sum((f / y) ** 2)`` (None:
+    no point has ``f``)."""
+    num = sum((f / y) * (1.0 - r / y) for r, f, y in points)
+    den = sum((f / y) ** 2 for r, f, y in points)
+    return None if den == 0 else max(num / den, 0.0)
+
+
+def _efficiencies(model: FittedModel, measurements: Sequence[Measurement]
+                  ) -> tuple[dict[str, float], float]:
+    """Part 1 of the module doc: each pattern's efficiency, and the one over all points,
+    the rest of ``model`` fixed (a step is ``rest + wire / eta``: least squares in
+    ``1 / eta``)."""
+    ideal = FittedModel(dataclasses.replace(model.network, efficiency={},
+                                            default_efficiency=1.0), model.compute)
+    by_pattern: dict[str, list[tuple[float, float, float]]] = {p: [] for p in PATTERNS}
+    for m in measurements:
+        if m.rate_bps is None:
+            continue
+        _, wire = communication_seconds(m.spec, m.world_size, _link(m), ideal.network,
+                                        compute_share=m.compute_share)
+        rest = ideal.predict(m) - wire  # compute and latency
+        by_pattern[pattern_of(m.spec)].append((rest, wire, m.seconds_per_step))
+    inverse = _least_squares([p for ps in by_pattern.values() for p in ps])
+    default = 1.0 if not inverse else min(1.0, 1.0 / inverse)
+    out = {}
+    for pattern, points in by_pattern.items():
+        inv = _least_squares(points) if len(points) >= 2 else None
+        if inv:
+            out[pattern] = min(1.0, 1.0 / inv)  # no payload outruns its link
+    return out, default
+
+
+def _driven_round(model: FittedModel, measurements: Sequence[Measurement]) -> float:
+    """Part 2 of the module doc: the seconds of a driven round's wait per other worker on
+    the partner's core, the rest of ``model`` fixed (least squares; ``model``'s own value
+    where no point has a driven round and a shared core)."""
+    without = FittedModel(dataclasses.replace(model.network, driven_round_s=0.0),
+                          model.compute)
+    points = []
+    for m in measurements:
+        waits = rounds_of(m.spec, m.world_size).driven * max(0.0, m.compute_share - 1.0)
+        if waits:
+            points.append((without.predict(m), waits, m.seconds_per_step))
+    found = _least_squares(points)
+    return model.network.driven_round_s if found is None else found
+
+
 def fit_model(measurements: Sequence[Measurement]) -> FittedModel:
-    """Fit the round and software costs (:func:`gssgd.costmodel.fit.calibrate`), compute per
-    method, the driven round, one efficiency per pattern and the burst credit (see the
-    module doc).
+    """Fit the compute laws, the pattern efficiencies, the driven round and the burst
+    credit (see the module doc).
 
     Raises:
         ValueError: no measurements.
     """
-    base = calibrate(measurements)
+    if not measurements:
+        raise ValueError("no measurements to fit: pass gssgd bench comm result directories")
     compute = _compute_laws(measurements)
     best: tuple[float, FittedModel] | None = None
     for credit in BURST_CREDITS:
-        network = Network(round_s=base.alpha, software_s_per_byte=base.beta0,
-                          burst_credit=credit, default_efficiency=base.eta)
-        model = FittedModel(network, compute)
-        _alternate(model, measurements)
+        model = FittedModel(Network(burst_credit=credit), compute)
+        for _ in range(_ALTERNATIONS):  # the efficiencies and the driven round in turn
+            efficiency, default = _efficiencies(model, measurements)
+            model.network = dataclasses.replace(model.network, efficiency=efficiency,
+                                                default_efficiency=default)
+            before, driven = model.network.driven_round_s, _driven_round(model, measurements)
+            model.network = dataclasses.replace(model.network, driven_round_s=driven)
+            if abs(driven - before) <= _ALTERNATION_TOL * max(driven, 1e-12):
+                break
         cost = sum((model.predict(m) / m.seconds_per_step - 1.0) ** 2 for m in measurements)
         if best is None or cost < best[0]:
             best = (cost, model)
@@ -178,116 +232,142 @@ def fit_model(measurements: Sequence[Measurement]) -> FittedModel:
     return best[1]
 
 
-def _alternate(model: FittedModel, measurements: Sequence[Measurement]) -> None:
-    """Refit the efficiencies and the driven round in turn until the latter settles."""
-    for _ in range(_ALTERNATIONS):
-        before = model.network.driven_round_s
-        efficiency = _pattern_efficiency(model, measurements)
-        model.network = dataclasses.replace(model.network, efficiency=efficiency)
-        driven = fit_driven_round(model, measurements)
-        model.network = dataclasses.replace(model.network, driven_round_s=driven)
-        if abs(driven - before) <= _ALTERNATION_TOL * max(abs(driven), 1e-12):
-            return
-
-
-def fit_driven_round(model: FittedModel, measurements: Sequence[Measurement]) -> float:
-    """The seconds per driven round and unit of compute share that minimise the squared
-    relative error of the step, the rest of ``model`` fixed (step 2 of the module doc).
-
-    The step is linear in it: ``pred = rest + a * share * driven_rounds``, so the best ``a``
-    is ``sum(f * (1 - rest / y)) / sum(f * f)`` with ``f = share * driven_rounds / y``,
-    clipped at 0; ``model``'s own value when no point has a driven round.
-    """
-    num = den = 0.0
-    without = FittedModel(dataclasses.replace(model.network, driven_round_s=0.0),
-                          model.compute)
+def held_out_errors(measurements: Sequence[Measurement], by: str = "run") -> list[ErrorRow]:
+    """Each point predicted by the model fitted on the points of every other group of
+    :data:`HOLD_OUTS` ``by`` (``"run"``, ``"workers"`` or ``"d"``); a group that leaves
+    nothing to fit on is skipped."""
+    key = HOLD_OUTS[by]
+    groups: dict[Hashable, list[Measurement]] = {}
     for m in measurements:
-        driven = rounds_of(m.spec, m.world_size).driven * m.compute_share
-        if driven == 0:
-            continue
-        f = driven / m.seconds_per_step
-        num += f * (1.0 - without.predict(m) / m.seconds_per_step)
-        den += f * f
-    return model.network.driven_round_s if den == 0 else max(0.0, num / den)
-
-
-def _pattern_efficiency(model: FittedModel, measurements: Sequence[Measurement]
-                        ) -> dict[str, float]:
-    """Per pattern, the median of wire time over communication (step 3 of the module doc)."""
-    ratios: dict[str, list[float]] = {p: [] for p in PATTERNS}
-    for m in measurements:
-        if m.rate_bps is None:
-            continue
-        t = step_traffic(m.spec, m.world_size)
-        credit = model.network.burst_credit * LinkShape(m.rate_bps).burst_bytes * t.rounds
-        wire = max(0.0, t.critical_bytes + t.header_bytes - credit) * 8.0 / m.rate_bps
-        comm = m.seconds_per_step - m.seconds_compute - model.latency(m)
-        if comm > 0 and wire >= _WIRE_SHARE * comm:
-            ratios[pattern_of(m.spec)].append(wire / comm)
-    return {p: statistics.median(r) for p, r in ratios.items() if r}
-
-
-def _by_run(measurements: Iterable[Measurement]) -> dict[str, list[Measurement]]:
-    runs: dict[str, list[Measurement]] = {}
-    for m in measurements:
-        runs.setdefault(m.source, []).append(m)
-    return runs
-
-
-def held_out_errors(measurements: Sequence[Measurement]) -> list[ErrorRow]:
-    """Each run's points predicted by the model fitted on all the other runs."""
-    runs = _by_run(measurements)
+        groups.setdefault(key(m), []).append(m)
     rows = []
-    for source, held in runs.items():
-        rest = [m for s, ms in runs.items() if s != source for m in ms]
-        model = fit_model(rest)
-        rows += [ErrorRow(m, model.predict(m)) for m in held]
+    for name, held in groups.items():
+        rest = [m for g, ms in groups.items() if g != name for m in ms]
+        if rest:
+            model = fit_model(rest)
+            rows += [ErrorRow(m, model.predict(m)) for m in held]
     return rows
 
 
-def per_method_errors(rows: Sequence[ErrorRow]) -> dict[str, dict[str, float]]:
-    """:func:`~gssgd.costmodel.fit.error_summary` of each method's held-out rows."""
+def family_of_variant(name: str) -> str:
+    """The method family a benchmark variant's error counts for: its aggregator
+    (``gs-small`` -> ``gs``, ``powersgd-r1`` -> ``powersgd``, ``dense16`` -> ``dense``)."""
+    from gssgd.methods import get_variant
+
+    return get_variant(name)[0].name
+
+
+def per_method_errors(rows: Sequence[ErrorRow], key: Callable[[str], str] = str
+                      ) -> dict[str, dict[str, float]]:
+    """:func:`~gssgd.costmodel.fit.error_summary` of each method's rows (``key`` groups
+    the variants: :func:`family_of_variant` for families)."""
     by: dict[str, list[ErrorRow]] = {}
     for r in rows:
-        by.setdefault(r.measurement.spec.name, []).append(r)
+        by.setdefault(key(r.measurement.spec.name), []).append(r)
     return {name: error_summary(rs) for name, rs in sorted(by.items())}
 
 
-def error_record(rows: Sequence[ErrorRow], runs: int) -> dict[str, Any]:
-    """The held-out check's summary: the points, the median and largest ``|relative
-    error|``, each method's, the runs, and in how many of them the method ranked first was
-    measured fastest or within 10 % of it."""
+def communication_rows(rows: Sequence[ErrorRow]) -> list[ErrorRow]:
+    """``rows`` as the communication alone: each measured step less its measured compute
+    against the prediction less the same (points whose step is all compute left out)."""
+    out = []
+    for r in rows:
+        m = r.measurement
+        measured = m.seconds_per_step - m.seconds_compute
+        if measured > 0:
+            out.append(ErrorRow(dataclasses.replace(m, seconds_per_step=measured),
+                                r.predicted - m.seconds_compute))
+    return out
+
+
+def _summary(rows: Sequence[ErrorRow]) -> dict[str, Any]:
     summary = error_summary(rows)
     return {
         "points": summary["n"],
         "median_abs_rel_error": summary["median_abs_rel_error"],
         "max_abs_rel_error": summary["max_abs_rel_error"],
         "per_method": per_method_errors(rows),
-        "runs": runs,
-        "recommended_within_10pct": sum(r.within() for r in recommendation_check(rows)),
+        "per_family": per_method_errors(rows, family_of_variant),
     }
 
 
-def calibration_record(runs: Sequence[Path], where: str) -> dict[str, Any]:
-    """What ``fit.json`` stores: the model fitted on every run (its network and the CPU's
-    compute laws) and its held-out check (leave one run out) over ``runs``. A pure function
-    of the runs (no date: the same runs give the same file on any day; git dates it).
+def error_record(rows: Sequence[ErrorRow]) -> dict[str, Any]:
+    """One hold-out's summary: the points, the median and largest ``|relative error|`` of
+    the step, each method's and each family's; and the same of the communication alone
+    (``communication``: :func:`communication_rows`), which is what a cluster's step rests
+    on where communication dominates it."""
+    return {**_summary(rows), "communication": _summary(communication_rows(rows))}
 
-    Args:
-        runs: ``gssgd bench comm`` result directories.
-        where: a few words on where they ran (the report prints them).
-    """
-    measurements = [m for r in runs for m in load_measurements(r)]
+
+def held_out(measurements: Sequence[Measurement]) -> dict[str, Any]:
+    """The check of the module doc: :func:`error_record` of each hold-out, and in how many
+    runs the method ranked first (held out by run) was measured fastest or within 10 %."""
+    out: dict[str, Any] = {by: error_record(held_out_errors(measurements, by))
+                           for by in HOLD_OUTS}
+    recs = recommendation_check(held_out_errors(measurements, "run"))
+    out["runs"] = len({m.source for m in measurements})
+    out["recommended_within_10pct"] = sum(r.within() for r in recs)
+    out["recommendation_runs"] = len(recs)
+    return out
+
+
+def margin_of(held: dict[str, Any], family: str) -> float:
+    """A method family's communication error: the largest of its medians held out by run,
+    by worker count and by vector size (the overall median where the family was not
+    measured). ``advise`` scales it by the communication's share of the predicted step."""
+    comm = [held[by]["communication"] for by in HOLD_OUTS]
+    found = [c["per_family"].get(family, {}).get("median_abs_rel_error") for c in comm]
+    found = [f for f in found if f is not None and math.isfinite(f)]
+    if found:
+        return max(found)
+    return max(c["median_abs_rel_error"] for c in comm)
+
+
+def validated_on(measurements: Sequence[Measurement]) -> dict[str, Any]:
+    """What the runs cover: worker counts, vector sizes, link rates."""
+    return {"workers": sorted({m.world_size for m in measurements}),
+            "d": sorted({m.spec.d for m in measurements}),
+            "link_bps": sorted({m.rate_bps for m in measurements if m.rate_bps is not None}),
+            "methods": sorted({m.spec.name for m in measurements})}
+
+
+def _rounded(value: Any) -> Any:
+    """``value`` with every float rounded to :data:`SIGNIFICANT` significant digits."""
+    if isinstance(value, float):
+        return float(f"{value:.{SIGNIFICANT}g}") if math.isfinite(value) else value
+    if isinstance(value, dict):
+        return {k: _rounded(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_rounded(v) for v in value]
+    return value
+
+
+def calibration_record(runs: Sequence[Path]) -> dict[str, Any]:
+    """What ``fit.json`` stores: the model fitted on every run (its network and the CPU's
+    compute laws), what the runs cover, and the held-out check over them. A pure function
+    of the runs (no date: the same runs give the same file on any day; git dates it), its
+    floats rounded (:data:`SIGNIFICANT`)."""
+    every = [m for r in runs for m in load_measurements(r)]
+    measurements = rated(every)
     model = fit_model(measurements)
-    error = error_record(held_out_errors(measurements), len(runs))
-    error["where"] = where
-    return {
+    bench = calibrate(every)  # gssgd bench model's constants (loopback runs give beta0)
+    return _rounded({
         "runs": [str(r) for r in runs],
         "network": model.network.as_dict(),
         "cpu_compute": {name: {"gamma": law.gamma, "slope": law.slope}
                         for name, law in sorted(model.compute.items())},
-        "held_out": error,
-    }
+        "bench_model": {"alpha": bench.alpha, "beta0": bench.beta0, "eta": bench.eta,
+                        "notes": bench.notes},
+        "validated_on": validated_on(measurements),
+        "held_out": held_out(measurements),
+    })
+
+
+def rated(measurements: Iterable[Measurement]) -> list[Measurement]:
+    """The measurements on a rate-limited link: what the step model is fitted and checked
+    on (``advise`` takes no unlimited link; loopback runs inform ``gssgd bench model``'s
+    software cost per byte only)."""
+    return [m for m in measurements if m.rate_bps is not None]
 
 
 @dataclass(frozen=True)
@@ -310,7 +390,7 @@ class RecommendationRow:
 
 
 def recommendation_check(
-    rows: Sequence[ErrorRow], exclude: Sequence[str] = ADVISE_EXCLUDES
+    rows: Iterable[ErrorRow], exclude: Sequence[str] = ADVISE_EXCLUDES
 ) -> list[RecommendationRow]:
     """Per run: the predicted-fastest method against the measured-fastest (of the methods
     ``gssgd advise`` may recommend)."""
@@ -322,13 +402,10 @@ def recommendation_check(
     for run, rs in by_run.items():
         best = min(rs, key=lambda r: r.predicted)
         fastest = min(rs, key=lambda r: r.measurement.seconds_per_step)
-        out.append(
-            RecommendationRow(
-                run=run,
-                recommended=best.measurement.spec.name,
-                fastest=fastest.measurement.spec.name,
-                recommended_seconds=best.measurement.seconds_per_step,
-                fastest_seconds=fastest.measurement.seconds_per_step,
-            )
-        )
+        out.append(RecommendationRow(
+            run=run, recommended=best.measurement.spec.name,
+            fastest=fastest.measurement.spec.name,
+            recommended_seconds=best.measurement.seconds_per_step,
+            fastest_seconds=fastest.measurement.seconds_per_step))
     return out
+

@@ -9,8 +9,8 @@ sharing a core (1 on a cluster)::
 
     compute       = forward + backward (measured, or params * device.fwdbwd_s_per_param)
                   + s * compression(spec)               # the device's constants
-    latency       = (a + net.round_s) * rounds + net.driven_round_s * s * driven_rounds
-    bytes         = critical_bytes + header_bytes - net.burst_credit * bucket(R) * rounds
+    latency       = (a + net.round_s) * rounds + net.driven_round_s * (s - 1) * driven_rounds
+    bytes         = critical_bytes + header_bytes - net.burst_credit * bucket * rounds
     bandwidth     = bytes * max(s * net.software_s_per_byte, 8 / (net.eta[pattern] * R))
     hidden        = device.overlap_efficiency
                   * min(overlappable communication, backward)   # backward = 2/3 of fwd+bwd
@@ -23,10 +23,10 @@ sharing a core (1 on a cluster)::
   (:func:`~gssgd.costmodel.network.rounds_of`).
 * ``pattern``: the collective the bulk traffic uses, read from that same formula
   (:func:`~gssgd.costmodel.network.pattern_of`).
-* ``net``: on this machine's emulated links, every constant fitted
-  (:func:`gssgd.costmodel.check.fit_model`); on a cluster
-  (:func:`~gssgd.costmodel.network.cluster_network`), the fitted pattern efficiencies and
-  nothing of the terms that belong to workers sharing two cores over tbf-shaped links.
+* ``net``: the pattern efficiencies fitted on this machine's emulated links
+  (:func:`gssgd.costmodel.check.fit_model`), the same on this machine's runs (with each
+  run's probed latency as ``a``) and on a cluster (with ``--latency``); its other terms
+  are 0 there.
 * Overlap (:func:`overlap_of`), the documented assumption: a method that sends every
   coordinate uncompressed (dense) runs as DDP's bucketed all-reduce, which starts while
   backward still runs, so its communication hides up to the backward time; the compressed
@@ -51,7 +51,7 @@ from dataclasses import dataclass
 
 from gssgd.comm import Traffic
 from gssgd.costmodel.devices import Device
-from gssgd.costmodel.link_rate import LinkShape, parse_link_rate
+from gssgd.costmodel.link_rate import parse_link_rate
 from gssgd.costmodel.method_specs import MethodSpec, warmup_traffic
 from gssgd.costmodel.network import Network, pattern_of, rounds_of, step_traffic
 from gssgd.methods import get_method
@@ -67,7 +67,6 @@ __all__ = [
     "parse_link",
     "predict_step",
     "predict_warmup",
-    "stream_overlap_available",
 ]
 
 #: Backward's share of forward + backward (backward computes two products per forward one).
@@ -85,11 +84,13 @@ _MIN_LATENCY_S, _MAX_LATENCY_S = 1e-7, 1.0
 
 @dataclass(frozen=True)
 class Link:
-    """Every worker's link: its rate (bit/s; None: unlimited, loopback) and its per-message
-    latency (seconds)."""
+    """Every worker's link: its rate (bit/s; None: unlimited, loopback), its per-message
+    latency (seconds), and the token bucket a ``tc tbf`` emulation lets leave at memory
+    speed after an idle moment (bytes; 0 on a real link)."""
 
     rate_bps: int | None
     latency_s: float = 0.0
+    burst_bytes: int = 0
 
     def __str__(self) -> str:
         rate = "unlimited" if self.rate_bps is None else _format_rate(self.rate_bps)
@@ -155,15 +156,6 @@ def _format_seconds(s: float) -> str:
 
 
 # --------------------------------------------------------------------------- overlap
-
-
-def stream_overlap_available() -> bool:
-    """Whether the DDP hook can stream gs (``HookState(..., overlap="stream")``)."""
-    import inspect
-
-    from gssgd.ddp import HookState
-
-    return "overlap" in inspect.signature(HookState.__init__).parameters
 
 
 def overlap_of(spec: MethodSpec, *, stream: bool = False) -> str:
@@ -247,13 +239,14 @@ def communication_seconds(
     t = step_traffic(spec, world_size) if t is None else t
     rounds = rounds_of(spec, world_size)
     scale = t.rounds / rounds.total if rounds.total else 1.0  # a warm-up's summed steps
+    waiting = max(0.0, compute_share - 1.0)  # others on the partner's core
     latency = ((link.latency_s + network.round_s) * t.rounds
-               + network.driven_round_s * compute_share * rounds.driven * scale)
+               + network.driven_round_s * waiting * rounds.driven * scale)
     volume = t.critical_bytes + t.header_bytes
     software = compute_share * network.software_s_per_byte * volume
     if link.rate_bps is None:
         return latency, software
-    credit = network.burst_credit * LinkShape(link.rate_bps).burst_bytes * t.rounds
+    credit = network.burst_credit * link.burst_bytes * t.rounds
     wire = max(0.0, volume - credit) * 8.0 / (network.eta(pattern_of(spec)) * link.rate_bps)
     return latency, max(software, wire)
 
@@ -329,8 +322,7 @@ def predict_step(
         world_size: P >= 1.
         link: every worker's link.
         device: the workers' device (compute constants).
-        network: the network's constants (:func:`~gssgd.costmodel.network.cluster_network`
-            for a cluster, the fitted one for this machine's emulated links).
+        network: the network's constants (:func:`gssgd.costmodel.advice.fitted_network`).
         fwdbwd_s: forward + backward seconds of one worker's batch; None: estimated as
             ``params * device.fwdbwd_s_per_param``; 0 for an aggregation step alone.
         params: the model's parameters for that estimate (default ``spec.d``).

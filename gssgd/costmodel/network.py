@@ -16,10 +16,11 @@ bytes through a :class:`Network`:
 * ``software_s_per_byte``: seconds per byte the software stack needs (the wire is
   ``8 / (efficiency * rate)``; the slower of the two counts), per worker sharing a core.
 
-:func:`fitted_network` is the network fitted on this machine's emulated links
-(:mod:`gssgd.costmodel.check`, stored in ``gssgd/costmodel/data/fit.json``);
-:func:`cluster_network` is the one ``gssgd advise`` predicts a cluster with: the fitted
-efficiencies, and none of the terms that belong to workers sharing a CPU core or to tbf.
+:func:`gssgd.costmodel.advice.fitted_network` is the network fitted on this machine's
+emulated links (:mod:`gssgd.costmodel.check`, stored in ``gssgd/costmodel/data/fit.json``):
+its pattern efficiencies and nothing else, the network ``gssgd advise`` predicts a cluster
+with and the one its held-out error is measured for. The other terms stay for a network
+that has them (the old model's reports, tests).
 """
 
 from __future__ import annotations
@@ -38,7 +39,6 @@ __all__ = [
     "PATTERNS",
     "Network",
     "Rounds",
-    "cluster_network",
     "pattern_of",
     "rounds_of",
     "step_traffic",
@@ -168,13 +168,3 @@ class Network:
         """The inverse of :meth:`as_dict`."""
         return cls(**{k: v for k, v in record.items()})
 
-
-def cluster_network(fitted: Network) -> Network:
-    """The network ``advise`` predicts a cluster with: ``fitted``'s pattern efficiencies
-    (the only measured ones), and none of its per-round software, driven-round, tbf-burst
-    or per-byte software terms, which belong to this machine's workers sharing two cores
-    over emulated links (a GPU cluster's NCCL moves data from device memory at the link's
-    rate; its per-message cost is the ``--latency`` given)."""
-    return Network(efficiency=dict(fitted.efficiency),
-                   default_efficiency=fitted.default_efficiency,
-                   source=f"cluster: the pattern efficiencies of {fitted.source or 'the fit'}")

@@ -34,11 +34,11 @@ class Prediction:
 
 
 def _fitted(section: str) -> dict[str, Any]:
-    """A section of the stored fit (``fit.json``: ``network`` or ``cpu_compute``), or {}
-    before any calibration (a fit on new runs then starts from neutral values)."""
+    """A section of the stored fit (``fit.json``: ``bench_model`` or ``cpu_compute``), or
+    {} before any calibration (a fit on new runs then starts from neutral values)."""
     try:
         return dict(store.load("fit.json")[section])
-    except FileNotFoundError:
+    except (FileNotFoundError, KeyError):
         return {}
 
 
@@ -67,11 +67,9 @@ class CostModel:
         notes: what calibration could not determine and left at its default.
     """
 
-    alpha: float = field(default_factory=lambda: _fitted("network").get("round_s", 0.0))
-    beta0: float = field(
-        default_factory=lambda: _fitted("network").get("software_s_per_byte", 0.0))
-    eta: float = field(
-        default_factory=lambda: _fitted("network").get("default_efficiency", 0.9))
+    alpha: float = field(default_factory=lambda: _fitted("bench_model").get("alpha", 0.0))
+    beta0: float = field(default_factory=lambda: _fitted("bench_model").get("beta0", 0.0))
+    eta: float = field(default_factory=lambda: _fitted("bench_model").get("eta", 0.9))
     gamma: dict[str, float] = field(default_factory=_default_gamma)
     source: str = "defaults"
     notes: list[str] = field(default_factory=list)

@@ -51,14 +51,13 @@ def modeled_step(method: str, d: int, workers: int, settings: dict[str, Any]) ->
     from gssgd.costmodel.cluster import Link, predict_step
     from gssgd.costmodel.devices import get_device
     from gssgd.costmodel.method_specs import method_spec
-    from gssgd.costmodel.network import cluster_network
 
     density = settings.get("density")
     try:
         spec = method_spec(method, d, density if isinstance(density, float) else None)
     except ValueError:
         spec = method_spec("dense", d)
-    network, device = cluster_network(fitted_network()), get_device(DEVICE)
+    network, device = fitted_network(), get_device(DEVICE)
     every = settings.get("local_steps") or 1
     fixed, per_byte = {}, {}
     for name, rate in LINKS.items():

@@ -6,7 +6,7 @@
 #   sudo studies/aggregation_grid/run.sh                  # as root: namespaces + tbf (else loopback)
 #   .venv/bin/python studies/aggregation_grid/report.py --doc docs/benchmarks.md   # tables + grid.png
 #   RAW=/tmp/grid DOCS=/tmp/grid-docs WORKERS="8" DS="1000000" studies/aggregation_grid/run.sh
-#   METHODS=powersgd,powersgd-r1,powersgd-r4 DOCS=studies/cost_model/runs studies/aggregation_grid/run.sh
+#   METHODS=powersgd,powersgd-r1 DOCS=/tmp/some-cells studies/aggregation_grid/run.sh
 #   ARCH=resnet RAW=runs/grid-today DOCS=studies/cost_model/grid studies/aggregation_grid/run.sh
 #
 # Each cell's raw output (workers/ with the per-rank records, run.log with the run's

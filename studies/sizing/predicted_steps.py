@@ -17,7 +17,6 @@ from gssgd.costmodel.advice import fitted_network  # noqa: E402
 from gssgd.costmodel.cluster import Link, predict_step  # noqa: E402
 from gssgd.costmodel.devices import get_device  # noqa: E402
 from gssgd.costmodel.method_specs import method_spec  # noqa: E402
-from gssgd.costmodel.network import cluster_network  # noqa: E402
 from studies._lib.report import markdown_table  # noqa: E402
 
 D, DENSITY, WORKERS = 1_000_000, 0.001, (4, 16, 64, 256)
@@ -29,7 +28,7 @@ def step_ms(method: str, workers: int, rate: int) -> float:
     """The model's aggregation step of ``method`` in milliseconds."""
     spec = method_spec(method, D, DENSITY, world_size=workers)
     step = predict_step(spec, workers, Link(rate, 20e-6), get_device("h200"),
-                        cluster_network(fitted_network()), fwdbwd_s=0)
+                        fitted_network(), fwdbwd_s=0)
     return step.total * 1e3
 
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from gssgd.costmodel import store
-from gssgd.costmodel.check import ErrorRow, held_out_errors
+from gssgd.costmodel.check import ErrorRow, held_out_errors, rated
 from gssgd.costmodel.fit import load_measurements
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -18,8 +18,8 @@ ROOT = Path(__file__).resolve().parents[2]
 @pytest.fixture(scope="session")
 def held_out() -> tuple[list[Path], list[ErrorRow]]:
     """The committed bench comm runs of the stored fit (a missing run fails, it does not
-    skip) and their leave-one-run-out rows."""
+    skip) and the leave-one-run-out rows of their rate-limited links."""
     runs = [ROOT / r for r in store.load("fit.json")["runs"]]
     missing = [str(r) for r in runs if not (r / "results.json").exists()]
     assert not missing, f"the fit's runs are missing: {missing}"
-    return runs, held_out_errors([m for r in runs for m in load_measurements(r)])
+    return runs, held_out_errors(rated(m for r in runs for m in load_measurements(r)))
