@@ -72,11 +72,14 @@ class Variant:
         summary: one line for ``--help`` and the reports.
         overrides: options applied on top of the method's resolved options: a mapping, or
             a function of the resolved options (``gs-small``: a quarter of the columns).
+        alias: the method's defaults under a name kept for earlier runs (``gs-backend``,
+            ``gs-half``): the same method, so ``gssgd advise`` does not list it twice.
     """
 
     name: str
     summary: str
     overrides: Overrides = field(default_factory=dict)
+    alias: bool = False
 
     def apply(self, options: CommonOptions) -> CommonOptions:
         """``options`` with this variant's overrides (validated by the dataclass again)."""
@@ -319,7 +322,7 @@ register_method(
         variants=(
             Variant("gs-backend", "gs-SGD with the backend's (ring) all-reduce (now the "
                     "default; the name kept for earlier runs)",
-                    {"allreduce": "backend"}),
+                    {"allreduce": "backend"}, alias=True),
             Variant("gs-rd", "gs-SGD with float32 tables summed by recursive doubling",
                     {"allreduce": "recursive_doubling", "table_dtype": torch.float32}),
             Variant("gs-estimate", "gs-SGD without the exact round (exact=False)",
@@ -328,7 +331,7 @@ register_method(
                     _quarter_columns),
             Variant("gs-half", "gs-SGD with float16 sketch tables on the wire (now the "
                     "default; the name kept for earlier runs)",
-                    {"table_dtype": torch.float16}),
+                    {"table_dtype": torch.float16}, alias=True),
         ),
     )
 )

@@ -1,22 +1,30 @@
-"""Which method makes a given training job fastest: every candidate's predicted step on the
-cost model (:func:`gssgd.costmodel.cluster.predict_step`, with the device's constants and
-:func:`~gssgd.costmodel.network.cluster_network`), times the steps one study measured it to
-need to reach dense's target (:mod:`gssgd.costmodel.evidence`), the fastest to that target,
-and how to ask for it (a ``gssgd train`` command line and a Python call).
+"""Which method makes a given training job fastest, from two answers kept apart:
+
+* the **step** (compute + communication on the user's cluster) of every candidate, from the
+  one step model (:func:`gssgd.costmodel.cluster.predict_step` with the device's constants
+  and the network fitted in :mod:`gssgd.costmodel.check`, whose held-out error is what the
+  report prints);
+* the **steps to dense's target**, only from a study of the model's family
+  (:mod:`gssgd.costmodel.evidence`): the package's, or the user's own ``gssgd study``
+  (``advise --evidence``).
 
 The candidates are every benchmark method and variant (dense, dense16, topk, gtopk,
 sketched, gs and its variants, PowerSGD at ranks 1, 2 and 4), gs streamed by the DDP hook,
 and local steps (DiLoCo: dense outer steps every H = 10, 30 or 100 steps), less
 :data:`gssgd.costmodel.check.ADVISE_EXCLUDES`. PowerSGD's message depends on the layer
-shapes, so ``advise`` needs them: a shipped model's (``model_shapes``) or an architecture
-family's at the given size (:func:`gssgd.costmodel.architectures.layer_shapes`).
+shapes: a model's own or an architecture family's at the given size
+(:func:`gssgd.costmodel.architectures.layer_shapes`).
 
-Ranking (:meth:`Candidate.rank_key`): by the predicted time to the target, where a
-candidate's steps are dense's times its measured ratio; a candidate the study did not
-measure (another family, a P beyond 2x, a density not run) is ranked by its time per step
-alone (dense's steps) and marked so; one measured short of the target comes last, with
-one the study did not run whose method's every measured setting missed (a faster step of
-an unmeasured setting is no promise then).
+**The pick** (:func:`gssgd.costmodel.candidates.pick`) is made among the candidates the study measured reaching the
+target (at every worker count it ran them at) only: each one's time to the target is its
+step times dense's steps times its measured steps ratio. Dense is the simplest; dense16 the
+next. A candidate is picked over the simpler one only when it is faster by more than its
+**margin**: the step model's held-out communication error for its method family
+(:func:`gssgd.costmodel.check.margin_of`) times the communication's share of its
+predicted step, plus the evidence's distance penalty
+(:attr:`gssgd.costmodel.evidence.Evidence.penalty`); otherwise the simpler one is picked,
+"within the model's error". A candidate measured short of the target, or not measured, is
+listed with its step time only, never recommended.
 
 Example:
     >>> a = advise(params=25_600_000, workers=64, link=Link(10**10, 20e-6),
@@ -27,28 +35,27 @@ Example:
 
 from __future__ import annotations
 
-import math
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from gssgd.costmodel import store
-from gssgd.costmodel.check import ADVISE_EXCLUDES
+from gssgd.costmodel.candidates import Candidate, pick
+from gssgd.costmodel.check import ADVISE_EXCLUDES, margin_of
 from gssgd.costmodel.cluster import (
     Link,
     StepTime,
     Warmup,
     predict_step,
     predict_warmup,
-    stream_overlap_available,
 )
 from gssgd.costmodel.devices import Device
-from gssgd.costmodel.evidence import Evidence, Study, evidence_for, row_key, study_for
-from gssgd.costmodel.method_specs import VARIANTS, MethodSpec, method_spec
-from gssgd.costmodel.network import Network, cluster_network
+from gssgd.costmodel.evidence import Study, evidence_for, row_key, study_for
+from gssgd.costmodel.method_specs import VARIANTS, method_spec
+from gssgd.costmodel.network import Network
 from gssgd.methods import get_variant
 from gssgd.recipes import warmup_steps_recipe
 
@@ -59,7 +66,9 @@ __all__ = [
     "Candidate",
     "advise",
     "candidate_methods",
+    "fitted_network",
     "held_out_error",
+    "pick",
     "parse_params",
     "parse_workers",
 ]
@@ -73,8 +82,6 @@ MIN_WORKERS, MAX_WORKERS = 2, 65_536
 #: The run length ``advise`` totals over by default: ``gssgd train``'s default ``--steps``
 #: (:class:`gssgd.train.config.TrainConfig`; tests check they agree).
 DEFAULT_RUN_STEPS = 500
-#: The keys of a warm-up in a spec's options: ``advise`` passes it by ``warmup_steps`` alone.
-_WARMUP_KEYS = ("warmup_steps", "warmup_density")
 #: gs streamed by the DDP hook: name -> (the benchmark variant it is modelled as, its hook
 #: settings); a candidate when the hook can stream.
 STREAM_CANDIDATE = ("gs-stream", "gs-backend", {"overlap": "stream"})
@@ -128,104 +135,31 @@ def parse_workers(text: str | int) -> int:
 
 
 def held_out_error() -> dict[str, Any]:
-    """The cost model's held-out error on this machine's emulated links, as ``gssgd advise
-    --calibrate`` measured it (``fit.json``): points, median and largest ``|relative
-    error|``, each method's, runs, and where."""
-    return dict(store.load("fit.json")["held_out"])
+    """The step model's held-out check as ``gssgd advise --calibrate`` measured it
+    (``fit.json``; :func:`gssgd.costmodel.check.held_out`): by run, by worker count and
+    by vector size, each with its median and largest ``|relative error|`` overall, per
+    method and per family; and what the runs covered (``validated_on``)."""
+    fit = store.load("fit.json")
+    return {**fit["held_out"], "validated_on": fit["validated_on"]}
 
 
 def fitted_network() -> Network:
-    """The network fitted on this machine's emulated links (``fit.json``)."""
+    """The network the step model predicts with (``fit.json``)."""
     return Network.from_dict(store.load("fit.json")["network"])
 
 
 def candidate_methods() -> tuple[str, ...]:
-    """The methods ``advise`` compares: the benchmark variants (registration order), gs
-    streamed when the DDP hook can stream it, and local steps."""
-    names = tuple(n for n in VARIANTS if n not in ADVISE_EXCLUDES)
-    stream = (STREAM_CANDIDATE[0],) if stream_overlap_available() else ()
-    return names + stream + tuple(LOCAL_STEPS)
-
-
-@dataclass(frozen=True)
-class Candidate:
-    """One method's predicted step and its evidence."""
-
-    name: str
-    spec: MethodSpec
-    step: StepTime
-    evidence: Evidence
-    settings: dict[str, Any] = field(default_factory=dict)
-    warmup: Warmup = Warmup(0, 0, 0, 0.0)
-    #: the workers its method's defaults are resolved for (gs's shape depends on P); None:
-    #: the small-P defaults (a streamed gs keeps them)
-    default_workers: int | None = None
-    #: local steps: H inner steps between outer steps (None: a per-step method)
-    local_steps: int | None = None
-
-    def run_seconds(self, steps: int) -> float:
-        """Predicted seconds of a run of ``steps`` steps, its density warm-up included."""
-        return steps * self.step.total + (self.warmup.extra_seconds if steps else 0.0)
-
-    def target_steps(self, dense_steps: int) -> int | None:
-        """Steps to dense's target when dense needs ``dense_steps``: the measured multiple
-        of them, or dense's own where the steps were not measured (see the module doc);
-        None where it was measured short of the target."""
-        e = self.evidence
-        if e.measured and not e.reached:
-            return None
-        ratio = e.steps_ratio if e.steps_ratio is not None else 1.0
-        return math.ceil(dense_steps * ratio)
-
-    def target_seconds(self, dense_steps: int) -> float | None:
-        """Predicted seconds to dense's target (:meth:`target_steps`)."""
-        steps = self.target_steps(dense_steps)
-        return None if steps is None else self.run_seconds(steps)
-
-    def target_bytes(self, dense_steps: int) -> float | None:
-        """Bytes the busiest worker sends until dense's target."""
-        steps = self.target_steps(dense_steps)
-        return None if steps is None else self.warmup.run_bytes_sent(steps)
-
-    def rank_key(self, dense_steps: int) -> tuple[int, float]:
-        """Advice order: by the time to the target; last, by the step, those that rank with
-        the misses (:meth:`ranks_with_the_misses`)."""
-        if self.ranks_with_the_misses(dense_steps):
-            return (1, self.step.total)
-        seconds = self.target_seconds(dense_steps)
-        assert seconds is not None
-        return (0, seconds)
-
-    def ranks_with_the_misses(self, dense_steps: int) -> bool:
-        """Measured short of the target, or not run where its method's every measured
-        setting missed it (a faster step of an unmeasured setting is no promise then)."""
-        return self.target_seconds(dense_steps) is None or self.evidence.kin_missed
-
-    @property
-    def method(self) -> str:
-        """The ``--method`` / ``HookState`` name (the variant's method)."""
-        return self.spec.aggregator
-
-    def options(self) -> dict[str, Any]:
-        """The aggregator options this candidate sets away from its method's defaults at
-        its number of workers, or streamed gs's (the density warm-up and PowerSGD's shapes
-        aside)."""
-        base = method_spec(self.spec.aggregator, self.spec.d, k=self.spec.k,
-                           world_size=self.default_workers, shapes=self.spec.shapes,
-                           streamed=self.settings.get("overlap") == "stream"
-                           ).aggregator_options()
-        mine = self.spec.aggregator_options()
-        changed = {k: v for k, v in mine.items()
-                   if base.get(k) != v and k not in _WARMUP_KEYS and k != "shapes"}
-        if self.method == "powersgd":
-            changed["rank"] = self.spec.rank
-        return changed | self.settings
+    """The methods ``advise`` compares: the benchmark variants (registration order; not an
+    alias of its method's defaults), gs streamed by the DDP hook, and local steps."""
+    names = tuple(n for n in VARIANTS
+                  if n not in ADVISE_EXCLUDES and not get_variant(n)[1].alias)
+    return names + (STREAM_CANDIDATE[0],) + tuple(LOCAL_STEPS)
 
 
 @dataclass(frozen=True)
 class Advice:
     """Every candidate's predicted step and time to the target, in the order of
-    :meth:`Candidate.rank_key` (the first is the recommendation), and the inputs.
+    :meth:`Candidate.rank_key`, the pick (:func:`pick`) and why, and the inputs.
     ``run_steps`` is the run length dense needs: the others' times to the target scale it
     by their measured steps ratio."""
 
@@ -239,16 +173,20 @@ class Advice:
     family: str
     run_steps: int = DEFAULT_RUN_STEPS
     architecture: str | None = None
+    #: the recommended candidate's name (:func:`pick`) and why, in words
+    pick: str = ""
+    why: str = ""
 
     @property
     def recommended(self) -> Candidate:
-        """The first in order: the fastest to the target."""
-        return self.candidates[0]
+        """The pick (:func:`pick`): measured to reach the target, and faster than the
+        simpler candidates by more than its margin."""
+        return next(c for c in self.candidates if c.name == self.pick)
 
     @property
     def best_measured(self) -> Candidate | None:
-        """The first in order whose steps to the target were measured (None: none was)."""
-        return next((c for c in self.candidates if c.evidence.steps_ratio is not None), None)
+        """The fastest to the target of those measured reaching it (None: none was)."""
+        return next((c for c in self.candidates if c.eligible), None)
 
     @property
     def fastest_step(self) -> Candidate:
@@ -309,13 +247,18 @@ class Advice:
                 "method": self.recommended.method,
                 "options": _jsonable(self.recommended.options()),
                 "seconds_per_step": self.recommended.step.total,
+                "why": self.why,
                 "train_command": self.train_command(),
                 "call": self.hook_call(),
             },
             "evidence": None if self.study is None else {
                 "study": self.study.name, "title": self.study.title,
                 "architecture": self.study.architecture or None,
-                "target": self.study.target, "source": self.study.source},
+                "target": self.study.target, "source": self.study.source,
+                "model_size": {str(p): d for p, d in self.study.d.items()},
+                "caveats": list(self.study.caveats)},
+            "device": {"name": self.device.name, "summary": self.device.summary,
+                       "source": self.device.source},
             "model_error": held_out_error(),
         }
 
@@ -332,12 +275,16 @@ class Advice:
                     "bytes_sent": c.warmup.run_bytes_sent(n)},
             "evidence": {"row": e.row, "measured_at_workers": e.workers, "seeds": e.seeds,
                          "gap": e.gap, "steps_ratio": e.steps_ratio, "reached": e.reached,
+                         "missed_at_workers": list(e.missed_at), "trial": e.trial,
+                         "workers_factor": e.p_factor, "size_factor": e.d_factor,
+                         "confidence": e.confidence if e.measured else None,
                          "not_measured_because": e.why or None,
-                         "its_method_measured": e.kin or None,
-                         "its_method_missed": e.kin_missed},
+                         "its_method_measured": e.kin or None},
+            "eligible": c.eligible,
+            "margin": {"communication_error": c.comm_error, "model_error": c.model_error,
+                       "evidence_penalty": e.penalty, "total": c.margin},
             "to_target": {"steps": c.target_steps(n), "seconds": c.target_seconds(n),
-                          "bytes_sent": c.target_bytes(n),
-                          "steps_measured": e.steps_ratio is not None},
+                          "bytes_sent": c.target_bytes(n)},
         }
 
 
@@ -361,8 +308,9 @@ def _local_steps_step(step: StepTime, h: int) -> StepTime:
 def _candidate(name: str, params: int, workers: int, link: Link, device: Device,
                network: Network, density: float, fwdbwd_s: float | None,
                warmup_steps: int | None, shapes: Sequence[Sequence[int]] | None,
-               study: Study | None, family: str) -> Candidate:
-    """One candidate's spec, predicted step, warm-up and evidence."""
+               study: Study | None, family: str, held: dict[str, Any]) -> Candidate:
+    """One candidate's spec, predicted step, warm-up, evidence and model error (``held``:
+    the step model's held-out check)."""
     variant, settings, overlap, h = name, {}, None, LOCAL_STEPS.get(name)
     if name == STREAM_CANDIDATE[0]:
         _, variant, settings = STREAM_CANDIDATE
@@ -384,8 +332,8 @@ def _candidate(name: str, params: int, workers: int, link: Link, device: Device,
         step = _local_steps_step(step, h)
         warmup = Warmup(0, 0, warmup.step_bytes_sent // h, 0.0)
     row = row_key(spec, density, streamed=overlap is not None, local_steps=h)
-    return Candidate(name, spec, step, evidence_for(study, row, workers, family),
-                     dict(settings), warmup, shape_for, h)
+    return Candidate(name, spec, step, evidence_for(study, row, workers, family, params),
+                     dict(settings), warmup, shape_for, h, margin_of(held, method.name))
 
 
 def advise(
@@ -403,6 +351,7 @@ def advise(
     run_steps: int = DEFAULT_RUN_STEPS,
     network: Network | None = None,
     architecture: str | None = None,
+    study: Study | None | str = "package",
 ) -> Advice:
     """Predict every candidate's step and time to dense's target, and rank them (see the
     module doc).
@@ -414,10 +363,8 @@ def advise(
         device: the workers' device.
         density: fraction of coordinates the sparse methods send.
         shapes: the model's layer shapes in order, adding up to ``params`` (PowerSGD's
-            message; None: PowerSGD reads the vector as one near-square matrix, which
-            flatters it, so the command line always passes shapes).
-        family: the model's family (:data:`gssgd.costmodel.evidence.FAMILIES`): which study
-            the evidence comes from.
+            message; None: one near-square matrix, which flatters PowerSGD).
+        family: the model's family (:data:`gssgd.costmodel.evidence.FAMILIES`).
         architecture: the model's architecture (``"lstm"``, ``"transformer"``, ...;
             :func:`gssgd.costmodel.architectures.architecture_of`): within the family, the
             study of the same architecture where one was measured (None: the family's).
@@ -427,8 +374,9 @@ def advise(
         warmup_steps: the density warm-up of the methods that take one; None: ``gssgd
             train``'s default (100 steps for a sparse method), 0: none.
         run_steps: the run length dense needs to its target (>= 1).
-        network: the network's constants (default: :func:`cluster_network` of the fitted
-            one).
+        network: the network's constants (default: :func:`fitted_network`).
+        study: the evidence: ``"package"`` (default: :func:`~gssgd.costmodel.evidence.
+            study_for` the family and architecture), a user's ``Study``, or None.
 
     Raises:
         ValueError: a bad size, density, warm-up, run length or method name.
@@ -437,11 +385,14 @@ def advise(
         if value is not None and (isinstance(value, bool) or not isinstance(value, int)
                                   or value < low):  # fmt: skip
             raise ValueError(f"{label}={value!r} must be an integer >= {low}")
-    net = cluster_network(fitted_network()) if network is None else network
-    study = study_for(family, architecture)
+    net = fitted_network() if network is None else network
+    evidence = study_for(family, architecture) if study == "package" else study
+    assert not isinstance(evidence, str)
+    held = held_out_error()
     names = tuple(methods) if methods is not None else candidate_methods()
     out = [_candidate(n, params, workers, link, device, net, density, fwdbwd_s, warmup_steps,
-                      shapes, study, family) for n in names]
+                      shapes, evidence, family, held) for n in names]
     out.sort(key=lambda c: c.rank_key(run_steps))
-    return Advice(tuple(out), params, workers, link, device, density, study, family, run_steps,
-                  architecture)
+    chosen, why = pick(out, run_steps)
+    return Advice(tuple(out), params, workers, link, device, density, evidence, family,
+                  run_steps, architecture, chosen.name, why)

@@ -31,9 +31,10 @@ Example:
 from __future__ import annotations
 
 import math
+from typing import Any
 
 __all__ = ["ARCHITECTURES", "LANGUAGE_MODELS", "MODEL_ARCHITECTURES", "architecture_of",
-           "family_of", "layer_shapes", "model_shapes"]
+           "family_of", "layer_shapes", "model_data", "model_family", "model_shapes"]
 
 Shape = tuple[int, ...]
 
@@ -164,29 +165,60 @@ def family_of(model: str | None = None, arch: str | None = None) -> str:
     return "language" if arch == "transformer" else "image"
 
 
-def model_shapes(name: str) -> tuple[Shape, ...]:
-    """The parameter shapes of the shipped model ``name`` (``gssgd train --model``) on its
-    stand-in data (MNIST-shaped images, or a 65-character vocabulary), in model order.
+def model_shapes(name: str, dataset: str | None = None) -> tuple[Shape, ...]:
+    """The parameter shapes of the model ``name`` in model order: a shipped model
+    (``gssgd train --model``) or the user's ``MODULE:FUNCTION``, built on ``dataset``
+    (loaded as ``gssgd train --dataset`` loads it) or, without one, on stand-in data
+    (MNIST-shaped images, or a 65-character vocabulary for a shipped text model).
 
     Raises:
-        ValueError: an unknown model (the message lists them).
+        ValueError: an unknown model (the message lists them), or one that cannot be built
+            on that data.
+    """
+    data = model_data(name, dataset)
+    from gssgd.train.models import build_model
+
+    return tuple(tuple(p.shape) for p in build_model(name, data).parameters())
+
+
+def model_data(name: str, dataset: str | None = None) -> Any:
+    """The data ``name`` is built on for its shapes (see :func:`model_shapes`).
+
+    Raises:
+        ValueError: an unknown shipped model (the message lists them).
     """
     import torch
 
     from gssgd.train.data_types import ImageData, TextData
-    from gssgd.train.models import MODELS, build_model
+    from gssgd.train.models import MODELS
+    from gssgd.train.user_code import is_user_code
 
-    if name not in MODELS:
+    if not is_user_code(name) and name not in MODELS:
         raise ValueError(
-            f"unknown model {name!r}; shipped models are {', '.join(MODELS)} "
-            "(or give --params N with --arch)"
+            f"unknown model {name!r}; shipped models are {', '.join(MODELS)}, or give your "
+            "own as MODULE:FUNCTION (with --dataset where it needs its data), or --params N "
+            "with --arch"
         )
+    if dataset is not None:
+        from gssgd.train.data import load_dataset
+
+        return load_dataset(dataset)
     if name in LANGUAGE_MODELS:
         ids = torch.arange(200) % _STANDIN_VOCAB
         chars = [chr(32 + i) for i in range(_STANDIN_VOCAB)]
-        data: ImageData | TextData = TextData(train=ids, test=ids, vocab=chars, name="stand-in")
-    else:
-        x, y = torch.zeros(2, 1, 28, 28), torch.arange(2)
-        data = ImageData(x_train=x, y_train=y, x_test=x, y_test=y, num_classes=10,
-                         name="stand-in")
-    return tuple(tuple(p.shape) for p in build_model(name, data).parameters())
+        return TextData(train=ids, test=ids, vocab=chars, name="stand-in")
+    x, y = torch.zeros(2, 1, 28, 28), torch.arange(2)
+    return ImageData(x_train=x, y_train=y, x_test=x, y_test=y, num_classes=10,
+                     name="stand-in")
+
+
+def model_family(name: str, dataset: str | None = None) -> str:
+    """The family of a shipped model, or of the user's by the data it is built on (text:
+    ``"language"``; else ``"image"``)."""
+    from gssgd.train.user_code import is_user_code
+
+    if not is_user_code(name):
+        return family_of(model=name)
+    from gssgd.train.data_types import TextData
+
+    return "language" if isinstance(model_data(name, dataset), TextData) else "image"

@@ -7,9 +7,11 @@ Usage (from the repository root; about a minute):
 
 Writes to ``--out``:
 
-* ``check.json``: every point of the leave-one-run-out check over the runs the stored fit
-  (``gssgd/costmodel/data/fit.json``, ``gssgd advise --calibrate``) was made from: its
-  measured and predicted step; the summary and each method's; the recommendation per run;
+* ``check.json``: every point of the held-out check (by run: each run predicted by the fit
+  on the others) over the runs the stored fit (``gssgd/costmodel/data/fit.json``,
+  ``gssgd advise --calibrate``, which also holds the checks by worker count and by size)
+  was made from: its measured and predicted step; the summary and each method's; the
+  recommendation per run;
 * ``predictions.json``: ``gssgd advise``'s every candidate (PowerSGD at ranks 1, 2 and 4
   on the layer shapes, local steps) for ResNet-50 (resnet shapes, its measured H200
   forward + backward), GPT-2 124M and a 1.3B transformer on H200s, P = 8..1024,
@@ -29,7 +31,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository r
 from gssgd.costmodel import store  # noqa: E402
 from gssgd.costmodel.advice import advise  # noqa: E402
 from gssgd.costmodel.architectures import architecture_of, family_of, layer_shapes  # noqa: E402
-from gssgd.costmodel.check import ADVISE_EXCLUDES, held_out_errors, recommendation_check  # noqa: E402
+from gssgd.costmodel.check import (  # noqa: E402
+    ADVISE_EXCLUDES,
+    held_out_errors,
+    rated,
+    recommendation_check,
+)
 from gssgd.costmodel.cluster import Link, StepTime  # noqa: E402
 from gssgd.costmodel.devices import device_record, get_device  # noqa: E402
 from gssgd.costmodel.fit import error_summary, load_measurements  # noqa: E402
@@ -50,7 +57,7 @@ DENSITY = 0.001
 
 def run_check(out: Path) -> dict:
     runs = [Path(r) for r in store.load("fit.json")["runs"]]
-    rows = held_out_errors([m for r in runs for m in load_measurements(r)])
+    rows = held_out_errors(rated(m for r in runs for m in load_measurements(r)))
     recs = recommendation_check(rows)
     summary = error_summary(rows)
     advised = [r for r in rows if r.measurement.spec.name not in ADVISE_EXCLUDES]
@@ -98,7 +105,7 @@ def run_map(out: Path) -> dict:
                 measured = a.best_measured
                 preds.setdefault(model, {}).setdefault(rate_name, {})[str(p)] = {
                     "winner": a.recommended.name,
-                    "winner_steps_measured": a.recommended.evidence.steps_ratio is not None,
+                    "why": a.why,
                     "best_measured": None if measured is None else measured.name,
                     "fastest_step": a.fastest_step.name,
                     "run_steps": n,
@@ -108,7 +115,7 @@ def run_map(out: Path) -> dict:
                     "methods": {
                         c.name: {**_split(c.step), "to_target": _sig(c.target_seconds(n)),
                                  "evidence": c.evidence.describe(),
-                                 "with_the_misses": c.ranks_with_the_misses(n)}
+                                 "eligible": c.eligible, "margin": _sig(c.margin)}
                         for c in a.candidates
                     },
                 }
@@ -134,10 +141,9 @@ def _ratio(a: float | None, b: float | None) -> float | None:
 
 
 def _best_gs(cell: dict) -> tuple[str, float] | None:
-    """The gs variant fastest to the target (None where none has a time to it, or every
-    one ranks with the misses: measured short, or unrun where every measured gs missed)."""
+    """The gs variant fastest to the target (None where none was measured reaching it)."""
     gs = {n: m["to_target"] for n, m in cell["methods"].items()
-          if n.startswith("gs") and m["to_target"] is not None and not m["with_the_misses"]}
+          if n.startswith("gs") and m["eligible"]}
     if not gs:
         return None
     name = min(gs, key=gs.__getitem__)
@@ -149,11 +155,13 @@ def win_tables(preds: dict) -> str:
     † where its steps to the target were not measured (then the fastest measured one
     follows), and the best gs variant's time to the target over the winner's."""
     lines = [
-        f"H200 workers, links with {LATENCY_S * 1e6:g} us latency, density {DENSITY}; cell: the "
-        "method fastest to the target (`gssgd advise`'s recommendation: predicted step times "
-        "the steps one study measured, dense's where it measured none) and dense's time over "
-        "its; † its steps were not measured, and [the fastest whose were]; / the best gs "
-        "variant's time over the winner's (none where every gs variant ranks with the misses).",
+        f"H200 workers, links with {LATENCY_S * 1e6:g} us latency, density {DENSITY}; cell: "
+        "`gssgd advise`'s recommendation (among the methods one study measured reaching the "
+        "target: predicted step times its measured steps, picked over dense or dense16 only "
+        "beyond its margin) and dense's time over its; ≈ the simpler method within the "
+        "model's error of a faster one; [the fastest step, where no study measured its "
+        "quality]; / the best gs variant's time over the winner's (none where no gs variant "
+        "was measured reaching the target).",
         "",
     ]
     for model, by_rate in preds.items():
@@ -165,8 +173,11 @@ def win_tables(preds: dict) -> str:
                 win = cell["methods"][cell["winner"]]["to_target"]
                 gs = _best_gs(cell)
                 text = f"{cell['winner']} ({cell['speedup_over_dense']:.1f}x)"
-                if not cell["winner_steps_measured"]:
-                    text += f" † [{cell['best_measured'] or 'none'}]"
+                if cell["why"].startswith("within the model's error"):
+                    text += " ≈"
+                fastest = cell["methods"][cell["fastest_step"]]
+                if not fastest["eligible"] and fastest["evidence"].startswith("quality not"):
+                    text += f" [{cell['fastest_step']}]"
                 cells.append(text + ("" if gs is None else f" / {gs[1] / win:.2f}"))
             rows.append([rate_name, *cells])
         head = ["link", *(f"P = {p}" for p in WORKERS)]

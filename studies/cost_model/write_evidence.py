@@ -10,7 +10,8 @@ committed summaries: what ``gssgd advise`` reads for each method's steps to dens
   without the variant warm-ups (``-nowu``, ``-wu<W>``), as ``advise`` runs the defaults;
   PowerSGD at its best learning rate per rank. Target: dense's best accuracy - 0.5 point.
 * ``mnist-equal-budget.json`` (image family; supersedes ``mnist-fair-frontier.json``):
-  ``gssgd study``'s summaries of studies/equal_budget/specs/mnist_p*.toml (every method
+  ``gssgd study``'s summaries (read by :func:`gssgd.costmodel.evidence.study_from_summaries`,
+  as ``gssgd advise --evidence`` reads a user's own study) of studies/equal_budget/specs/mnist_p*.toml (every method
   with the same trial budget, three seeds for each best, 800 steps evaluated every 50).
 * ``lstm-equal-budget.json`` (language family; supersedes ``lstm-local-steps.json``): the
   summaries of studies/equal_budget/specs/lstm_p*.toml (AdamW, 600 steps evaluated every
@@ -29,7 +30,6 @@ tests/costmodel/test_evidence.py checks that the files are what this writes.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import math
 import sys
@@ -39,7 +39,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 from gssgd.costmodel import store  # noqa: E402
-from gssgd.costmodel.evidence import frontier_row  # noqa: E402
+from gssgd.costmodel.evidence import frontier_row, study_from_summaries  # noqa: E402
 from gssgd.costmodel.method_specs import method_spec  # noqa: E402
 
 #: A row counts with at least this many seeds (one seed's final accuracy moves by up to
@@ -136,87 +136,8 @@ def language_study(summary: dict[str, Any]) -> dict[str, Any]:
     return {"title": "character LSTM, AdamW, global batch 128 (the local-steps study)",
             "family": "language", "metric": "final_gap", "target": "dense's loss + 3 %",
             "target_gap": LM_TARGET_GAP,
-            "source": "studies/local_steps/results/lm/summary.json", "rows": rows}
-
-
-def _equal_row(m: dict[str, Any], setting: dict[str, Any], d: int, workers: int) -> str:
-    """An equal-budget study's method ``m`` at ``setting`` (its best, or one of its
-    trials) as advise names it (:func:`row_key`)."""
-    from gssgd.costmodel.evidence import row_key
-
-    setting = {**m["fixed"], **setting}
-    if m["method"] == "dense":
-        if setting.get("local_steps"):
-            return f"diloco-h{setting['local_steps']}"
-        return "dense16" if setting.get("payload_dtype") == "float16" else "dense"
-    if m["method"] == "powersgd":
-        return f"powersgd-r{setting.get('powersgd_rank', 2)}"
-    density = setting["density"]
-    spec = method_spec(m["method"], d, density, world_size=workers,
-                       cols=setting.get("cols"), candidates=setting.get("candidates"))
-    if "prefilter" in setting:  # a searched shape is named as it ran, not as the default
-        spec = dataclasses.replace(spec, prefilter=setting["prefilter"])
-    chunk = setting.get("chunk")
-    return row_key(spec, density) + (f"-chunk{chunk}" if chunk else "")
-
-
-def _trial_rank(trial: dict[str, Any], metric: str) -> tuple[bool, int, float]:
-    """A search's trials best first: reached the target (in fewer steps), then the better
-    final value."""
-    final = -trial["final"] if metric == "accuracy" else trial["final"]
-    return (trial["steps"] is None, trial["steps"] or 0, final)
-
-
-def _ratio(steps: int | None, ref_steps: int) -> float | None:
-    """Steps to the target over the reference's (None: never reached)."""
-    return None if steps is None else _round(steps / ref_steps)
-
-
-def _gap(final: float, ref: dict[str, Any], metric: str) -> float | None:
-    """A final value against the reference's mean: accuracy points, or loss % above."""
-    if metric == "accuracy":
-        return _round(100 * (final - ref["final"]["mean"]))
-    return round(100 * (final / ref["final"]["mean"] - 1), 1)
-
-
-def equal_budget_study(name: str, summaries: list[dict[str, Any]], family: str = "image",
-                       supersedes: tuple[str, ...] = ("mnist-fair-frontier",)
-                       ) -> dict[str, Any]:
-    """A family's evidence from ``gssgd study``'s summaries of one model (one per P): each
-    method's best setting (its seeds' mean curve), steps to the target over the
-    reference's, and its final gap (accuracy points; for a loss, % above the reference's);
-    then each other setting its search tried, as a one-seed row (where it names a row the
-    best did not: a DiLoCo H or a density that lost is evidence too).
-    Compressed outer steps (local steps with a sparse method) are not advise candidates yet
-    and are left out."""
-    rows: dict[str, dict[str, dict[str, Any]]] = {}
-    metric = summaries[0]["metric"]
-    for summary in summaries:
-        p, d = summary["run"]["workers"], summary["d"]
-        ref = next(m for m in summary["methods"] if m["label"] == summary["reference"]["label"])
-        out: dict[str, dict[str, Any]] = {}
-        ref_steps = ref["to_target"]["steps"]
-        for m in summary["methods"]:
-            if m["method"] != "dense" and {**m["fixed"], **m["best_setting"]}.get("local_steps"):
-                continue  # a compressed outer step
-            if m["final"]["mean"] is not None:
-                out[_equal_row(m, m["best_setting"], d, p)] = {
-                    "seeds": len(m["seeds"]), "gap": _gap(m["final"]["mean"], ref, metric),
-                    "steps_ratio": _ratio(m["to_target"]["steps"], ref_steps)}
-            finished = [t for t in m["trials"] if t["final"] is not None]
-            for trial in sorted(finished, key=lambda t: _trial_rank(t, metric)):
-                row = _equal_row(m, trial["setting"], d, p)  # one seed each, the best
-                if row not in out:                          # trial where a row repeats
-                    out[row] = {"seeds": 1, "gap": _gap(trial["final"], ref, metric),
-                                "steps_ratio": _ratio(trial["steps"], ref_steps), "trial": True}
-        rows[str(p)] = dict(sorted(out.items()))
-    margin = 100 * summaries[0]["reference"]["margin"]
-    target = (f"dense's mean accuracy - {margin:g} point" if metric == "accuracy"
-              else f"dense's mean loss + {margin:g} %")
-    return {"title": f"{name}, equal tuning budgets (gssgd study)", "family": family,
-            "metric": "steps", "target": target,
-            "source": "studies/equal_budget/results/", "rows": rows,
-            "supersedes": list(supersedes)}
+            "source": "studies/local_steps/results/lm/summary.json", "rows": rows,
+            "d": {p: lstm_d for p in rows}}
 
 
 #: The equal-budget study's committed cells that advise reads, by evidence file: the
@@ -240,12 +161,14 @@ def files() -> dict[str, dict[str, Any]]:
         found = [ROOT / "studies/equal_budget/results" / c / "summary.json" for c in cells]
         summaries = [json.loads(f.read_text()) for f in found if f.is_file()]
         if summaries:
-            equal[f"evidence/{name}.json"] = {
-                **equal_budget_study(title, summaries, family, supersedes),
-                "architecture": architecture}
+            equal[f"evidence/{name}.json"] = study_from_summaries(
+                f"{title}, equal tuning budgets (gssgd study)", summaries, family,
+                architecture=architecture, source="studies/equal_budget/results/",
+                supersedes=supersedes)
     return {**equal,
         "evidence/mnist-fair-frontier.json": {**image_study(
-            read("studies/fair_frontier/results/mnist/summary.json")), "architecture": "cnn"},
+            read("studies/fair_frontier/results/mnist/summary.json")), "architecture": "cnn",
+            "d": {p: MNIST_CNN_D for p in (4, 16, 64, 256)}},
         "evidence/lstm-local-steps.json": {**language_study(
             read("studies/local_steps/results/lm/summary.json")), "architecture": "lstm"},
     }

@@ -1,19 +1,29 @@
 """The cost model's evidence: one study per model family, read from data files that the
-studies' committed summaries remake byte for byte; lookups that never stretch a study (no
-other family, no P beyond 2x, no density it did not run); and no measured figure pasted
-into a Python module."""
+studies' committed summaries remake byte for byte; lookups from the nearest measured P with
+their distance, a verdict that holds at every P the study ran, no density it did not run;
+and no measured figure pasted into a Python module."""
 
 from __future__ import annotations
 
 import ast
 import json
+import math
 import sys
 from pathlib import Path
 
 import pytest
 
 from gssgd.costmodel import store
-from gssgd.costmodel.evidence import Study, evidence_for, row_key, studies, study_for
+from gssgd.costmodel.evidence import (
+    PENALTY_PER_DECADE,
+    PENALTY_PER_DOUBLING,
+    Study,
+    evidence_for,
+    row_key,
+    studies,
+    study_for,
+    study_from_summaries,
+)
 from gssgd.costmodel.method_specs import method_spec
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -36,25 +46,50 @@ def test_one_study_per_family() -> None:
     assert study_for("language", "lstm").metric == "steps"
 
 
-def test_a_lookup_takes_the_nearest_p_within_2x_and_says_why_otherwise() -> None:
+def test_a_lookup_takes_the_nearest_p_and_says_how_far_it_is() -> None:
     image = study_for("image")
     powersgd = method_spec("powersgd", 80_602, shapes=((80_602,),))
     row = "powersgd-r2"  # the equal-budget study's best rank at P = 16
     assert row_key(powersgd, 0.001) == row
-    at_24 = evidence_for(image, row, 24, "image")  # 16 is nearer than any other P
-    assert at_24.measured and at_24.workers == 16
+    at_24 = evidence_for(image, row, 24, "image", 80_602)  # 16 is nearer than any other P
+    assert at_24.measured and at_24.workers == 16 and at_24.p_factor == 1.5
+    assert at_24.d_factor == 1.0 and at_24.confidence == "close"
     tried = evidence_for(image, "powersgd-r4", 16, "image")  # one trial of the search
     assert tried.trial and tried.seeds == 1
-    assert "one trial of its search (one seed and learning rate)" in tried.describe()
+    assert "one trial (one seed)" in tried.describe()
     assert not evidence_for(image, "powersgd-r16", 16, "image").measured
-    far = evidence_for(image, row, 1024, "image")
-    assert not far.measured and "is beyond 2x the nearest measured P=" in far.why
+    # no cliff: far from every measured P the nearest still answers, with its distance
+    far = evidence_for(image, row, 1024, "image", 25_600_000)
+    assert far.measured and far.workers == 16 and far.p_factor == 64  # rank 2 ran at 16 only
+    assert far.d_factor == pytest.approx(25_600_000 / 80_602)
+    assert far.penalty == pytest.approx(6 * PENALTY_PER_DOUBLING
+                                        + PENALTY_PER_DECADE * math.log10(far.d_factor))
+    assert far.confidence == "far" and "64x the workers, 318x the size" in far.describe()
     other = evidence_for(image, row, 16, "language")
     assert not other.measured and other.why == "no study of a language model"
     unrun = evidence_for(image, row_key(method_spec("gtopk", 80_602, 0.0003), 0.0003), 16,
                          "image")
     assert not unrun.measured and unrun.why == "gtopk@0.0003 was not run in mnist-equal-budget"
-    assert "steps not measured" in unrun.describe()
+    assert "quality not measured" in unrun.describe()
+
+
+def test_the_verdict_holds_at_every_measured_p_and_the_ratio_is_interpolated() -> None:
+    """Reached only where reached at every P the row ran at, so that neighbouring worker
+    counts get the same verdict; its steps ratio linear in log P between the measured P's,
+    the nearest's outside them; the penalty continuous across the midpoint."""
+    row = lambda ratio: {"seeds": 3, "gap": 0.0, "steps_ratio": ratio}  # noqa: E731
+    study = _study("image", {16: {"dense": row(1.0), "a": row(1.2), "b": row(1.1)},
+                             64: {"dense": row(1.0), "a": row(1.6), "b": row(None)}})
+    verdicts = {evidence_for(study, "b", p, "image").reached for p in range(2, 300)}
+    assert verdicts == {False}  # missed at 64: never recommendable, at any P
+    b = evidence_for(study, "b", 16, "image")
+    assert b.missed_at == (64,) and "missed the target at P=64" in b.describe()
+    a = {p: evidence_for(study, "a", p, "image") for p in (8, 16, 32, 64, 128)}
+    assert [a[p].steps_ratio for p in (8, 16, 32, 64, 128)] == [1.2, 1.2, 1.4, 1.6, 1.6]
+    below, above = evidence_for(study, "a", 31, "image"), evidence_for(study, "a", 33, "image")
+    assert below.workers == 16 and above.workers == 64
+    assert abs(below.penalty - above.penalty) < 0.01  # no jump where the nearest P changes
+    assert evidence_for(study, "dense", 1000, "image").penalty == 0.0  # the reference
 
 
 def _study(family: str, rows: dict[int, dict[str, dict]]) -> Study:
@@ -83,8 +118,8 @@ def test_an_unrun_setting_says_what_its_method_measured_at_the_nearest_p() -> No
     assert evidence_for(lm, "gs-c40-m32@0.001", 16, "language").kin == (
         "its measured gs settings at P=16: 2 of 2 reached the target "
         "(best: gs-c4-m8-h-pf8@0.01, 1.20x dense's steps)")
-    # nothing of the method within 2x, or at all: nothing to say
-    assert evidence_for(lm, "powersgd-r1", 256, "language").kin == ""
+    # far away: the nearest measured P's; nothing of the method at all: nothing to say
+    assert "P=64" in evidence_for(lm, "powersgd-r1", 256, "language").kin
     assert evidence_for(lm, "gtopk@0.01", 16, "language").kin == ""
     # an estimate without the exact round is a method of its own
     assert evidence_for(lm, "topk-estimate@0.001", 16, "language").kin == ""
@@ -105,17 +140,20 @@ def test_a_final_gap_study_reaches_within_its_target_and_measures_no_steps() -> 
     assert lm.metric == "final_gap"
     diloco = evidence_for(lm, "diloco-h30", 16, "language")
     assert diloco.reached is False and diloco.steps_ratio is None
-    assert "beyond the target), steps not measured" in diloco.describe()
+    assert "missed the target at P=16" in diloco.describe()
     dense = evidence_for(lm, "dense", 16, "language")  # the reference: its own steps
     assert dense.reached is True and dense.steps_ratio == 1.0
 
 
 def test_a_language_cell_that_misses_the_target_says_so_with_its_gap() -> None:
     """The LSTM at 16 workers (equal budgets): local Top-k reaches dense's loss + 3 % in
-    more steps than dense; gs, at its searched shape, does not reach it."""
+    more steps than dense, but not at 64 workers, so it is not recommendable at either;
+    gs, at its searched shape, does not reach it."""
     lm = study_for("language", "lstm")
+    assert lm.rows[16]["topk@0.01"]["steps_ratio"] > 1
     topk = evidence_for(lm, "topk@0.01", 16, "language")
-    assert topk.measured and topk.steps_ratio is not None and topk.steps_ratio > 1
+    assert topk.measured and topk.reached is False and topk.missed_at == (64,)
+    assert topk.steps_ratio is None
     gs = [row for row in lm.rows[16] if row.startswith("gs")]
     assert gs and evidence_for(lm, gs[0], 16, "language").steps_ratio is None
 
@@ -170,7 +208,8 @@ def test_an_equal_budget_summary_becomes_rows_advise_looks_up() -> None:
                            others=[{"setting": {"density": 0.01}, "final": 0.96,
                                     "steps": None}]),
                ]}
-    study = write_evidence.equal_budget_study("MNIST CNN", [summary])
+    study = study_from_summaries("MNIST CNN", [summary], "image",
+                                 supersedes=("mnist-fair-frontier",))
     rows = study["rows"]["16"]
     assert set(rows) == {"dense", "dense16", "gs-c16-m8-h-pf8@0.003", "powersgd-r4",
                          "powersgd-r1"}
@@ -188,8 +227,6 @@ def test_an_equal_budget_summary_becomes_rows_advise_looks_up() -> None:
 def test_a_language_cell_is_evidence_in_loss_percent_with_its_searched_shape() -> None:
     """A loss study: the gap is % above the reference's loss; gs's row names the shape its
     best setting ran (m = 32, no pre-filter, by chunk), not the default's."""
-    from studies.cost_model import write_evidence
-
     summary = {"run": {"workers": 16}, "d": 247_636,
                "reference": {"label": "dense", "margin": 0.03}, "metric": "loss",
                "methods": [
@@ -199,8 +236,8 @@ def test_a_language_cell_is_evidence_in_loss_percent_with_its_searched_shape() -
                                                    "chunk": 4096}),
                    _method("topk", "topk", 1.72, None, {"lr": 0.01, "density": 0.01}),
                ]}
-    study = write_evidence.equal_budget_study("character LSTM", [summary], "language",
-                                              ("lstm-local-steps",))
+    study = study_from_summaries("character LSTM", [summary], "language",
+                                 supersedes=("lstm-local-steps",))
     rows = study["rows"]["16"]
     assert rows["gs-c16-m32-h@0.01-chunk4096"] == {"seeds": 3, "gap": 2.5, "steps_ratio": 1.25}
     assert rows["topk@0.01"] == {"seeds": 3, "gap": 7.5, "steps_ratio": None}
@@ -242,3 +279,30 @@ def test_the_evidence_files_name_their_models_architecture() -> None:
         "transformer")
     assert architecture_of(arch="transformer") == "transformer"
     assert study_for("language", architecture_of(model="lm")).architecture == "lstm"
+
+
+def test_a_summary_whose_bests_sit_at_an_edge_of_the_rates_tried_carries_a_caveat() -> None:
+    """The caveats advise prints with the evidence: a search of three trials, and each
+    method whose best learning rate is the lowest or highest its search tried."""
+    trials = [{"setting": {"lr": lr}, "final": 0.9, "steps": 100} for lr in (0.01, 0.1)]
+    summary = {"run": {"workers": 8}, "d": 1_000, "budget_per_method": 3,
+               "reference": {"label": "dense", "margin": 0.005}, "metric": "accuracy",
+               "methods": [{**_method("dense", "dense", 0.98, 100, {"lr": 0.01}),
+                            "trials": trials},
+                           {**_method("gs", "gs", 0.98, 100, {"lr": 0.05, "density": 0.1}),
+                            "trials": [{"setting": {"lr": 0.01, "density": 0.1},
+                                        "final": 0.9, "steps": None},
+                                       {"setting": {"lr": 0.05, "density": 0.1},
+                                        "final": 0.98, "steps": 100},
+                                       {"setting": {"lr": 0.1, "density": 0.1},
+                                        "final": 0.9, "steps": None}]}]}
+    record = study_from_summaries("mine", [summary], "image", architecture="mine")
+    assert record["caveats"] == [
+        "P=8: 3 trials per method",
+        "P=8: 1 of 2 methods' best learning rate is an edge of those tried, their optimum "
+        "may lie beyond: dense (lowest)"]
+    assert record["d"] == {"8": 1_000}
+    study = Study.from_record("mine", record)
+    assert study.d == {8: 1_000} and len(study.caveats) == 2
+    with pytest.raises(ValueError, match="no study summaries"):
+        study_from_summaries("none", [], "image")
