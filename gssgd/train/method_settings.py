@@ -302,6 +302,13 @@ def coerce_option(method: str, name: str, value: Any) -> Any:
                             f"for example --opt {name}={example}") from None
 
 
+def _differ(a: Any, b: Any) -> bool:
+    """Whether two values of one option differ (NaN given twice is the same value, left
+    for the option's own check to refuse)."""
+    both_nan = isinstance(a, float) and isinstance(b, float) and a != a and b != b
+    return not both_nan and a != b
+
+
 def typed_options(method: str, options: Mapping[str, Any] | None) -> dict[str, Any]:
     """``options`` of ``method`` checked and typed (:func:`coerce_option`), by the options'
     own names (an alias becomes its option), in the order of :func:`option_types`; a None
@@ -322,7 +329,7 @@ def typed_options(method: str, options: Mapping[str, Any] | None) -> dict[str, A
         typed, option = coerce_option(method, name, value), aliases.get(name, name)
         if typed is None:
             continue
-        if found.get(option, typed) != typed:
+        if option in found and _differ(found[option], typed):
             raise ValueError(f"--opt {name}={value!r} and --opt {option}={found[option]!r} give "
                              f"the option {option!r} of {method!r} two values; give it once.")
         found[option] = typed
@@ -357,7 +364,7 @@ def flags_to_options(method: str, flags: Mapping[str, Any],
     for name, value in given.items():
         _check_flag(name, value)
         option = OPTION_FLAGS[name]
-        if option in merged and merged[option] != coerce_option(method, option, value):
+        if option in merged and _differ(merged[option], coerce_option(method, option, value)):
             raise ValueError(
                 f"{flag(name)} {value!r} and --opt {option}={merged[option]!r} give the option "
                 f"{option!r} of {method!r} two values; give it once ({flag(name)} is --opt "

@@ -192,6 +192,17 @@ def test_bad_opt_is_refused_with_the_fix(toy: Path, argv: list[str], match: str,
     assert re.search(match, capsys.readouterr().err)
 
 
+@pytest.mark.parametrize("argv", [["--density", "nan"], _opts("density=nan"),
+                                  ["--density", "nan", *_opts("density=nan")]])
+def test_a_nan_density_is_one_line_naming_its_range(argv: list[str],
+                                                    capsys: pytest.CaptureFixture) -> None:
+    """NaN is not equal to itself: it took the "given twice" path into a KeyError."""
+    assert main(["train", "--dataset", "digits", "--method", "gs", *argv]) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1
+    assert "--density=nan is invalid: it must be a number in (0, 1]" in err, err
+
+
 def test_opt_without_a_value_is_a_usage_error(capsys: pytest.CaptureFixture) -> None:
     with pytest.raises(SystemExit) as info:
         main(["train", "--opt", "rows"])
