@@ -77,6 +77,8 @@ def study_spec(advice: Advice, model: str, dataset: str | None, *, methods: int 
         "# dense16 and the methods its step model ranks fastest on your cluster, each with",
         "# the same learning-rate range and trial budget. Run it, then give its --out folder",
         "# to gssgd advise --evidence.",
+        f"# Its cost: {len(chosen)} methods x ({budget} trials + {seeds - 1} more seeds) = "
+        f"{len(chosen) * (budget + seeds - 1)} runs of {steps} steps; time one run first.",
         f'name = "{Path(model.replace(":", "-")).name}-p{advice.workers}"',
         f"dataset = {_toml(dataset or STUDY_DATASET[advice.family])}",
         f"model = {_toml(model)}",
