@@ -80,6 +80,7 @@ __all__ = [
     "per_method_errors",
     "rated",
     "recommendation_check",
+    "rounded",
     "validated_on",
 ]
 
@@ -331,14 +332,15 @@ def validated_on(measurements: Sequence[Measurement]) -> dict[str, Any]:
             "methods": sorted({m.spec.name for m in measurements})}
 
 
-def _rounded(value: Any) -> Any:
-    """``value`` with every float rounded to :data:`SIGNIFICANT` significant digits."""
+def rounded(value: Any) -> Any:
+    """``value`` with every float rounded to :data:`SIGNIFICANT` significant digits (what a
+    refit writes: the same bytes on any CPU, whose last digits of a double may differ)."""
     if isinstance(value, float):
         return float(f"{value:.{SIGNIFICANT}g}") if math.isfinite(value) else value
     if isinstance(value, dict):
-        return {k: _rounded(v) for k, v in value.items()}
+        return {k: rounded(v) for k, v in value.items()}
     if isinstance(value, list | tuple):
-        return [_rounded(v) for v in value]
+        return [rounded(v) for v in value]
     return value
 
 
@@ -351,7 +353,7 @@ def calibration_record(runs: Sequence[Path]) -> dict[str, Any]:
     measurements = rated(every)
     model = fit_model(measurements)
     bench = calibrate(every)  # gssgd bench model's constants (loopback runs give beta0)
-    return _rounded({
+    return rounded({
         "runs": [str(r) for r in runs],
         "network": model.network.as_dict(),
         "cpu_compute": {name: {"gamma": law.gamma, "slope": law.slope}

@@ -36,6 +36,7 @@ from gssgd.costmodel.check import (  # noqa: E402
     held_out_errors,
     rated,
     recommendation_check,
+    rounded,
 )
 from gssgd.costmodel.cluster import Link, StepTime  # noqa: E402
 from gssgd.costmodel.devices import device_record, get_device  # noqa: E402
@@ -78,7 +79,7 @@ def run_check(out: Path) -> dict:
             for r in rows
         ],
     }
-    (out / "check.json").write_text(json.dumps(record, indent=1) + "\n")
+    (out / "check.json").write_text(json.dumps(rounded(record), indent=1) + "\n")
     print(
         f"held out: n = {summary['n']}, median {summary['median_abs_rel_error']:.1%}, "
         f"max {summary['max_abs_rel_error']:.1%}; recommended within 10 %: "

@@ -161,6 +161,40 @@ def test_the_cost_models_fit_is_remade_from_its_committed_runs(
     assert (tmp_path / "fit.json").read_bytes() == fit.read_bytes()
 
 
+def test_a_refit_whose_floats_differ_in_their_last_digits_writes_the_same_fit(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Another CPU refits with other last digits of a double (an AMD EPYC wrote
+    1.790627535744642e-09 where this machine wrote 1.7906275357446418e-09, and the byte
+    comparison failed): every fitted constant nudged by a few ulps still writes fit.json's
+    bytes, as it rounds what it writes."""
+    import dataclasses
+
+    from gssgd.cli.main import main
+    from gssgd.costmodel import check
+    from gssgd.costmodel.compute_law import ComputeLaw
+
+    real = check.fit_model
+    ulps = 1 + 4 * 2.0**-52
+
+    def nudged(measurements):
+        model = real(measurements)
+        net = model.network
+        model.network = dataclasses.replace(
+            net, efficiency={k: v / ulps for k, v in net.efficiency.items()},
+            driven_round_s=net.driven_round_s * ulps)
+        model.compute = {k: ComputeLaw(law.gamma * ulps, law.slope / ulps)
+                         for k, law in model.compute.items()}
+        return model
+
+    monkeypatch.setattr(check, "fit_model", nudged)
+    fit = ROOT / "gssgd/costmodel/data/fit.json"
+    monkeypatch.chdir(ROOT)
+    runs = json.loads(fit.read_text())["runs"]
+    assert main(["advise", "--calibrate", *runs, "--write", str(tmp_path / "fit.json")]) in (0, None)
+    assert (tmp_path / "fit.json").read_bytes() == fit.read_bytes()
+
+
 def test_the_cost_map_is_remade_from_the_fit_and_its_runs(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
