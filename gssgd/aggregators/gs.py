@@ -126,6 +126,32 @@ class GlobalSketchSGD(SketchingAggregator):
         #: the last audit's recall by audit kind ("dense", "tops"; both with audit="both")
         self.audit_recalls: dict[str, float] = {}
         super().__init__(*args, **kwargs)
+        cheaper = self.cheaper_rivals(self.d, self.k, self.options, self.world_size)
+        if cheaper and self.rank == 0:
+            mine = max(self.traffic(self.d, self.k, self.options, self.world_size).sent)
+            name, sent = min(cheaper.items(), key=lambda item: item[1])
+            log.warning(
+                "gs-SGD at %d workers sends %s bytes a step (its sketch and exact round); "
+                "method %r sends %s at the same density (%.1fx fewer): below the crossover "
+                "worker count an all-gather of k costs less than a sketch (docs/sizing.md). "
+                "Use method=%r, or gs from more workers.",
+                self.world_size, f"{mine:,}", name, f"{sent:,}", mine / max(sent, 1), name)
+
+    @classmethod
+    def cheaper_rivals(cls, d: int, k: int, options: GSOptions, world_size: int
+                       ) -> dict[str, int]:
+        """The methods whose steady step sends fewer bytes from the busiest rank than gs's
+        at ``world_size`` workers and this k: local Top-k's all-gather and dense's
+        all-reduce, each by its own traffic formula (empty where gs sends the least)."""
+        from gssgd.aggregators.dense import DenseAllReduce
+        from gssgd.aggregators.topk import LocalTopk
+
+        mine = max(cls.traffic(d, k, options, world_size).sent)
+        rivals = {
+            "topk": max(LocalTopk.traffic(d, k, LocalTopk.Options(), world_size).sent),
+            "dense": max(DenseAllReduce.traffic(d, d, DenseAllReduce.Options(), world_size).sent),
+        }
+        return {name: sent for name, sent in rivals.items() if sent < mine}
 
     def _build_sketch(self, cols: int) -> None:
         """A sketch of ``cols`` columns, and the guard's later audits spaced for its bytes;
