@@ -61,6 +61,8 @@ from gssgd.aggregators.sketching import SketchingAggregator
 from gssgd.comm import Traffic, recursive_doubling, ring_allreduce
 
 log = logging.getLogger(__name__)
+#: The worker counts at which this process said gs sends more than a rival (said once).
+_SAID_COSTLIER: set[int] = set()
 
 #: How often guard="grow" doubles the sketch before a further collapse stops the run.
 MAX_GROWS = 2
@@ -127,7 +129,8 @@ class GlobalSketchSGD(SketchingAggregator):
         self.audit_recalls: dict[str, float] = {}
         super().__init__(*args, **kwargs)
         cheaper = self.cheaper_rivals(self.d, self.k, self.options, self.world_size)
-        if cheaper and self.rank == 0:
+        if cheaper and self.rank == 0 and self.world_size not in _SAID_COSTLIER:
+            _SAID_COSTLIER.add(self.world_size)  # once a process: not once per DDP bucket
             mine = max(self.traffic(self.d, self.k, self.options, self.world_size).sent)
             name, sent = min(cheaper.items(), key=lambda item: item[1])
             log.warning(
