@@ -61,14 +61,16 @@ class CompressedAdamW(PairedRun):
 
     Attributes:
         optimizer: the :class:`~gssgd.optim.FrozenVarianceAdamW` to step (also through a
-            ``GradScaler``: ``scaler.step(run.optimizer)``) and to give an LR scheduler.
+            ``GradScaler``: ``scaler.step(run.optimizer)``) and to give an LR scheduler;
+            ``torch.optim.AdamW`` for ``"dense"``, the baseline.
         hook: the :class:`~gssgd.ddp.HookState` registered on the model.
     """
 
-    optimizer: FrozenVarianceAdamW
+    optimizer: torch.optim.AdamW | FrozenVarianceAdamW
 
     def _loaded(self) -> None:
-        self.optimizer.follow(self.hook)  # the loaded hook's phase
+        if isinstance(self.optimizer, FrozenVarianceAdamW):
+            self.optimizer.follow(self.hook)  # the loaded hook's phase
 
 
 def compressed_adamw(
@@ -98,7 +100,10 @@ def compressed_adamw(
 
     Args:
         model: the DDP model (the hook is registered on it).
-        method: a compressing method whose options offer ``feedback="onebit"``.
+        method: a compressing method whose options offer ``feedback="onebit"``; or
+            ``"dense"``, the baseline: ``torch.optim.AdamW`` on the dense average through
+            the same call (``freeze_step``, ``variance``, ``unseen`` and ``total_steps``
+            do not apply), so a loop over methods needs no special case.
         lr, betas, eps, weight_decay: AdamW's settings (decoupled weight decay).
         freeze_step: dense AdamW steps before the variance freezes (>= 1; a tenth of the
             run is a good start); also the hook's first compressed iteration.
@@ -114,11 +119,20 @@ def compressed_adamw(
         A :class:`CompressedAdamW` (``.optimizer``, ``.hook``, this rank's ``state_dict()``).
 
     Raises:
-        ValueError: not a DDP model, a method that does not compress, an option the recipe
-            sets, or any setting out of range.
+        ValueError: not a DDP model, a method without 1-bit Adam's feedback, an option the
+            recipe sets, or any setting out of range.
     """
     check_one_call("compressed_adamw", model, method, _refusal)
     _check_recipe_options(options)
+    if method in AGGREGATORS and not compresses(method):  # dense: the baseline, AdamW
+        dense = torch.optim.AdamW(model.parameters() if params is None else params, lr=lr,
+                                  betas=betas, eps=eps, weight_decay=weight_decay)
+        hook = HookState(method, whole_model=whole_model, scaler=scaler,
+                         model=model if whole_model else None, overlap=overlap, **options)
+        model.register_comm_hook(hook, comm_hook)
+        logger.info("gssgd: compressed_adamw: %s: torch.optim.AdamW on the dense average "
+                    "(the baseline; freeze_step and variance do not apply)", method)
+        return CompressedAdamW(dense, hook)
     optimizer = FrozenVarianceAdamW(
         model.parameters() if params is None else params, lr=lr, betas=betas, eps=eps,
         weight_decay=weight_decay, freeze_step=freeze_step, variance=variance, unseen=unseen)
@@ -145,11 +159,10 @@ def _check_recipe_options(options: dict[str, Any]) -> None:
 
 
 def _refusal(method: str) -> str | None:
-    """Why 1-bit Adam's recipe cannot serve ``method``, or None."""
+    """Why 1-bit Adam's recipe cannot serve ``method``, or None (a method that never
+    compresses, dense, is served as plain AdamW)."""
     if not compresses(method):
-        return ("it never compresses, so there is no compressed momentum to pair AdamW with. "
-                "Use torch.optim.AdamW with it, or a compressing method "
-                f"({', '.join(m for m in AGGREGATORS if compresses(m))}).")
+        return None
     if "onebit" not in getattr(AGGREGATORS[method].Options, "feedbacks", ()):
         return ("it has no 'onebit' error feedback, which 1-bit Adam's recipe compresses the "
                 "momentum with. Use torch.optim.AdamW with it (warned: AdamW on an error-fed "

@@ -147,7 +147,6 @@ class _NotDDP(torch.nn.Linear):
     [
         (torch.nn.Linear(2, 2), "gs", {}, r"model=Linear is invalid: it must be the "
          r"DistributedDataParallel model"),
-        (_NotDDP(2, 2), "dense", {}, r"method='dense' is invalid for compressed_adamw: it never compresses"),
         (_NotDDP(2, 2), "gs", {"feedback": "ef", "start_iter": 5},
          r"feedback='ef', start_iter=5: compressed_adamw sets start_iter=freeze_step"),
     ],
@@ -157,6 +156,37 @@ def test_compressed_adamw_refuses_what_would_break_the_recipe(
 ) -> None:
     with pytest.raises(ValueError, match=match):
         compressed_adamw(model, method, **options)
+
+
+def _dense_pair(rank: int, world: int) -> dict:
+    """Five AdamW steps through compressed_adamw(..., "dense") and through plain DDP with
+    torch.optim.AdamW, from the same model."""
+    out: dict = {}
+    for name in ("one_call", "by_hand"):
+        ddp = DDP(make_model(), bucket_cap_mb=CAP_MB)
+        if name == "one_call":
+            run = compressed_adamw(ddp, "dense", lr=1e-2, weight_decay=0.01)
+            optimizer = run.optimizer
+            out["types"] = (type(run.optimizer).__name__, run.hook.method)
+        else:
+            optimizer = torch.optim.AdamW(ddp.parameters(), lr=1e-2, weight_decay=0.01)
+        for step in range(5):
+            optimizer.zero_grad()
+            _loss(ddp, rank, step).backward()
+            optimizer.step()
+        out[name] = [p.detach().clone() for p in ddp.parameters()]
+    return out
+
+
+def test_compressed_adamw_with_dense_is_plain_adamw_through_the_same_call() -> None:
+    """A loop over methods with a baseline needs no special case: "dense" is AdamW on the
+    dense average, bit for bit DDP's own with torch.optim.AdamW."""
+    out = run_workers(2, _dense_pair)
+    raise_worker_errors(out)
+    for rank in out:
+        assert rank["types"] == ("AdamW", "dense")
+        assert all(torch.equal(a, b) for a, b in zip(rank["one_call"], rank["by_hand"],
+                                                     strict=True))
 
 
 # ----------------------------------------------------------------------------- overflow
