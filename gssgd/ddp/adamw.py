@@ -42,7 +42,7 @@ from torch import nn
 
 from gssgd.aggregators import AGGREGATORS
 from gssgd.ddp.hook import comm_hook
-from gssgd.ddp.paired import PairedRun, check_one_call
+from gssgd.ddp.paired import PairedRun, check_one_call, say_default_density
 from gssgd.ddp.recipe import pair_adamw
 from gssgd.ddp.state import HookState
 from gssgd.log import logger
@@ -123,6 +123,7 @@ def compressed_adamw(
             recipe sets, or any setting out of range.
     """
     check_one_call("compressed_adamw", model, method, _refusal)
+    say_default_density("compressed_adamw", method, density, options)
     _check_recipe_options(options)
     if method in AGGREGATORS and not compresses(method):  # dense: the baseline, AdamW
         dense = torch.optim.AdamW(model.parameters() if params is None else params, lr=lr,

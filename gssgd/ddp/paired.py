@@ -17,9 +17,11 @@ import torch
 from torch import nn
 
 from gssgd.aggregators import AGGREGATORS
+from gssgd.aggregators.options import DEFAULT_DENSITY
 from gssgd.ddp.state import HookState
+from gssgd.log import logger
 
-__all__ = ["PairedRun", "check_one_call"]
+__all__ = ["PairedRun", "check_one_call", "say_default_density"]
 
 
 @dataclass
@@ -85,3 +87,17 @@ def check_one_call(call: str, model: nn.Module, method: str,
     why = refusal(method) if method in AGGREGATORS else None
     if why is not None:
         raise ValueError(f"method={method!r} is invalid for {call}: {why}")
+
+
+def say_default_density(call: str, method: str, density: float | None,
+                        options: dict[str, Any]) -> str | None:
+    """Log (and return) that a sparse ``method`` got no ``density`` nor ``k``, so it sends
+    the default fraction: ``compressed_sgd(m, "topk", lr=0.1)`` silently meant 0.01."""
+    cls = AGGREGATORS.get(method)
+    if cls is None or cls.sends_all or density is not None or "k" in options:
+        return None
+    said = (f"gssgd: {call}: no density given for {method!r}: it sends the default "
+            f"{DEFAULT_DENSITY:g} of the coordinates; give density= (or k=) to choose")
+    logger.warning(said)
+    return said
+

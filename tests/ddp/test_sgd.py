@@ -307,3 +307,33 @@ def test_compressed_adamw_takes_powersgd() -> None:
         assert res["kind"] == "compressed"
         assert res["options"] == {"rank": 1, "feedback": "onebit", "momentum": 0.9}
         assert res["losses"][-1] < res["losses"][0]
+
+
+def _default_density(rank: int, world: int) -> dict:
+    """What the one calls log for a sparse method with and without a density."""
+    import io
+    import logging
+
+    from gssgd.ddp import compressed_adamw
+
+    said = io.StringIO()
+    logging.getLogger("gssgd").addHandler(logging.StreamHandler(said))
+    out = {}
+    for name, call, kwargs in (("sgd_default", compressed_sgd, {"lr": 0.1}),
+                               ("sgd_given", compressed_sgd, {"lr": 0.1, "density": 0.05}),
+                               ("adamw_default", compressed_adamw, {})):
+        said.truncate(0), said.seek(0)
+        call(DDP(make_model()), "topk", **kwargs)
+        out[name] = said.getvalue()
+    return out
+
+
+def test_a_sparse_method_without_a_density_says_it_sends_the_default() -> None:
+    """compressed_sgd(m, "topk", lr=0.1) silently meant density 0.01."""
+    out = run_workers(1, _default_density)
+    raise_worker_errors(out)
+    said = out[0]
+    assert "compressed_sgd: no density given for 'topk': it sends the default 0.01" in \
+        said["sgd_default"]
+    assert "no density given" not in said["sgd_given"]
+    assert "compressed_adamw: no density given for 'topk'" in said["adamw_default"]
