@@ -150,10 +150,9 @@ class GlobalSketchSGD(SketchingAggregator):
         from gssgd.aggregators.topk import LocalTopk
 
         mine = max(cls.traffic(d, k, options, world_size).sent)
-        rivals = {
-            "topk": max(LocalTopk.traffic(d, k, LocalTopk.Options(), world_size).sent),
-            "dense": max(DenseAllReduce.traffic(d, d, DenseAllReduce.Options(), world_size).sent),
-        }
+        rivals = {rival.name: max(rival.traffic(d, d if rival.sends_all else k, rival.Options(),
+                                                world_size).sent)
+                  for rival in (LocalTopk, DenseAllReduce)}
         return {name: sent for name, sent in rivals.items() if sent < mine}
 
     def _build_sketch(self, cols: int) -> None:

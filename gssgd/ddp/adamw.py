@@ -42,7 +42,7 @@ from torch import nn
 
 from gssgd.aggregators import AGGREGATORS
 from gssgd.ddp.hook import comm_hook
-from gssgd.ddp.paired import PairedRun, check_one_call, say_default_density
+from gssgd.ddp.paired import PairedRun, check_one_call
 from gssgd.ddp.recipe import pair_adamw
 from gssgd.ddp.state import HookState
 from gssgd.log import logger
@@ -94,58 +94,52 @@ def compressed_adamw(
 ) -> CompressedAdamW:
     """AdamW on a DDP model whose gradients a gssgd method compresses (1-bit Adam's recipe).
 
-    Builds :class:`~gssgd.optim.FrozenVarianceAdamW` and a :class:`~gssgd.ddp.HookState`
-    with the recipe's settings (:func:`gssgd.recipes.onebit_settings`), pairs them and
-    registers the hook on ``model``.
+    Builds :class:`~gssgd.optim.FrozenVarianceAdamW` and a :class:`~gssgd.ddp.HookState` with
+    the recipe's settings (:func:`gssgd.recipes.onebit_settings`), pairs them, registers.
 
     Args:
         model: the DDP model (the hook is registered on it).
-        method: a compressing method whose options offer ``feedback="onebit"``; or
-            ``"dense"``, the baseline: ``torch.optim.AdamW`` on the dense average through
-            the same call (``freeze_step``, ``variance``, ``unseen`` and ``total_steps``
-            do not apply), so a loop over methods needs no special case.
+        method: a compressing method whose options offer ``feedback="onebit"``, or
+            ``"dense"``: plain ``torch.optim.AdamW`` through the same call (the baseline).
         lr, betas, eps, weight_decay: AdamW's settings (decoupled weight decay).
         freeze_step: dense AdamW steps before the variance freezes (>= 1; a tenth of the
-            run is a good start); also the hook's first compressed iteration.
-        variance, unseen: the variance after ``freeze_step`` (``"frozen"``, 1-bit Adam's,
-            or ``"moving"``) and a coordinate's with none at the freeze
-            (:data:`gssgd.optim.UNSEEN_RULES`).
+            run to start with), the hook's first compressed iteration.
+        variance, unseen: the variance after ``freeze_step`` (``"frozen"``, 1-bit Adam's, or
+            ``"moving"``) and one with none at the freeze (:data:`gssgd.optim.UNSEEN_RULES`).
         density, whole_model, scaler, overlap, params: as :func:`~gssgd.ddp.compressed_sgd`.
-        total_steps: the run's length, if known (a run no longer than ``freeze_step``
-            warns: it is dense throughout).
+        total_steps: the run's length, if known (none above ``freeze_step``: warned).
         **options: the method's other options; the recipe's own three are refused.
 
     Returns:
         A :class:`CompressedAdamW` (``.optimizer``, ``.hook``, this rank's ``state_dict()``).
 
     Raises:
-        ValueError: not a DDP model, a method without 1-bit Adam's feedback, an option the
-            recipe sets, or any setting out of range.
+        ValueError: not a DDP model, no 1-bit Adam feedback, a recipe's option, a bad value.
     """
-    check_one_call("compressed_adamw", model, method, _refusal)
-    say_default_density("compressed_adamw", method, density, options)
+    check_one_call("compressed_adamw", model, method, _refusal, density, options)
     _check_recipe_options(options)
+    hooked = {"whole_model": whole_model, "scaler": scaler, "overlap": overlap,
+              "model": model if whole_model else None, **options}
+    adamw = {"params": model.parameters() if params is None else params, "lr": lr,
+             "betas": betas, "eps": eps, "weight_decay": weight_decay}
     if method in AGGREGATORS and not compresses(method):  # dense: the baseline, AdamW
-        dense = torch.optim.AdamW(model.parameters() if params is None else params, lr=lr,
-                                  betas=betas, eps=eps, weight_decay=weight_decay)
-        hook = HookState(method, whole_model=whole_model, scaler=scaler,
-                         model=model if whole_model else None, overlap=overlap, **options)
-        model.register_comm_hook(hook, comm_hook)
-        logger.info("gssgd: compressed_adamw: %s: torch.optim.AdamW on the dense average "
-                    "(the baseline; freeze_step and variance do not apply)", method)
-        return CompressedAdamW(dense, hook)
-    optimizer = FrozenVarianceAdamW(
-        model.parameters() if params is None else params, lr=lr, betas=betas, eps=eps,
-        weight_decay=weight_decay, freeze_step=freeze_step, variance=variance, unseen=unseen)
+        return _paired(CompressedAdamW(torch.optim.AdamW(**adamw), HookState(method, **hooked)),
+                       model, f"{method}: torch.optim.AdamW on the dense average (the baseline)")
+    optimizer = FrozenVarianceAdamW(**adamw, freeze_step=freeze_step, variance=variance,
+                                    unseen=unseen)
     recipe = onebit_settings(freeze_step, float(optimizer.param_groups[0]["betas"][0]))
-    hook = HookState(method, density=density, whole_model=whole_model, scaler=scaler,
-                     model=model if whole_model else None, overlap=overlap, **recipe, **options)
+    hook = HookState(method, density=density, **recipe, **hooked)
     pair_adamw(optimizer, hook)
     _warn_all_dense(total_steps, freeze_step)
-    model.register_comm_hook(hook, comm_hook)
-    logger.info("gssgd: compressed_adamw: %s, %d dense AdamW steps, then the variance %s",
-                method, freeze_step, variance)
-    return CompressedAdamW(optimizer, hook)
+    return _paired(CompressedAdamW(optimizer, hook), model,
+                   f"{method}, {freeze_step} dense AdamW steps, then the variance {variance}")
+
+
+def _paired(run: CompressedAdamW, model: nn.Module, summary: str) -> CompressedAdamW:
+    """Register ``run``'s hook on ``model`` and say what was built."""
+    model.register_comm_hook(run.hook, comm_hook)
+    logger.info("gssgd: compressed_adamw: %s", summary)
+    return run
 
 
 def _check_recipe_options(options: dict[str, Any]) -> None:

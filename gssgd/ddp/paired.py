@@ -64,8 +64,10 @@ class PairedRun:
 
 
 def check_one_call(call: str, model: nn.Module, method: str,
-                   refusal: Callable[[str], str | None]) -> None:
-    """What a one-call recipe refuses before it builds anything.
+                   refusal: Callable[[str], str | None], density: float | None = None,
+                   options: dict[str, Any] | None = None) -> None:
+    """What a one-call recipe refuses before it builds anything, and a defaulted density
+    it says (:func:`say_default_density`).
 
     Args:
         call: the recipe's name, for the messages (``"compressed_sgd"``).
@@ -73,6 +75,7 @@ def check_one_call(call: str, model: nn.Module, method: str,
         method: the method asked for.
         refusal: why the recipe cannot serve a registered method (the message's reason
             and fix), or None where it can.
+        density, options: the call's density and the method's other options.
 
     Raises:
         ValueError: not a DDP model, or a method the recipe does not serve; each message
@@ -87,6 +90,7 @@ def check_one_call(call: str, model: nn.Module, method: str,
     why = refusal(method) if method in AGGREGATORS else None
     if why is not None:
         raise ValueError(f"method={method!r} is invalid for {call}: {why}")
+    say_default_density(call, method, density, options or {})
 
 
 def say_default_density(call: str, method: str, density: float | None,

@@ -56,7 +56,7 @@ from torch import nn
 
 from gssgd.aggregators import AGGREGATORS
 from gssgd.ddp.hook import comm_hook
-from gssgd.ddp.paired import PairedRun, check_one_call, say_default_density
+from gssgd.ddp.paired import PairedRun, check_one_call
 from gssgd.ddp.state import HookState
 from gssgd.log import logger
 from gssgd.recipes import momentum_placement, recipe_advice
@@ -128,8 +128,7 @@ def compressed_sgd(
             hook, ``feedback="onebit"`` (AdamW's: use :func:`~gssgd.ddp.compressed_adamw`),
             or any setting out of range (the message names the value, range and fix).
     """
-    check_one_call("compressed_sgd", model, method, lambda method: None)
-    say_default_density("compressed_sgd", method, density, options)
+    check_one_call("compressed_sgd", model, method, lambda method: None, density, options)
     _check_settings(lr, momentum, weight_decay, nesterov, options)
     placement = _placement(method, momentum, nesterov)
     hook, optimizer = _build(model, method, placement, lr, momentum, weight_decay, nesterov,
