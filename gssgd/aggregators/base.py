@@ -206,13 +206,13 @@ class Aggregator:
         if not grad.dtype.is_floating_point:
             raise ValueError(f"gradient dtype {grad.dtype} is not floating point")
         self._grad_dtype = grad.dtype
+        if not self._agreed:  # a check of the launch, not the method's traffic: its bytes
+            self._check_agreement(grad.device)  # are no step's (a resumed run's fresh
+            self._agreed = True  # aggregator checks again and counts what the first did)
         self.comm.take_stats()
         self.step_k = self._warmup.k_at(self.steps)
         self._timings = {"compress": 0.0, "decompress": 0.0}
         self._step_start = time.perf_counter()
-        if not self._agreed:
-            self._check_agreement(grad.device)
-            self._agreed = True
         if bad_ranks is None:
             with self._timed("compress"):
                 bad_here = torch.tensor(
