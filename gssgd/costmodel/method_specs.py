@@ -10,6 +10,7 @@ like the built-in ones. :func:`traffic` is the aggregator's own ``traffic`` form
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -286,11 +287,13 @@ def traffic(spec: MethodSpec, world_size: int, *, step: int | None = None) -> Tr
     return cls.traffic(spec.d, k, opts, p, step=step)
 
 
+@functools.lru_cache(maxsize=4096)
 def warmup_traffic(spec: MethodSpec, world_size: int) -> Traffic:
     """The summed traffic of the density warm-up's ``spec.warmup_steps`` steps (steps
     0 .. warmup_steps - 1; all zero without a warm-up).
 
-    Each distinct k of the schedule (about ``log2(k0 / k) + 1`` of them) is computed once.
+    Each distinct k of the schedule (about ``log2(k0 / k) + 1`` of them) is computed once,
+    and each (spec, world size) once a process (``advise`` asks again for every link).
     """
     total = Traffic.none(world_size)
     cls, k, opts = build_options(spec.aggregator, spec.d, None, **spec.aggregator_options())
