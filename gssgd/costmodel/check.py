@@ -303,9 +303,9 @@ def error_record(rows: Sequence[ErrorRow]) -> dict[str, Any]:
 def held_out(measurements: Sequence[Measurement]) -> dict[str, Any]:
     """The check of the module doc: :func:`error_record` of each hold-out, and in how many
     runs the method ranked first (held out by run) was measured fastest or within 10 %."""
-    out: dict[str, Any] = {by: error_record(held_out_errors(measurements, by))
-                           for by in HOLD_OUTS}
-    recs = recommendation_check(held_out_errors(measurements, "run"))
+    rows = {by: held_out_errors(measurements, by) for by in HOLD_OUTS}
+    out: dict[str, Any] = {by: error_record(r) for by, r in rows.items()}
+    recs = recommendation_check(rows["run"])  # the hold-out by run, fitted once
     out["runs"] = len({m.source for m in measurements})
     out["recommended_within_10pct"] = sum(r.within() for r in recs)
     out["recommendation_runs"] = len(recs)
