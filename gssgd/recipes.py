@@ -18,6 +18,7 @@ whether it is sparse and which options it takes, never from its name.
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import torch
@@ -38,11 +39,13 @@ __all__ = [
     "TEXT_RECIPE",
     "TEXT_SPARSE_RECIPE",
     "ONEBIT_SETTINGS",
+    "ONE_CALL_HORIZON",
     "adamw_lr",
     "compresses",
     "default_freeze_steps",
     "local_momentum_recipe",
     "momentum_placement",
+    "one_call_horizon",
     "onebit_settings",
     "recipe_advice",
     "sgd_recipe",
@@ -74,6 +77,10 @@ TEXT_SPARSE_RECIPE = (1.6, 0.0, 0.9)
 #: steps' larger messages. ``--warmup-steps 0`` turns it off. The DDP hook's library default
 #: stays 0 (it does not know the run's length).
 SPARSE_WARMUP_STEPS = 100
+#: Steps x density a one-call sparse run needed to end within 2x dense's training loss at
+#: dense's learning rate (``studies/one_call_sgd``: every sparse method did on three CNNs
+#: at 6 / density steps, where at 2 / density two of the three ended 2.4-10x dense's loss).
+ONE_CALL_HORIZON = 6
 #: AdamW's learning rate when ``--lr`` is not given (the character LSTM's is
 #: :data:`ADAMW_LM_LR`).
 ADAMW_LR = 1e-3
@@ -217,6 +224,13 @@ def momentum_placement(method: str) -> str:
         raise ValueError(f"unknown method {method!r}; valid methods: {', '.join(AGGREGATORS)}.")
     takes = getattr(AGGREGATORS[method].Options, "__dataclass_fields__", {})
     return "hook" if sparse(method) and "momentum" in takes else "optimizer"
+
+
+def one_call_horizon(method: str, density: float) -> int:
+    """The optimizer steps a one-call run of sparse ``method`` at ``density`` needs to
+    train like dense at dense's learning rate (:data:`ONE_CALL_HORIZON` / density), or 0
+    for a method that sends every coordinate (dense, PowerSGD: no horizon of its own)."""
+    return math.ceil(ONE_CALL_HORIZON / density) if sparse(method) else 0
 
 
 # --------------------------------------------------------------------------- warnings

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -145,9 +146,9 @@ def _checked_overrides(overrides: Mapping[str, float | None] | None) -> dict[str
         ValueError: a name other than alpha, beta0 and eta, or a value that is not > 0.
     """
     bad = {k: v for k, v in (overrides or {}).items() if k not in _OVERRIDABLE}
-    if bad or any(not v > 0 for v in (overrides or {}).values() if v is not None):
+    if bad or any(not 0 < v < math.inf for v in (overrides or {}).values() if v is not None):
         raise ValueError(
-            f"overrides {dict(overrides or {})} must set alpha, beta0 or eta to numbers > 0"
+            f"overrides {dict(overrides or {})} must set alpha, beta0 or eta to finite numbers > 0"
         )
     return {k: float(v) for k, v in (overrides or {}).items() if v is not None}
 

@@ -78,11 +78,11 @@ the step model (gssgd.costmodel.cluster, fitted in gssgd.costmodel.check):
 """
 
 
-def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
+def add_parser(sub: argparse._SubParsersAction, summary: str) -> argparse.ArgumentParser:
     """Register ``advise``."""
     parser = sub.add_parser(
         "advise",
-        help="which method is fastest on your cluster, with the flags to use it",
+        help=summary,
         description=DESCRIPTION,
         epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -225,6 +225,9 @@ def _run(args: argparse.Namespace) -> None:
         if value is None:
             raise ValueError(f"{flag} is required (e.g. --workers 32 --link 10gbit)")
     params, shapes, family = _model(args)
+    study_size = (_count("--study-methods", args.study_methods, 0) or 0,
+                  _count("--study-budget", args.study_budget, 1) or 1,
+                  _count("--study-seeds", args.study_seeds, 1) or 1)  # checked even unused
     device = get_device(args.device)
     compute_ms = _number("--compute-ms", args.compute_ms, 0, 3.6e6, "--compute-ms 33")
     fwdbwd_s = None if compute_ms is None else compute_ms / 1e3
@@ -251,10 +254,9 @@ def _run(args: argparse.Namespace) -> None:
         if args.model is None:
             raise ValueError("--study-spec needs --model (a shipped model or your "
                              "MODULE:FUNCTION): a study trains the model itself")
-        text = study_spec(advice, args.model, args.dataset,
-                          methods=_count("--study-methods", args.study_methods, 0) or 0,
-                          budget=_count("--study-budget", args.study_budget, 1) or 1,
-                          seeds=_count("--study-seeds", args.study_seeds, 1) or 1)
+        methods_, budget, seeds = study_size
+        text = study_spec(advice, args.model, args.dataset, methods=methods_, budget=budget,
+                          seeds=seeds)
         args.study_spec.write_text(text)
         out = f"runs/study-{args.study_spec.stem}"
         print(f"wrote {args.study_spec}; measure it with: gssgd study {args.study_spec} "

@@ -56,7 +56,7 @@ Communication benchmarks and their cost model:
 """
 
 
-def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
+def add_parser(subparsers: argparse._SubParsersAction, summary: str) -> argparse.ArgumentParser:
     """Add ``bench`` (with its subcommands) to the main program's subcommands.
 
     Args:
@@ -68,7 +68,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     """
     bench = subparsers.add_parser(
         "bench",
-        help="communication benchmarks and their cost model",
+        help=summary,
         description=DESCRIPTION,
         formatter_class=argparse.RawDescriptionHelpFormatter,
         allow_abbrev=False,

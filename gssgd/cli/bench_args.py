@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import argparse
+import math
 from collections.abc import Callable, Iterable, Mapping
 
 from gssgd.costmodel.method_specs import VARIANTS
@@ -59,13 +60,20 @@ def accuracy(text: str) -> float:
 
 
 def seconds(text: str) -> float:
-    """A number of seconds > 0."""
+    """A finite number of seconds > 0."""
+    return positive(text, "seconds")
+
+
+def positive(text: str, unit: str = "") -> float:
+    """A finite number > 0 (``unit`` names what it counts, for the message)."""
+    what = f"a number of {unit}" if unit else "a number"
     try:
         value = float(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"{text!r} must be > 0 seconds")
+        raise argparse.ArgumentTypeError(f"{text!r} is not {what}") from None
+    if not 0 < value < math.inf:
+        raise argparse.ArgumentTypeError(f"{text!r} is invalid: it must be {what} > 0 and "
+                                         "finite")
     return value
 
 

@@ -128,7 +128,7 @@ def _add_run_flags(add: Callable[..., object]) -> None:
     add("--seed", type=int, default=0, help="seed of gradients and hashes (default 0)")
     add(
         "--timeout",
-        type=float,
+        type=bench_args.seconds,
         default=None,
         help="seconds before the whole run is stopped (default: from the cost model's "
         "estimate of the run, with a wide margin)",

@@ -121,7 +121,7 @@ def _add_prediction_flags(add: Callable[..., object]) -> None:
     for name, example in _WHAT_IF:
         add(
             f"--{name}",
-            type=float,
+            type=bench_args.positive,
             default=None,
             help=f"predict with this {name} instead of the calibrated one (what-if), "
             f"e.g. {example}",

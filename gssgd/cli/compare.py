@@ -104,11 +104,11 @@ examples:
 """
 
 
-def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
+def add_parser(subparsers: argparse._SubParsersAction, summary: str) -> argparse.ArgumentParser:
     """Register ``gssgd compare``."""
     parser = subparsers.add_parser(
         "compare",
-        help="train once per method and compare accuracy, bytes and time",
+        help=summary,
         description=DESCRIPTION,
         epilog=EPILOG,
         formatter_class=Formatter,

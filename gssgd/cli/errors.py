@@ -20,8 +20,10 @@ Anything else is a bug and keeps its traceback. A body may also raise
 
 from __future__ import annotations
 
+import argparse
 import sys
 from collections.abc import Callable
+from typing import NoReturn
 
 __all__ = [
     "FAILED",
@@ -29,6 +31,7 @@ __all__ = [
     "OK",
     "USAGE",
     "CommandError",
+    "Parser",
     "exit_status",
     "run_command",
 ]
@@ -42,6 +45,14 @@ class CommandError(Exception):
     def __init__(self, message: str, status: int = FAILED) -> None:
         super().__init__(message)
         self.status = status
+
+
+class Parser(argparse.ArgumentParser):
+    """``argparse``'s parser whose errors are one line (no usage block): the command, the
+    flag, the value and what it must be, and where to read more. Exit status 2."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(USAGE, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 
 def _usage_errors() -> tuple[type[BaseException], ...]:

@@ -1,7 +1,11 @@
 """The ``gssgd`` command: argparse with one small module per subcommand.
 
-Each subcommand module exposes ``add_parser(subparsers)``, which registers its parser and
-sets ``run`` as the parser's default, and ``run(args) -> int``, the exit status.
+Each subcommand module exposes ``add_parser(subparsers, help)``, which registers its parser
+(``help`` is its line in ``gssgd --help``) and sets ``run`` as the parser's default, and
+``run(args) -> int``, the exit status.
+
+Only the command typed is imported: ``gssgd --help``, ``gssgd --version`` and a mistyped
+command answer without importing torch (a subcommand's module imports the training stack).
 """
 
 from __future__ import annotations
@@ -9,19 +13,24 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from types import ModuleType
 
 from gssgd import __version__
-from gssgd.cli import advise, bench, compare, study, train
-from gssgd.cli.errors import USAGE
+from gssgd.cli.errors import USAGE, Parser
 from gssgd.train.plots import CLI_EXTRA
 
-__all__ = ["SUBCOMMANDS", "build_parser", "main"]
+__all__ = ["SUBCOMMANDS", "build_parser", "main", "subcommand"]
 
-#: The subcommands, in the order ``gssgd --help`` lists them. To add one: write
-#: gssgd/cli/NAME.py with ``add_parser`` and ``run``, import it above, list it here.
-SUBCOMMANDS: list[ModuleType] = [train, compare, study, bench, advise]
+#: The subcommands, in the order ``gssgd --help`` lists them, and each one's line there. To
+#: add one: write gssgd/cli/NAME.py with ``add_parser`` and ``run``, list it here.
+SUBCOMMANDS: dict[str, str] = {
+    "train": "train with one method (spawns workers, or joins torchrun)",
+    "compare": "train once per method and compare accuracy, bytes and time",
+    "study": "compare methods on your model with an equal tuning budget each",
+    "bench": "communication benchmarks and their cost model",
+    "advise": "which method is fastest on your cluster, with the flags to use it",
+}
 
 #: Packages of the ``gssgd[cli]`` extra a subcommand cannot finish without (its plots),
 #: checked before it starts so that a long run never ends in a missing import. ``train``
@@ -45,9 +54,19 @@ examples:
 """
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """The ``gssgd`` parser with every subcommand of :data:`SUBCOMMANDS`."""
-    parser = argparse.ArgumentParser(
+def subcommand(name: str) -> ModuleType:
+    """The module of subcommand ``name`` (imported now: it may import torch)."""
+    return importlib.import_module(f"gssgd.cli.{name}")
+
+
+def build_parser(full: Collection[str] | None = None) -> argparse.ArgumentParser:
+    """The ``gssgd`` parser.
+
+    Args:
+        full: the subcommands to give their flags (their modules are imported); the others
+            are listed by name and line only. None: every one.
+    """
+    parser = Parser(
         prog="gssgd",
         description=DESCRIPTION,
         epilog=EPILOG,
@@ -58,8 +77,11 @@ def build_parser() -> argparse.ArgumentParser:
     subparsers = parser.add_subparsers(
         title="commands", dest="command", metavar="COMMAND", required=True
     )
-    for module in SUBCOMMANDS:
-        module.add_parser(subparsers)
+    for name, line in SUBCOMMANDS.items():
+        if full is None or name in full:
+            subcommand(name).add_parser(subparsers, line)
+        else:
+            subparsers.add_parser(name, help=line, add_help=False)
     return parser
 
 
@@ -73,7 +95,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         The subcommand's exit status (argparse exits with 2 on invalid flags; 2 too when a
         package the subcommand needs is missing, see :data:`NEEDS`).
     """
-    args = build_parser().parse_args(argv)
+    argv = sys.argv[1:] if argv is None else list(argv)
+    typed = argv[0] if argv and argv[0] in SUBCOMMANDS else None
+    args = build_parser(() if typed is None else (typed,)).parse_args(argv)
     missing = missing_packages(NEEDS.get(args.command, ()))
     if missing:
         print(

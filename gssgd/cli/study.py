@@ -26,10 +26,10 @@ steps, the target and each method's knobs (the commented example shows every key
 """
 
 
-def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
+def add_parser(sub: argparse._SubParsersAction, summary: str) -> argparse.ArgumentParser:
     """Register ``study``."""
     parser = sub.add_parser(
-        "study", help="compare methods on your model with an equal tuning budget each",
+        "study", help=summary,
         description=DESCRIPTION, epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter, allow_abbrev=False)
     parser.add_argument("spec", type=Path, help="the study's spec file (TOML)")

@@ -397,11 +397,11 @@ def settings_from_args(args: argparse.Namespace) -> dict[str, Any]:
     return settings
 
 
-def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
+def add_parser(subparsers: argparse._SubParsersAction, summary: str) -> argparse.ArgumentParser:
     """Register ``gssgd train``."""
     parser = subparsers.add_parser(
         "train",
-        help="train with one method (spawns workers, or joins torchrun)",
+        help=summary,
         description=DESCRIPTION.format(methods=method_list()),
         epilog=EPILOG,
         formatter_class=Formatter,

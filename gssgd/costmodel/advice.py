@@ -35,6 +35,7 @@ Example:
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -104,7 +105,8 @@ def parse_params(text: str) -> int:
             f"parameter count {text!r} is not understood: give a number with an optional "
             "suffix k, M, B (or G), T, e.g. --params 25.6M or --params 1.3B"
         )
-    value = round(float(match["num"]) * _SUFFIXES[match["suffix"]])
+    number = float(match["num"]) * _SUFFIXES[match["suffix"]]
+    value = round(number) if math.isfinite(number) else MAX_PARAMS + 1
     if not MIN_PARAMS <= value <= MAX_PARAMS:
         raise ValueError(
             f"parameter count {text!r} = {value} is outside 1000..1e13; give the model's "

@@ -47,6 +47,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import warnings
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -55,11 +56,12 @@ import torch
 from torch import nn
 
 from gssgd.aggregators import AGGREGATORS
+from gssgd.aggregators.options import DEFAULT_DENSITY
 from gssgd.ddp.hook import comm_hook
 from gssgd.ddp.paired import PairedRun, check_one_call
 from gssgd.ddp.state import HookState
 from gssgd.log import logger
-from gssgd.recipes import momentum_placement, recipe_advice
+from gssgd.recipes import ONE_CALL_HORIZON, momentum_placement, one_call_horizon, recipe_advice
 
 __all__ = ["CompressedSGD", "compressed_sgd"]
 
@@ -95,14 +97,12 @@ def compressed_sgd(
     scaler: torch.amp.GradScaler | None = None,
     overlap: str = "none",
     params: Iterable[Any] | None = None,
+    total_steps: int | None = None,
     **options: Any,
 ) -> CompressedSGD:
-    """Momentum SGD on a DDP model whose gradients ``method`` averages, at your dense lr.
-
-    Steps: (1) decide where the momentum goes (:func:`~gssgd.recipes.momentum_placement`);
-    (2) build the hook state with it (or without) and ``torch.optim.SGD`` with the rest (the
-    module doc gives the rule); (3) check the pair is one the recipe warnings accept; (4)
-    register the hook on ``model``.
+    """Momentum SGD on a DDP model whose gradients ``method`` averages, at your dense lr:
+    the momentum where the method needs it (:func:`~gssgd.recipes.momentum_placement`, the
+    module doc's rule), the pair checked against the recipe warnings, the hook registered.
 
     Args:
         model: the ``DistributedDataParallel`` model (the hook is registered on it).
@@ -116,12 +116,14 @@ def compressed_sgd(
         overlap: ``"stream"`` for gs: the sketch is all-reduced while backward runs.
         params: what the optimizer updates (parameters or param groups); default
             ``model.parameters()``.
+        total_steps: the run's optimizer steps. A sparse method trained like dense at
+            dense's lr only over :func:`~gssgd.recipes.one_call_horizon` steps (600 at
+            density 0.01): a shorter run, or an unknown length (None), is warned.
         **options: the method's other options (``rank``, ``rows``, ``warmup_steps``, ...).
 
     Returns:
-        A :class:`CompressedSGD`: ``.optimizer`` to step, ``.hook`` registered,
-        ``.placement``, and ``state_dict()``/``load_state_dict()`` for this rank's
-        checkpoint.
+        A :class:`CompressedSGD`: ``.optimizer`` to step, ``.hook`` registered, ``.placement``,
+        and ``state_dict()``/``load_state_dict()`` for this rank's checkpoint.
 
     Raises:
         ValueError: ``model`` is not a DDP model, ``nesterov`` with the momentum in the
@@ -129,17 +131,17 @@ def compressed_sgd(
             or any setting out of range (the message names the value, range and fix).
     """
     check_one_call("compressed_sgd", model, method, lambda method: None, density, options)
-    _check_settings(lr, momentum, weight_decay, nesterov, options)
+    _check_settings(lr, momentum, weight_decay, nesterov, total_steps, options)
     placement = _placement(method, momentum, nesterov)
     hook, optimizer = _build(model, method, placement, lr, momentum, weight_decay, nesterov,
                              params, dict(density=density, start_iter=start_iter,
                                           whole_model=whole_model, scaler=scaler,
                                           overlap=overlap, **options))
     _refuse_advised(optimizer, method, hook)
+    _warn_short_run(method, _sent_fraction(model, density, options), total_steps)
     model.register_comm_hook(hook, comm_hook)
-    logger.info("gssgd: compressed_sgd: %s with momentum %s in the %s, SGD lr %s, weight "
-                "decay %s", method, momentum, placement, lr,
-                optimizer.param_groups[0]["weight_decay"])
+    logger.info("gssgd: compressed_sgd: %s with momentum %s in the %s, SGD %s", method, momentum,
+                placement, {k: optimizer.param_groups[0][k] for k in ("lr", "weight_decay")})
     return CompressedSGD(optimizer, hook, placement)
 
 
@@ -158,6 +160,35 @@ def _placement(method: str, momentum: float, nesterov: bool) -> str:
             "nesterov=False (the same lr), or a dense method or PowerSGD."
         )
     return placement
+
+
+def _sent_fraction(model: nn.Module, density: float | None, options: dict[str, Any]) -> float:
+    """The fraction of the model's coordinates a sparse method sends a step: ``density``,
+    ``k`` over the model's size, or the default density."""
+    if density is not None:
+        return density
+    if "k" in options:
+        return options["k"] / max(1, sum(p.numel() for p in model.parameters()))
+    return DEFAULT_DENSITY
+
+
+def _warn_short_run(method: str, density: float, total_steps: int | None) -> None:
+    """Warn (``UserWarning``) when a sparse run may be too short to train like dense at
+    dense's learning rate: fewer than :func:`~gssgd.recipes.one_call_horizon` steps, or a
+    length not given. The message names the horizon and the fixes."""
+    needed = one_call_horizon(method, density)
+    if not needed or (total_steps is not None and total_steps >= needed):
+        return
+    run = ("a run of unknown length (total_steps not given)" if total_steps is None
+           else f"total_steps={total_steps}")
+    warnings.warn(
+        f"gssgd: compressed_sgd({method!r}, density={density:g}): {run}. At dense's "
+        f"learning rate a sparse method came within 2x dense's training loss only over "
+        f"about {ONE_CALL_HORIZON}/density = {needed} steps (the one-call study: at "
+        f"2/density steps two of three CNNs ended 2.4-10x dense's loss). Train at least "
+        f"{needed} steps (pass total_steps= to say so), raise the density to "
+        f"{ONE_CALL_HORIZON}/steps, or use PowerSGD or dense16.",
+        UserWarning, stacklevel=3)
 
 
 def _refuse_advised(optimizer: torch.optim.SGD, method: str, hook: HookState) -> None:
@@ -196,7 +227,7 @@ def _build(model: nn.Module, method: str, placement: str, lr: float, momentum: f
 
 
 def _check_settings(lr: object, momentum: object, weight_decay: object, nesterov: object,
-                    options: dict[str, Any]) -> None:
+                    total_steps: object, options: dict[str, Any]) -> None:
     """The SGD settings, checked before anything is built.
 
     Raises:
@@ -216,6 +247,10 @@ def _check_settings(lr: object, momentum: object, weight_decay: object, nesterov
         raise ValueError(f"weight_decay={weight_decay!r} is invalid: it must be a number >= 0.")
     if not isinstance(nesterov, bool):
         raise ValueError(f"nesterov={nesterov!r} is invalid: it must be True or False.")
+    if total_steps is not None and (isinstance(total_steps, bool)
+                                    or not isinstance(total_steps, int) or total_steps < 1):
+        raise ValueError(f"total_steps={total_steps!r} is invalid: it must be an integer >= 1 "
+                         "(the run's optimizer steps) or None (unknown).")
     if options.get("feedback") == "onebit":
         raise ValueError(
             "feedback='onebit' is 1-bit Adam's recipe, whose hook returns a momentum for "

@@ -18,7 +18,7 @@ from gssgd.methods import METHODS, Method, register_method, unregister_method
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="gssgd")
-    bench.add_parser(parser.add_subparsers(dest="command", required=True))
+    bench.add_parser(parser.add_subparsers(dest="command", required=True), "benchmarks")
     return parser
 
 

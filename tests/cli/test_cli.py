@@ -43,11 +43,30 @@ def test_help_teaches_and_exits_zero(argv: list[str], capsys: pytest.CaptureFixt
 
 
 def test_every_subcommand_module_has_the_two_functions() -> None:
-    names = []
-    for module in cli_main.SUBCOMMANDS:
+    for name in cli_main.SUBCOMMANDS:
+        module = cli_main.subcommand(name)
         assert callable(module.add_parser) and callable(module.run)
-        names.append(module.__name__.rsplit(".", 1)[1])
-    assert names[:2] == ["train", "compare"]
+    assert list(cli_main.SUBCOMMANDS)[:2] == ["train", "compare"]
+
+
+@pytest.mark.parametrize("argv", [["--help"], ["--version"], ["trian"], []])
+def test_help_and_a_mistyped_command_answer_before_torch_is_imported(argv: list[str]) -> None:
+    """``gssgd --help`` (and a command argparse refuses) loads no subcommand module, so no
+    torch: the answer is immediate. Checked in a fresh interpreter."""
+    code = ("import sys\nfrom gssgd.cli.main import main\ntry:\n    main(sys.argv[1:])\n"
+            "except SystemExit as e:\n    status = e.code\n"
+            "print('torch imported:', 'torch' in sys.modules, file=sys.stderr)")
+    done = _run([sys.executable, "-c", code, *argv], timeout=60)
+    assert "torch imported: False" in done.stderr, done.stderr
+    assert "Traceback" not in done.stderr
+
+
+def test_a_bad_flag_value_is_one_line_naming_the_flag(capsys: pytest.CaptureFixture) -> None:
+    with pytest.raises(SystemExit) as info:
+        main(["train", "--steps", "ten"])
+    err = capsys.readouterr().err
+    assert info.value.code == 2 and err.count("\n") == 1, err
+    assert err.startswith("gssgd train: error: argument --steps:") and "--help" in err
 
 
 @pytest.mark.parametrize(

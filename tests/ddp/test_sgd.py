@@ -23,7 +23,7 @@ import torch
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from gssgd.ddp import HookState, comm_hook, compressed_sgd, momentum_placement
-from gssgd.recipes import recipe_advice
+from gssgd.recipes import one_call_horizon, recipe_advice
 from tests.aggregators.reference import ref_topk
 from tests.ddp.scenarios import CAP_MB, batch, make_model
 from tests.dist_utils import raise_worker_errors, run_workers
@@ -214,6 +214,8 @@ class _FakeDDP(torch.nn.Module):
      r"nesterov=True cannot be used with 'gs': its momentum is kept inside the hook"),
     ({"lr": 0.1, "feedback": "onebit"}, r"feedback='onebit' is 1-bit Adam's recipe.*compressed_adamw"),
     ({"lr": 0.1, "momentum_": 0}, r"unknown option\(s\) \['momentum_'\] for method 'gs'"),
+    ({"lr": 0.1, "total_steps": 0}, r"total_steps=0 is invalid: it must be an integer >= 1"),
+    ({"lr": 0.1, "total_steps": 2.5}, r"total_steps=2\.5 is invalid"),
 ])
 def test_bad_arguments_are_refused_by_name(kwargs: dict, match: str) -> None:
     with pytest.raises(ValueError, match=match):
@@ -337,3 +339,45 @@ def test_a_sparse_method_without_a_density_says_it_sends_the_default() -> None:
         said["sgd_default"]
     assert "no density given" not in said["sgd_given"]
     assert "compressed_adamw: no density given for 'topk'" in said["adamw_default"]
+
+
+# --------------------------------------------------------------------- the horizon
+def _horizon_warnings(rank: int, world: int) -> dict[str, list[str]]:
+    """The warnings compressed_sgd gives at construction, per call."""
+    calls = {
+        "topk, unknown length": ("topk", {"density": 0.01}),
+        "topk, 200 steps": ("topk", {"density": 0.01, "total_steps": 200}),
+        "topk, 600 steps": ("topk", {"density": 0.01, "total_steps": 600}),
+        "gs, 100 steps at density 0.1": ("gs", {"density": 0.1, "total_steps": 100}),
+        "topk, k of d, 50 steps": ("topk", {"k": 5, "total_steps": 50}),
+        "powersgd, unknown length": ("powersgd", {"rank": 1}),
+        "dense, 10 steps": ("dense", {"total_steps": 10}),
+    }
+    out = {}
+    for name, (method, kwargs) in calls.items():
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            compressed_sgd(DDP(make_model()), method, lr=0.05, **kwargs)
+        out[name] = [str(w.message) for w in caught if "2x dense" in str(w.message)]
+    return out
+
+
+def test_a_sparse_run_shorter_than_its_horizon_is_warned_at_construction() -> None:
+    """The one-call study: at dense's lr a sparse method came within 2x dense's loss only
+    over ONE_CALL_HORIZON / density steps; a shorter (or unknown) run is told so, naming
+    the steps it needs and the fixes."""
+    out = run_workers(1, _horizon_warnings)
+    raise_worker_errors(out)
+    said = out[0]
+    needed = one_call_horizon("topk", 0.01)
+    assert needed == 600
+    assert len(said["topk, unknown length"]) == 1
+    assert "total_steps not given" in said["topk, unknown length"][0]
+    assert f"{needed} steps" in said["topk, 200 steps"][0]
+    assert "total_steps=200" in said["topk, 200 steps"][0]
+    assert "PowerSGD" in said["topk, 200 steps"][0]
+    assert said["topk, 600 steps"] == []
+    assert said["gs, 100 steps at density 0.1"] == []  # 6 / 0.1 = 60 steps
+    n = sum(p.numel() for p in make_model().parameters())
+    assert (f"{one_call_horizon('topk', 5 / n)} steps" in said["topk, k of d, 50 steps"][0])
+    assert said["powersgd, unknown length"] == [] and said["dense, 10 steps"] == []
