@@ -40,10 +40,12 @@ __all__ = [
     "TEXT_SPARSE_RECIPE",
     "ONEBIT_SETTINGS",
     "ONE_CALL_HORIZON",
+    "MAX_SKIPS",
     "adamw_lr",
     "compresses",
     "default_freeze_steps",
     "local_momentum_recipe",
+    "max_skips_for",
     "momentum_placement",
     "one_call_horizon",
     "onebit_settings",
@@ -81,6 +83,9 @@ SPARSE_WARMUP_STEPS = 100
 #: dense's learning rate (``studies/one_call_sgd``: every sparse method did on three CNNs
 #: at 6 / density steps, where at 2 / density two of the three ended 2.4-10x dense's loss).
 ONE_CALL_HORIZON = 6
+#: At most this many consecutive non-finite (skipped) steps before a run stops, however
+#: long the run (:func:`max_skips_for`).
+MAX_SKIPS = 100
 #: AdamW's learning rate when ``--lr`` is not given (the character LSTM's is
 #: :data:`ADAMW_LM_LR`).
 ADAMW_LR = 1e-3
@@ -224,6 +229,14 @@ def momentum_placement(method: str) -> str:
         raise ValueError(f"unknown method {method!r}; valid methods: {', '.join(AGGREGATORS)}.")
     takes = getattr(AGGREGATORS[method].Options, "__dataclass_fields__", {})
     return "hook" if sparse(method) and "momentum" in takes else "optimizer"
+
+
+def max_skips_for(steps: int) -> int:
+    """Consecutive non-finite steps a run of ``steps`` skips before it stops (the
+    aggregators' ``max_consecutive_skips``): a tenth of the run, at least 1, at most
+    :data:`MAX_SKIPS`. A 60-step run whose gradients stay NaN stops at its 6th such step
+    instead of skipping to the end and reporting success."""
+    return min(MAX_SKIPS, max(1, steps // 10))
 
 
 def one_call_horizon(method: str, density: float) -> int:

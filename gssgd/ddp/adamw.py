@@ -94,8 +94,9 @@ def compressed_adamw(
 ) -> CompressedAdamW:
     """AdamW on a DDP model whose gradients a gssgd method compresses (1-bit Adam's recipe).
 
-    Builds :class:`~gssgd.optim.FrozenVarianceAdamW` and a :class:`~gssgd.ddp.HookState` with
-    the recipe's settings (:func:`gssgd.recipes.onebit_settings`), pairs them, registers.
+    Builds :class:`~gssgd.optim.FrozenVarianceAdamW` and a hook with 1-bit Adam's settings
+    (:func:`gssgd.recipes.onebit_settings`); the run's length sets the non-finite skip
+    limit (:func:`~gssgd.ddp.paired.check_one_call`).
 
     Args:
         model: the DDP model (the hook is registered on it).
@@ -116,8 +117,7 @@ def compressed_adamw(
     Raises:
         ValueError: not a DDP model, no 1-bit Adam feedback, a recipe's option, a bad value.
     """
-    check_one_call("compressed_adamw", model, method, _refusal, density, options)
-    _check_recipe_options(options)
+    options = _checked_options(model, method, density, options, total_steps)
     hooked = {"whole_model": whole_model, "scaler": scaler, "overlap": overlap,
               "model": model if whole_model else None, **options}
     adamw = {"params": model.parameters() if params is None else params, "lr": lr,
@@ -142,8 +142,13 @@ def _paired(run: CompressedAdamW, model: nn.Module, summary: str) -> CompressedA
     return run
 
 
-def _check_recipe_options(options: dict[str, Any]) -> None:
-    """Refuse an option 1-bit Adam's recipe sets itself (:data:`_RECIPE_OPTIONS`)."""
+def _checked_options(model: nn.Module, method: str, density: float | None,
+                     options: dict[str, Any], total_steps: int | None) -> dict[str, Any]:
+    """The one call's checks (:func:`~gssgd.ddp.paired.check_one_call`) and the refusal of
+    an option 1-bit Adam's recipe sets itself (:data:`_RECIPE_OPTIONS`); the options to
+    build with."""
+    options = check_one_call("compressed_adamw", model, method, _refusal, density, options,
+                             total_steps)
     given = sorted(set(options) & set(_RECIPE_OPTIONS))
     if given:
         raise ValueError(
@@ -151,6 +156,7 @@ def _check_recipe_options(options: dict[str, Any]) -> None:
             "start_iter=freeze_step, feedback='onebit' and momentum=betas[0] itself. Drop "
             "them (choose freeze_step and betas instead)."
         )
+    return options
 
 
 def _refusal(method: str) -> str | None:

@@ -9,6 +9,7 @@ mismatch; both return a :class:`PairedRun`.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -20,6 +21,7 @@ from gssgd.aggregators import AGGREGATORS
 from gssgd.aggregators.options import DEFAULT_DENSITY
 from gssgd.ddp.state import HookState
 from gssgd.log import logger
+from gssgd.recipes import max_skips_for
 
 __all__ = ["PairedRun", "check_one_call", "say_default_density"]
 
@@ -65,9 +67,10 @@ class PairedRun:
 
 def check_one_call(call: str, model: nn.Module, method: str,
                    refusal: Callable[[str], str | None], density: float | None = None,
-                   options: dict[str, Any] | None = None) -> None:
+                   options: dict[str, Any] | None = None, total_steps: int | None = None
+                   ) -> dict[str, Any]:
     """What a one-call recipe refuses before it builds anything, and a defaulted density
-    it says (:func:`say_default_density`).
+    it says (:func:`say_default_density`); the options to build with.
 
     Args:
         call: the recipe's name, for the messages (``"compressed_sgd"``).
@@ -76,6 +79,12 @@ def check_one_call(call: str, model: nn.Module, method: str,
         refusal: why the recipe cannot serve a registered method (the message's reason
             and fix), or None where it can.
         density, options: the call's density and the method's other options.
+        total_steps: the run's length, if known: then a method that skips non-finite steps
+            stops after :func:`~gssgd.recipes.max_skips_for` of them in a row (a tenth of
+            the run, at most 100), unless ``options`` sets ``max_consecutive_skips``.
+
+    Returns:
+        ``options`` with that skip limit.
 
     Raises:
         ValueError: not a DDP model, or a method the recipe does not serve; each message
@@ -90,7 +99,13 @@ def check_one_call(call: str, model: nn.Module, method: str,
     why = refusal(method) if method in AGGREGATORS else None
     if why is not None:
         raise ValueError(f"method={method!r} is invalid for {call}: {why}")
-    say_default_density(call, method, density, options or {})
+    options = dict(options or {})
+    say_default_density(call, method, density, options)
+    takes = {f.name for f in dataclasses.fields(AGGREGATORS[method].Options)
+             } if method in AGGREGATORS else set()
+    if isinstance(total_steps, int) and total_steps >= 1 and "max_consecutive_skips" in takes:
+        options.setdefault("max_consecutive_skips", max_skips_for(total_steps))
+    return options
 
 
 def say_default_density(call: str, method: str, density: float | None,

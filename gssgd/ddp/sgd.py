@@ -130,8 +130,8 @@ def compressed_sgd(
             hook, ``feedback="onebit"`` (AdamW's: use :func:`~gssgd.ddp.compressed_adamw`),
             or any setting out of range (the message names the value, range and fix).
     """
-    check_one_call("compressed_sgd", model, method, lambda method: None, density, options)
     _check_settings(lr, momentum, weight_decay, nesterov, total_steps, options)
+    options = check_one_call("compressed_sgd", model, method, _any, density, options, total_steps)
     placement = _placement(method, momentum, nesterov)
     hook, optimizer = _build(model, method, placement, lr, momentum, weight_decay, nesterov,
                              params, dict(density=density, start_iter=start_iter,
@@ -143,6 +143,11 @@ def compressed_sgd(
     logger.info("gssgd: compressed_sgd: %s with momentum %s in the %s, SGD %s", method, momentum,
                 placement, {k: optimizer.param_groups[0][k] for k in ("lr", "weight_decay")})
     return CompressedSGD(optimizer, hook, placement)
+
+
+def _any(method: str) -> None:
+    """compressed_sgd serves every method (dense's momentum stays in the optimizer)."""
+    return None
 
 
 def _placement(method: str, momentum: float, nesterov: bool) -> str:

@@ -19,7 +19,7 @@ from gssgd.aggregators.lowrank import DEFAULT_POWERSGD_RANK as _DEFAULT_RANK
 from gssgd.amp import AMP_DTYPES
 from gssgd.ddp import HookSettings
 from gssgd.methods import METHODS, get_method, renamed_hint
-from gssgd.recipes import warmup_steps_recipe
+from gssgd.recipes import max_skips_for, warmup_steps_recipe
 from gssgd.train.checks import (
     apply_frozen_variance,
     apply_optimizer_recipe,
@@ -244,10 +244,13 @@ class TrainConfig:
     # ---------------------------------------------------------------- derived settings
     def aggregator_options(self) -> dict[str, Any]:
         """The keyword options of the aggregator (``k`` included, ``density`` apart),
-        defaults left out: the run's ``seed`` where the method takes one, then
-        ``options`` (a dtype given by name as the ``torch.dtype``)."""
+        defaults left out: the run's ``seed`` and its skip limit
+        (:func:`~gssgd.recipes.max_skips_for` the run's steps) where the method takes
+        them, then ``options`` (a dtype given by name as the ``torch.dtype``)."""
         takes = get_method(self.method).option_names()
         opts: dict[str, Any] = {"seed": self.seed} if "seed" in takes else {}
+        if "max_consecutive_skips" in takes:  # a tenth of the run; an option given wins
+            opts["max_consecutive_skips"] = max_skips_for(self.steps)
         opts.update(to_aggregator(self.method, {name: value for name, value in
                                                 self.options.items() if name in takes}))
         return opts

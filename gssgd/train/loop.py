@@ -276,7 +276,8 @@ def _train_step(run: _Run, step: int) -> bool:
 def _update(run: _Run, loss: torch.Tensor, step: int) -> bool:
     """Backward (DDP averages the gradients there, through the method's hook; with --amp
     fp16 the loss is scaled, and an overflow comes back as NaN gradients on every rank),
-    then the optimizer step. False when the sketch collapsed (on every rank alike)."""
+    then the optimizer step. False when the sketch collapsed or the gradients stayed
+    non-finite for the method's ``max_consecutive_skips`` steps (on every rank alike)."""
     cfg = run.cfg
     run.optimizer.zero_grad(set_to_none=True)
     try:
@@ -284,9 +285,10 @@ def _update(run: _Run, loss: torch.Tensor, step: int) -> bool:
             (loss if run.scaler is None else run.scaler.scale(loss)).backward()
         _optimizer_step(run)
         run.sync.after_step()  # local steps: every H-th step is the outer step
-    except SketchCollapseError as err:  # raised on every rank at this same step
+    except (SketchCollapseError, FloatingPointError) as err:  # on every rank at this step
         saved = checkpoint.list_checkpoints(Path(cfg.out) / checkpoint.CHECKPOINT_DIR)
-        run.status = STATUS_COLLAPSED
+        collapsed = isinstance(err, SketchCollapseError)
+        run.status = STATUS_COLLAPSED if collapsed else STATUS_NONFINITE
         run.message = f"gssgd train: stopped at step {step}: {err}" + (
             f" The weights were not updated; {saved[-1].name} in {cfg.out} is kept."
             if saved

@@ -144,8 +144,9 @@ def simulate_training(cfg: TrainConfig) -> dict[str, Any]:
         t0 = time.perf_counter()
         try:
             loss_sum, correct, count, nonfinite = ranks.step(data, step, device)
-        except SketchCollapseError as err:
-            status, message = STATUS_COLLAPSED, f"gssgd train: stopped at step {step}: {err}"
+        except (SketchCollapseError, FloatingPointError) as err:  # as the real workers stop
+            status = STATUS_COLLAPSED if isinstance(err, SketchCollapseError) else STATUS_NONFINITE
+            message = f"gssgd train: stopped at step {step}: {err}"
             break
         if nonfinite:
             status = STATUS_NONFINITE

@@ -16,6 +16,7 @@ from __future__ import annotations
 import tempfile
 import warnings
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -342,8 +343,9 @@ def test_a_sparse_method_without_a_density_says_it_sends_the_default() -> None:
 
 
 # --------------------------------------------------------------------- the horizon
-def _horizon_warnings(rank: int, world: int) -> dict[str, list[str]]:
-    """The warnings compressed_sgd gives at construction, per call."""
+def _horizon_warnings(rank: int, world: int) -> dict[str, Any]:
+    """The warnings compressed_sgd gives at construction, per call, and the skip limits
+    the run's length sets."""
     calls = {
         "topk, unknown length": ("topk", {"density": 0.01}),
         "topk, 200 steps": ("topk", {"density": 0.01, "total_steps": 200}),
@@ -359,6 +361,14 @@ def _horizon_warnings(rank: int, world: int) -> dict[str, list[str]]:
             warnings.simplefilter("always")
             compressed_sgd(DDP(make_model()), method, lr=0.05, **kwargs)
         out[name] = [str(w.message) for w in caught if "2x dense" in str(w.message)]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for steps in (60, 5000):  # the skip limit: a tenth of the run, at most 100
+            run = compressed_sgd(DDP(make_model()), "topk", lr=0.05, total_steps=steps)
+            out[f"skips at {steps}"] = run.hook.options["max_consecutive_skips"]
+        run = compressed_sgd(DDP(make_model()), "topk", lr=0.05, total_steps=60,
+                             max_consecutive_skips=3)
+        out["skips given"] = run.hook.options["max_consecutive_skips"]
     return out
 
 
@@ -381,3 +391,4 @@ def test_a_sparse_run_shorter_than_its_horizon_is_warned_at_construction() -> No
     n = sum(p.numel() for p in make_model().parameters())
     assert (f"{one_call_horizon('topk', 5 / n)} steps" in said["topk, k of d, 50 steps"][0])
     assert said["powersgd, unknown length"] == [] and said["dense, 10 steps"] == []
+    assert (said["skips at 60"], said["skips at 5000"], said["skips given"]) == (6, 100, 3)

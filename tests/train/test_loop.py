@@ -454,3 +454,59 @@ def test_local_steps_take_denses_inner_recipe_and_no_warm_up() -> None:
     assert cfg.outer_error_decay is None  # classic error feedback unless told
     adamw = TrainConfig.build(**{**DIGITS, "method": "gs", "local_steps": 10, "optimizer": "adamw"})
     assert not adamw.freeze_variance_after  # plain AdamW inside, no 1-bit Adam schedule
+
+
+# ---------------------------------------------------------------------------- NaN gradients
+NAN_MODEL = '''
+import torch
+from torch import nn
+
+
+class NanFrom(nn.Module):
+    """An MLP whose loss stays finite while its gradients turn NaN from the 20th training
+    forward on (a model that broke the backward, not the forward)."""
+
+    def __init__(self, data):
+        super().__init__()
+        self.net = nn.Sequential(nn.Linear(20, 16), nn.ReLU(), nn.Linear(16, data.num_classes))
+        self.calls = 0
+
+    def forward(self, x):
+        out = self.net(x)
+        if self.training:
+            self.calls += 1
+            if self.calls > 20 and out.requires_grad:
+                out.register_hook(lambda g: g * float("nan"))
+        return out
+
+
+def model(data):
+    return NanFrom(data)
+'''
+
+
+@pytest.mark.parametrize("simulate", [False, True])
+def test_gradients_that_stay_non_finite_end_the_run_loudly(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, simulate: bool) -> None:
+    """A 60-step run whose gradients are NaN from step 20 on stops after a tenth of the run
+    (6) of skipped steps in a row: non-zero exit, a message naming the limit and the kept
+    checkpoint, which is the last one before the NaNs (the skipped steps moved nothing)."""
+    from gssgd.cli.main import main
+
+    (tmp_path / "nan_model.py").write_text(NAN_MODEL)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    out = tmp_path / "run"
+    code = main(["train", "--method", "gs", "--density", "0.1", "--dataset",
+                 "examples.user_model:blobs", "--model", "nan_model:model", "--steps", "60",
+                 "--checkpoint-every", "10", "--eval-every", "10", "--batch-size", "16",
+                 "--workers", "2", "--no-progress", "--timeout", "60", "--out", str(out)]
+                + (["--simulate"] if simulate else []))
+    summary = json.loads((out / "summary.json").read_text())
+    assert code == 1, summary
+    assert summary["status"] == STATUS_NONFINITE
+    assert "max_consecutive_skips=6" in summary["message"], summary["message"]
+    assert summary["steps"] < 30
+    if not simulate:  # the simulated world keeps no checkpoints
+        assert "step-00000020.pt" in summary["message"] and "is kept" in summary["message"]
+        assert resolve_checkpoint(out).name == "step-00000020.pt"
