@@ -1,4 +1,6 @@
-"""The house rules of the package, kept by a test: small modules, small functions, imports
+"""The house rules of the package, kept by a test: modules and functions of a reader's size
+(soft limits that flag, a hard ceiling at twice them: cohesion decides a module's extent,
+not a line count), imports
 that only point down (no circles, no lower layer importing a higher one), method names in
 one module, error-feedback rules one per module, and no study figures in the code (the
 studies live in studies/, the package loads the figures it needs from data files)."""
@@ -6,10 +8,13 @@ studies live in studies/, the package loads the figures it needs from data files
 from __future__ import annotations
 
 import ast
+import warnings
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parent.parent / "gssgd"
-MAX_MODULE_LINES, MAX_FUNCTION_LINES = 450, 60
+#: Sizes past which a module or function is flagged (a warning: read it, merge or split by
+#: meaning); twice them fails.
+SOFT_MODULE_LINES, SOFT_FUNCTION_LINES = 800, 80
 
 
 def _modules() -> dict[str, Path]:
@@ -41,17 +46,22 @@ def _imports(name: str, path: Path, known: set[str]) -> set[str]:
     return found
 
 
-def test_no_module_or_function_is_too_long() -> None:
-    too_long = []
+def test_no_module_or_function_is_far_too_long() -> None:
+    long, too_long = [], []
     for name, path in _modules().items():
         text = path.read_text()
-        if len(text.splitlines()) > MAX_MODULE_LINES:
-            too_long.append(f"{name}: {len(text.splitlines())} lines")
-        for node in ast.walk(ast.parse(text)):
-            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
-                length = node.end_lineno - node.lineno + 1  # type: ignore[operator]
-                if length > MAX_FUNCTION_LINES:
-                    too_long.append(f"{name}.{node.name}: {length} lines")
+        sizes = [(name, len(text.splitlines()), SOFT_MODULE_LINES)]
+        sizes += [(f"{name}.{node.name}", node.end_lineno - node.lineno + 1,  # type: ignore[operator]
+                   SOFT_FUNCTION_LINES) for node in ast.walk(ast.parse(text))
+                  if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))]
+        for what, lines, soft in sizes:
+            if lines > 2 * soft:
+                too_long.append(f"{what}: {lines} lines")
+            elif lines > soft:
+                long.append(f"{what}: {lines} lines")
+    if long:
+        warnings.warn("long (read them: one reader's unit, or two?): " + "; ".join(long),
+                      stacklevel=1)
     assert not too_long, "split these into their steps: " + "; ".join(too_long)
 
 
@@ -79,7 +89,7 @@ def test_no_import_circles() -> None:
 #: module or subpackage takes its place here.
 LAYERS = (
     "_validate", "log", "kernels", "transport", "simulated", "_select", "sketch", "comm",
-    "aggregators", "optim", "amp", "methods", "local_steps", "recipes", "ddp", "train",
+    "aggregators", "optim", "lr_schedule", "amp", "methods", "local_steps", "recipes", "ddp", "train",
     "costmodel", "bench", "study", "gssgd", "cli",
 )
 

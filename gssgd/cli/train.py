@@ -19,6 +19,7 @@ from gssgd.aggregators.options import PAYLOAD_DTYPES
 from gssgd.amp import AMP_DTYPES
 from gssgd.cli.errors import run_command
 from gssgd.local_steps import DILOCO_OUTER_LR, DILOCO_OUTER_MOMENTUM
+from gssgd.lr_schedule import LR_SCHEDULES
 from gssgd.methods import METHODS
 from gssgd.optim import UNSEEN_RULES, VARIANCES
 from gssgd.recipes import (
@@ -171,11 +172,17 @@ def _optimisation_flags(parser: argparse.ArgumentParser) -> None:
     opt.add_argument("--optimizer", choices=OPTIMIZERS, default=c.optimizer,
                      help="sgd (default) or adamw")
     opt.add_argument("--lr", type=float, default=None,
-                     help="learning rate (constant); default: SGD's recipe, "
+                     help="learning rate (the peak of --lr-schedule); default: SGD's recipe, "
                      f"{DENSE_RECIPE[0]} for dense methods, {SPARSE_RECIPE[0]} for sparse ones, "
                      f"on a language model {TEXT_RECIPE[0]} for dense methods and "
                      f"{TEXT_SPARSE_RECIPE[0]} for sparse ones; AdamW: {ADAMW_LR} (the character "
                      f"LSTM: {ADAMW_LM_LR})")
+    opt.add_argument("--lr-schedule", choices=LR_SCHEDULES, default=c.lr_schedule,
+                     help="the learning rate after its warm-up: constant (default) or cosine "
+                     "(a half cosine from --lr down to 0 at the last step)")
+    opt.add_argument("--lr-warmup-steps", type=int, default=c.lr_warmup_steps, metavar="N",
+                     help="a linear warm-up of the learning rate over the first N steps "
+                     "(default 0: none; a tenth of the run is usual)")
     opt.add_argument("--momentum", type=float, default=None,
                      help="SGD momentum, applied after aggregation; default: "
                      f"{DENSE_RECIPE[1]} for dense methods, {SPARSE_RECIPE[1]} for sparse ones "

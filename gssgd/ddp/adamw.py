@@ -90,6 +90,8 @@ def compressed_adamw(
     overlap: str = "none",
     total_steps: int | None = None,
     params: Iterable[Any] | None = None,
+    lr_schedule: str = "constant",
+    lr_warmup_steps: int = 0,
     **options: Any,
 ) -> CompressedAdamW:
     """AdamW on a DDP model whose gradients a gssgd method compresses (1-bit Adam's recipe).
@@ -109,6 +111,7 @@ def compressed_adamw(
             ``"moving"``) and one with none at the freeze (:data:`gssgd.optim.UNSEEN_RULES`).
         density, whole_model, scaler, overlap, params: as :func:`~gssgd.ddp.compressed_sgd`.
         total_steps: the run's length, if known (none above ``freeze_step``: warned).
+        lr_schedule, lr_warmup_steps: as :func:`~gssgd.ddp.compressed_sgd` (``.scheduler``).
         **options: the method's other options; the recipe's own three are refused.
 
     Returns:
@@ -118,12 +121,14 @@ def compressed_adamw(
         ValueError: not a DDP model, no 1-bit Adam feedback, a recipe's option, a bad value.
     """
     options = _checked_options(model, method, density, options, total_steps)
+    schedule = (lr_schedule, lr_warmup_steps, total_steps)
     hooked = {"whole_model": whole_model, "scaler": scaler, "overlap": overlap,
               "model": model if whole_model else None, **options}
     adamw = {"params": model.parameters() if params is None else params, "lr": lr,
              "betas": betas, "eps": eps, "weight_decay": weight_decay}
     if method in AGGREGATORS and not compresses(method):  # dense: the baseline, AdamW
-        return _paired(CompressedAdamW(torch.optim.AdamW(**adamw), HookState(method, **hooked)),
+        return _paired(CompressedAdamW(torch.optim.AdamW(**adamw), HookState(method, **hooked)
+                                       ).scheduled(*schedule),
                        model, f"{method}: torch.optim.AdamW on the dense average (the baseline)")
     optimizer = FrozenVarianceAdamW(**adamw, freeze_step=freeze_step, variance=variance,
                                     unseen=unseen)
@@ -131,7 +136,7 @@ def compressed_adamw(
     hook = HookState(method, density=density, **recipe, **hooked)
     pair_adamw(optimizer, hook)
     _warn_all_dense(total_steps, freeze_step)
-    return _paired(CompressedAdamW(optimizer, hook), model,
+    return _paired(CompressedAdamW(optimizer, hook).scheduled(*schedule), model,
                    f"{method}, {freeze_step} dense AdamW steps, then the variance {variance}")
 
 

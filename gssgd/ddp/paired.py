@@ -12,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Self
 
 import torch
 from torch import nn
@@ -21,6 +21,7 @@ from gssgd.aggregators import AGGREGATORS
 from gssgd.aggregators.options import DEFAULT_DENSITY
 from gssgd.ddp.state import HookState
 from gssgd.log import logger
+from gssgd.lr_schedule import LrSchedule
 from gssgd.recipes import max_skips_for
 
 __all__ = ["PairedRun", "check_one_call", "say_default_density"]
@@ -35,15 +36,38 @@ class PairedRun:
             ``scaler.step(run.optimizer)``) and to give an LR scheduler.
         hook: the :class:`~gssgd.ddp.HookState` registered on the model (its ``last_stats``
             hold the last iteration's bytes, its ``totals`` the run's).
+        scheduler: the learning-rate schedule (``lr_schedule=``, ``lr_warmup_steps=``) as
+            a ``torch`` scheduler to step after each optimizer step, or None (constant).
     """
 
     optimizer: torch.optim.Optimizer
     hook: HookState
+    scheduler: torch.optim.lr_scheduler.LambdaLR | None = None
+
+    def scheduled(self, kind: str, warmup_steps: int, total_steps: int | None) -> Self:
+        """This run with its learning rate on :class:`~gssgd.lr_schedule.LrSchedule`
+        (``kind`` after ``warmup_steps`` of linear warm-up, over ``total_steps``).
+
+        Raises:
+            ValueError: a bad value, or a warm-up or decay without the run's length.
+        """
+        if kind == "constant" and warmup_steps == 0:
+            return self
+        if total_steps is None:
+            raise ValueError(f"lr_schedule={kind!r}, lr_warmup_steps={warmup_steps!r} need "
+                             "total_steps= (the run's optimizer steps): the schedule spans "
+                             "the run.")
+        self.scheduler = LrSchedule(kind, warmup_steps, total_steps).scheduler(self.optimizer)
+        return self
 
     def state_dict(self) -> dict[str, Any]:
-        """This rank's state: ``{"optimizer": ..., "hook": ...}``. The hook's residuals
-        differ between ranks, so save one file per rank."""
-        return {"optimizer": self.optimizer.state_dict(), "hook": self.hook.state_dict()}
+        """This rank's state: ``{"optimizer": ..., "hook": ...}`` (and ``"scheduler"``
+        with a schedule). The hook's residuals differ between ranks, so save one file per
+        rank."""
+        sd = {"optimizer": self.optimizer.state_dict(), "hook": self.hook.state_dict()}
+        if self.scheduler is not None:
+            sd["scheduler"] = self.scheduler.state_dict()
+        return sd
 
     def load_state_dict(self, sd: dict[str, Any]) -> None:
         """Restore :meth:`state_dict` output (this rank's), before the first step.
@@ -59,6 +83,11 @@ class PairedRun:
             )
         self.optimizer.load_state_dict(sd["optimizer"])
         self.hook.load_state_dict(sd["hook"])
+        if self.scheduler is not None:
+            if "scheduler" not in sd:
+                raise ValueError("this run has a learning-rate schedule and the state_dict "
+                                 "none: it was saved by a run without one.")
+            self.scheduler.load_state_dict(sd["scheduler"])
         self._loaded()
 
     def _loaded(self) -> None:

@@ -98,6 +98,8 @@ def compressed_sgd(
     overlap: str = "none",
     params: Iterable[Any] | None = None,
     total_steps: int | None = None,
+    lr_schedule: str = "constant",
+    lr_warmup_steps: int = 0,
     **options: Any,
 ) -> CompressedSGD:
     """Momentum SGD on a DDP model whose gradients ``method`` averages, at your dense lr:
@@ -119,6 +121,8 @@ def compressed_sgd(
         total_steps: the run's optimizer steps. A sparse method trained like dense at
             dense's lr only over :func:`~gssgd.recipes.one_call_horizon` steps (600 at
             density 0.01): a shorter run, or an unknown length (None), is warned.
+        lr_schedule, lr_warmup_steps: the lr's schedule over ``total_steps``
+            (:class:`~gssgd.lr_schedule.LrSchedule`): ``.scheduler``, stepped by you.
         **options: the method's other options (``rank``, ``rows``, ``warmup_steps``, ...).
 
     Returns:
@@ -139,10 +143,12 @@ def compressed_sgd(
                                           overlap=overlap, **options))
     _refuse_advised(optimizer, method, hook)
     _warn_short_run(method, _sent_fraction(model, density, options), total_steps)
+    run = CompressedSGD(optimizer, hook, placement=placement).scheduled(
+        lr_schedule, lr_warmup_steps, total_steps)
     model.register_comm_hook(hook, comm_hook)
     logger.info("gssgd: compressed_sgd: %s with momentum %s in the %s, SGD %s", method, momentum,
                 placement, {k: optimizer.param_groups[0][k] for k in ("lr", "weight_decay")})
-    return CompressedSGD(optimizer, hook, placement)
+    return run
 
 
 def _any(method: str) -> None:

@@ -8,6 +8,8 @@ Example (``examples/user_model_study.toml`` and ``studies/equal_budget/specs/`` 
     workers = 16
     global_batch = 256             # or batch_size = 16 (per worker)
     steps = 800
+    lr_schedule = "cosine"         # every method's lr: warm-up, then a half cosine to 0
+    lr_warmup_steps = 80           #   (default: constant, no warm-up)
     eval_every = 50
     simulate = true                # the simulated world (default); false: real processes
     budget = 6                     # trials per method: every method gets the same
@@ -54,7 +56,8 @@ __all__ = ["Knob", "MethodSpace", "StudySpec", "load_spec", "parse_spec"]
 
 #: The run settings a spec sets at its top level (the same for every trial).
 RUN_KEYS = ("dataset", "model", "workers", "global_batch", "batch_size", "steps",
-            "eval_every", "simulate", "optimizer", "seq_len", "plugins", "threads")
+            "eval_every", "simulate", "optimizer", "seq_len", "plugins", "threads",
+            "lr_schedule", "lr_warmup_steps")
 STUDY_KEYS = ("name", "budget", "seeds", "sampler", "target", "methods")
 SAMPLERS = ("tpe", "grid", "random", "lhs")
 METRICS = ("accuracy", "loss")

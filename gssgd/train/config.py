@@ -18,6 +18,7 @@ from typing import Any
 from gssgd.aggregators.lowrank import DEFAULT_POWERSGD_RANK as _DEFAULT_RANK
 from gssgd.amp import AMP_DTYPES
 from gssgd.ddp import HookSettings
+from gssgd.lr_schedule import LR_SCHEDULES, LrSchedule
 from gssgd.methods import METHODS, get_method, renamed_hint
 from gssgd.recipes import max_skips_for, warmup_steps_recipe
 from gssgd.train.checks import (
@@ -84,7 +85,9 @@ class TrainConfig:
     steps: int = 500  # total steps; a resumed run continues up to this many
     batch_size: int = 32  # samples (text: windows) per worker per step
     optimizer: str = "sgd"  # sgd or adamw
-    lr: float | None = None  # learning rate (constant); None: the method's recipe
+    lr: float | None = None  # (peak) learning rate; None: the method's recipe
+    lr_schedule: str = "constant"  # after the warm-up: constant or cosine (to 0 at the end)
+    lr_warmup_steps: int = 0  # linear warm-up steps of the learning rate (0: none)
     momentum: float | None = None  # SGD momentum after aggregation; None: the method's recipe
     weight_decay: float = 0.0  # weight decay (AdamW: decoupled)
     betas: tuple[float, float] = (0.9, 0.999)  # AdamW's betas
@@ -195,6 +198,7 @@ class TrainConfig:
         if self.simulate:
             check_simulated(self)
         check_real("lr", self.lr, "> 0", lambda v: v > 0, "For example 0.05.")
+        self._check_schedule()
         check_real("momentum", self.momentum, "in [0, 1)", lambda v: 0 <= v < 1, "Or 0 for none.")
         check_real("weight_decay", self.weight_decay, ">= 0", lambda v: v >= 0)
         check_betas(self)
@@ -208,6 +212,22 @@ class TrainConfig:
         if self.bucket_cap_mb is not None:
             check_real("bucket_cap_mb", self.bucket_cap_mb, "in (0, 1024]",
                        lambda v: 0 < v <= 1024)
+
+    def _check_schedule(self) -> None:
+        """The learning rate's schedule (:class:`~gssgd.lr_schedule.LrSchedule`)."""
+        if self.lr_schedule not in LR_SCHEDULES:
+            raise bad("lr_schedule", self.lr_schedule,
+                      f"it must be one of {', '.join(LR_SCHEDULES)}")
+        check_int("lr_warmup_steps", self.lr_warmup_steps, 0)
+        if self.lr_warmup_steps and self.lr_warmup_steps >= self.steps:
+            raise bad("lr_warmup_steps", self.lr_warmup_steps,
+                      f"it must be below --steps {self.steps}",
+                      f"A tenth of the run is usual: --lr-warmup-steps {self.steps // 10}.")
+
+    @property
+    def schedule(self) -> LrSchedule:
+        """The run's learning-rate schedule (its factor at each step)."""
+        return LrSchedule(self.lr_schedule, self.lr_warmup_steps, self.steps)
 
     def _check_tensorboard(self) -> None:
         if self.tensorboard is None:

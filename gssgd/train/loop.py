@@ -283,7 +283,7 @@ def _update(run: _Run, loss: torch.Tensor, step: int) -> bool:
     try:
         with _alone(run):
             (loss if run.scaler is None else run.scaler.scale(loss)).backward()
-        _optimizer_step(run)
+        _optimizer_step(run, step)
         run.sync.after_step()  # local steps: every H-th step is the outer step
     except (SketchCollapseError, FloatingPointError) as err:  # on every rank at this step
         saved = checkpoint.list_checkpoints(Path(cfg.out) / checkpoint.CHECKPOINT_DIR)
@@ -334,7 +334,9 @@ def _alone(run: _Run) -> contextlib.AbstractContextManager[Any]:
     return run.ddp.no_sync() if run.cfg.local_steps else contextlib.nullcontext()
 
 
-def _optimizer_step(run: _Run) -> None:
+def _optimizer_step(run: _Run, step: int) -> None:
+    """The optimizer's step at the schedule's learning rate (``--lr-schedule``)."""
+    run.cfg.schedule.apply(run.optimizer, run.cfg.lr, step)
     if run.scaler is None:
         run.optimizer.step()
     else:  # skips the step on an overflow (every rank alike) and adapts the scale

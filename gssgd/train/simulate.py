@@ -205,6 +205,7 @@ class _SharedReplica:
         for p, piece in zip(self.params, updates[0].split([p.numel() for p in self.params]),
                             strict=True):
             p.grad = piece.view_as(p).clone()
+        self.cfg.schedule.apply(self.optimizer, self.cfg.lr, step)
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         return loss_sum, correct, count, 0
@@ -236,6 +237,7 @@ class _LocalReplicas:
             loss = sums.forward(model, data, self.cfg, step, rank, size, device)
             opt.zero_grad(set_to_none=True)
             loss.backward()
+            self.cfg.schedule.apply(opt, self.cfg.lr, step)
             opt.step()
         if not sums.nonfinite:
             self.outer = self.world.run(lambda rank: self.local[rank.rank].step())[0]

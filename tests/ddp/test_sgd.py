@@ -392,3 +392,55 @@ def test_a_sparse_run_shorter_than_its_horizon_is_warned_at_construction() -> No
     assert (f"{one_call_horizon('topk', 5 / n)} steps" in said["topk, k of d, 50 steps"][0])
     assert said["powersgd, unknown length"] == [] and said["dense, 10 steps"] == []
     assert (said["skips at 60"], said["skips at 5000"], said["skips given"]) == (6, 100, 3)
+
+
+# --------------------------------------------------------------------- the lr schedule
+def _scheduled(rank: int, world: int) -> dict[str, Any]:
+    """compressed_sgd and compressed_adamw with warm-up + cosine: the lr at each step, and
+    a run restored from the state_dict of step 4."""
+    from gssgd.ddp import compressed_adamw
+
+    out: dict[str, Any] = {}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for name, call in (("sgd", compressed_sgd), ("adamw", compressed_adamw)):
+            ddp = DDP(make_model())
+            run = call(ddp, "topk", lr=0.05, density=0.1, total_steps=10,
+                       lr_schedule="cosine", lr_warmup_steps=2)
+            lrs = []
+            for step in range(10):
+                lrs.append(run.optimizer.param_groups[0]["lr"])
+                run.optimizer.zero_grad()
+                _loss(ddp, rank, step).backward()
+                run.optimizer.step()
+                run.scheduler.step()
+                if step == 3:
+                    saved = run.state_dict()
+            again = call(DDP(make_model()), "topk", lr=0.05, density=0.1, total_steps=10,
+                         lr_schedule="cosine", lr_warmup_steps=2)
+            again.load_state_dict(saved)
+            out[name] = (lrs, again.optimizer.param_groups[0]["lr"])
+        out["constant"] = compressed_sgd(DDP(make_model()), "topk", lr=0.05, density=0.1,
+                                         total_steps=10).scheduler
+        try:
+            compressed_sgd(DDP(make_model()), "topk", lr=0.05, lr_schedule="cosine")
+        except ValueError as err:
+            out["no length"] = str(err)
+    return out
+
+
+def test_the_one_call_takes_the_trainers_lr_schedule() -> None:
+    """The one call's scheduler gives the trainer's numbers (LrSchedule), and restores
+    mid-run from the run's state_dict."""
+    from gssgd.lr_schedule import LrSchedule
+
+    out = run_workers(1, _scheduled)
+    raise_worker_errors(out)
+    said = out[0]
+    schedule = LrSchedule("cosine", 2, 10)
+    for name in ("sgd", "adamw"):
+        lrs, restored = said[name]
+        assert lrs == [0.05 * schedule.factor(t) for t in range(10)], name
+        assert restored == lrs[4], name
+    assert said["constant"] is None
+    assert "need total_steps=" in said["no length"]

@@ -256,3 +256,16 @@ def test_a_setting_that_diverges_is_the_worst_trial_not_the_end_of_the_study(
     statuses = {t["setting"]["lr"]: t["status"] for t in gs["trials"]}
     assert statuses == {0.1: "completed", 1e6: "stopped: non-finite loss"}
     assert gs["best_setting"]["lr"] == 0.1 and gs["final"]["failed"] == 0
+
+
+def test_a_spec_schedules_every_methods_learning_rate(tmp_path: Path) -> None:
+    """``lr_schedule`` and ``lr_warmup_steps`` at the top of a spec reach every trial's
+    config (the same recipe for every method), and a bad one is refused before training."""
+    from gssgd.study.trials import trial_config
+
+    spec = parse_spec(_small(lr_schedule="cosine", lr_warmup_steps=3))
+    for row in spec.methods:
+        cfg = trial_config(spec, row, {"lr": 0.05}, 0, tmp_path / row.label)
+        assert (cfg.lr_schedule, cfg.lr_warmup_steps) == ("cosine", 3), row.label
+    with pytest.raises(ValueError, match="lr-warmup-steps=30 is invalid"):
+        run_study(parse_spec(_small(lr_warmup_steps=30)), tmp_path / "bad", progress=False)
