@@ -39,6 +39,7 @@ __all__ = [
     "TEXT_RECIPE",
     "TEXT_SPARSE_RECIPE",
     "ONEBIT_SETTINGS",
+    "LOW_RANK_HORIZON",
     "ONE_CALL_HORIZON",
     "MAX_SKIPS",
     "adamw_lr",
@@ -53,6 +54,7 @@ __all__ = [
     "sgd_recipe",
     "sgd_settings",
     "sparse",
+    "sparse_needs_normalisation",
     "warmup_steps_recipe",
 ]
 
@@ -80,9 +82,15 @@ TEXT_SPARSE_RECIPE = (1.6, 0.0, 0.9)
 #: stays 0 (it does not know the run's length).
 SPARSE_WARMUP_STEPS = 100
 #: Steps x density a one-call sparse run needed to end within 2x dense's training loss at
-#: dense's learning rate (``studies/one_call_sgd``: every sparse method did on three CNNs
-#: at 6 / density steps, where at 2 / density two of the three ended 2.4-10x dense's loss).
+#: dense's learning rate (``studies/one_call_sgd``, three seeds: on the two batch-norm CNNs
+#: every sparse method did on average at 6 / density steps; at 2 / density every one ended
+#: 1.8-4.6x dense's loss). On the CNN without normalisation even 6 / density was not
+#: enough (:func:`sparse_needs_normalisation`).
 ONE_CALL_HORIZON = 6
+#: Steps a one-call run of a dense low-rank compressor (PowerSGD) needed to end within
+#: 1.5x dense's loss at dense's learning rate (the same study: 1.20-1.29x at 600 steps on
+#: all three CNNs, 1.46-1.52x at 200).
+LOW_RANK_HORIZON = 600
 #: At most this many consecutive non-finite (skipped) steps before a run stops, however
 #: long the run (:func:`max_skips_for`).
 MAX_SKIPS = 100
@@ -240,10 +248,24 @@ def max_skips_for(steps: int) -> int:
 
 
 def one_call_horizon(method: str, density: float) -> int:
-    """The optimizer steps a one-call run of sparse ``method`` at ``density`` needs to
-    train like dense at dense's learning rate (:data:`ONE_CALL_HORIZON` / density), or 0
-    for a method that sends every coordinate (dense, PowerSGD: no horizon of its own)."""
-    return math.ceil(ONE_CALL_HORIZON / density) if sparse(method) else 0
+    """The optimizer steps a one-call run of ``method`` needs to train like dense at
+    dense's learning rate: :data:`ONE_CALL_HORIZON` / ``density`` for a sparse method,
+    :data:`LOW_RANK_HORIZON` for another compressor (PowerSGD), 0 for dense."""
+    if sparse(method):
+        return math.ceil(ONE_CALL_HORIZON / density)
+    return LOW_RANK_HORIZON if compresses(method) else 0
+
+
+def sparse_needs_normalisation(method: str, model: torch.nn.Module) -> bool:
+    """Whether ``model`` is a convolutional network without normalisation layers and
+    ``method`` sparse: the one-call study's CNN without batch norm, at dense's (edge of
+    stability) learning rate, ended far above dense's loss with every sparse method even
+    over :data:`ONE_CALL_HORIZON` / density steps, where PowerSGD held."""
+    if not sparse(method):
+        return False
+    kinds = tuple(type(m).__name__ for m in model.modules())
+    convolutional = any(k.startswith("Conv") for k in kinds)
+    return convolutional and not any("Norm" in k for k in kinds)
 
 
 # --------------------------------------------------------------------------- warnings

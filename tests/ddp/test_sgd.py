@@ -353,14 +353,19 @@ def _horizon_warnings(rank: int, world: int) -> dict[str, Any]:
         "gs, 100 steps at density 0.1": ("gs", {"density": 0.1, "total_steps": 100}),
         "topk, k of d, 50 steps": ("topk", {"k": 5, "total_steps": 50}),
         "powersgd, unknown length": ("powersgd", {"rank": 1}),
+        "powersgd, 600 steps": ("powersgd", {"rank": 1, "total_steps": 600}),
         "dense, 10 steps": ("dense", {"total_steps": 10}),
+        "topk on a plain CNN, 600 steps": ("topk", {"density": 0.01, "total_steps": 600}),
+        "topk on a batch-norm CNN, 600 steps": ("topk", {"density": 0.01, "total_steps": 600}),
+        "powersgd on a plain CNN, 600 steps": ("powersgd", {"rank": 1, "total_steps": 600}),
     }
     out = {}
     for name, (method, kwargs) in calls.items():
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
-            compressed_sgd(DDP(make_model()), method, lr=0.05, **kwargs)
-        out[name] = [str(w.message) for w in caught if "2x dense" in str(w.message)]
+            compressed_sgd(DDP(_cnn(norm="batch-norm" in name) if "CNN" in name
+                               else make_model()), method, lr=0.05, **kwargs)
+        out[name] = [str(w.message) for w in caught if "one-call study" in str(w.message)]
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         for steps in (60, 5000):  # the skip limit: a tenth of the run, at most 100
@@ -372,10 +377,16 @@ def _horizon_warnings(rank: int, world: int) -> dict[str, Any]:
     return out
 
 
+def _cnn(norm: bool) -> torch.nn.Module:
+    layers = [torch.nn.Conv2d(3, 4, 3)] + ([torch.nn.BatchNorm2d(4)] if norm else [])
+    return torch.nn.Sequential(*layers, torch.nn.ReLU(), torch.nn.Flatten())
+
+
 def test_a_sparse_run_shorter_than_its_horizon_is_warned_at_construction() -> None:
     """The one-call study: at dense's lr a sparse method came within 2x dense's loss only
-    over ONE_CALL_HORIZON / density steps; a shorter (or unknown) run is told so, naming
-    the steps it needs and the fixes."""
+    over ONE_CALL_HORIZON / density steps (PowerSGD within 1.5x over LOW_RANK_HORIZON), and
+    on a CNN without normalisation not even then; a shorter (or unknown) run, and a sparse
+    method on such a CNN, are told so, naming the steps it needs and the fixes."""
     out = run_workers(1, _horizon_warnings)
     raise_worker_errors(out)
     said = out[0]
@@ -390,7 +401,13 @@ def test_a_sparse_run_shorter_than_its_horizon_is_warned_at_construction() -> No
     assert said["gs, 100 steps at density 0.1"] == []  # 6 / 0.1 = 60 steps
     n = sum(p.numel() for p in make_model().parameters())
     assert (f"{one_call_horizon('topk', 5 / n)} steps" in said["topk, k of d, 50 steps"][0])
-    assert said["powersgd, unknown length"] == [] and said["dense, 10 steps"] == []
+    assert "within 1.5x" in said["powersgd, unknown length"][0]  # PowerSGD's own horizon
+    assert "density" not in said["powersgd, unknown length"][0]
+    assert said["powersgd, 600 steps"] == [] and said["dense, 10 steps"] == []
+    plain = said["topk on a plain CNN, 600 steps"]
+    assert len(plain) == 1 and "no normalisation layers" in plain[0]
+    assert said["topk on a batch-norm CNN, 600 steps"] == []
+    assert said["powersgd on a plain CNN, 600 steps"] == []
     assert (said["skips at 60"], said["skips at 5000"], said["skips given"]) == (6, 100, 3)
 
 
