@@ -13,7 +13,7 @@ from gssgd.bench.formatting import fmt_bytes
 from gssgd.study.curves import Evaluation, seed_points
 from gssgd.train.plots import shrink_png
 
-__all__ = ["markdown", "plot"]
+__all__ = ["markdown", "plot", "value_axis"]
 
 
 def _value(metric: str, v: float | None) -> str:
@@ -98,10 +98,22 @@ def _reduction(largest: dict[str, Any] | None, metric: str, reference: str) -> s
             f"{metric} {_value(metric, largest['final'])}).")
 
 
+def value_axis(accuracy: bool, target: float, finals: list[float]) -> tuple[float, float]:
+    """The value axis: around the target (where the last points matter), widened to hold
+    every method's final value."""
+    if accuracy:
+        low, high = target - 4, target + 1.5
+        low, high = min([low, *(f - 1 for f in finals)]), max([high, *(f + 0.5 for f in finals)])
+        return low, min(100.0, high)
+    low, high = target / 1.03 * 0.97, target * 1.25
+    return min([low, *(0.97 * f for f in finals)]), max([high, *(1.03 * f for f in finals)])
+
+
 def plot(summary: dict[str, Any], curves: dict[str, list[list[Evaluation]]], path: Path) -> Path:
     """Each method's best setting: the seeds' mean curve against the busiest link's bytes
     (left) and against steps (right), the seeds' min–max as a band, the target dashed,
-    zoomed to the values near the target."""
+    zoomed to the values near the target and every method's final value (:func:`value_axis`: a
+    method that misses the target is drawn, not cut off)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -109,12 +121,14 @@ def plot(summary: dict[str, Any], curves: dict[str, list[list[Evaluation]]], pat
 
     fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
     scale = 100 if summary["metric"] == "accuracy" else 1
+    finals = []  # each method's last mean value: every one is drawn, reached or not
     for label, seeds in curves.items():
         points = seed_points(seeds)
         values = [[v * scale for v in vals] for _, vals, _ in points]
         sent = [b for _, _, b in points]
         mean = [sum(v) / len(v) for v in values]
         steps = [s for s, _, _ in points]
+        finals += mean[-1:]
         for ax, x in ((axes[0], sent), (axes[1], [s + 1 for s in steps])):
             (line,) = ax.plot(x, mean, label=label, lw=1.4)
             ax.fill_between(x, [min(v) for v in values], [max(v) for v in values],
@@ -122,10 +136,7 @@ def plot(summary: dict[str, Any], curves: dict[str, list[list[Evaluation]]], pat
     target = summary["reference"]["target"] * scale
     for ax, xlabel in ((axes[0], "busiest link's bytes (cumulative)"), (axes[1], "step")):
         ax.axhline(target, color="k", ls="--", lw=0.8)
-        if summary["metric"] == "accuracy":  # the last few points matter: zoom there
-            ax.set_ylim(target - 4, min(100.0, target + 1.5))
-        else:
-            ax.set_ylim(target / 1.03 * 0.97, target * 1.25)
+        ax.set_ylim(*value_axis(summary["metric"] == "accuracy", target, finals))
         ax.set_xlabel(xlabel)
         ax.set_ylabel(f"test {summary['metric']}")
         ax.grid(alpha=0.3)

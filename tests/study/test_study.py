@@ -269,3 +269,15 @@ def test_a_spec_schedules_every_methods_learning_rate(tmp_path: Path) -> None:
         assert (cfg.lr_schedule, cfg.lr_warmup_steps) == ("cosine", 3), row.label
     with pytest.raises(ValueError, match="lr-warmup-steps=30 is invalid"):
         run_study(parse_spec(_small(lr_warmup_steps=30)), tmp_path / "bad", progress=False)
+
+
+def test_the_plot_draws_a_method_that_misses_the_target() -> None:
+    """curves.png zoomed its value axis to the target, so a method ending 3 points short
+    was not drawn at all; every method's final value now lies inside the axis."""
+    from gssgd.study.report import value_axis
+
+    low, high = value_axis(True, 98.0, [98.3, 91.0])
+    assert low <= 91.0 - 1 and high >= 98.3 and high <= 100
+    assert value_axis(True, 98.0, [98.2]) == (94.0, 99.5)  # all near the target: zoomed
+    low, high = value_axis(False, 1.9, [1.85, 2.6])
+    assert low < 1.85 and high > 2.6
