@@ -52,13 +52,19 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from gssgd.study.runner import run_study
+    from gssgd.study.runner import run_study, runs_cost
     from gssgd.study.spec import load_spec
 
     spec = load_spec(args.spec)
     out = args.out or Path("runs") / f"study-{spec.name}"
+    print(f"gssgd study: {spec.name}: {spec.trials} runs planned ({spec.sampler}"
+          + (", more where a best sits on an edge of the lr grid" if spec.lr_grid else "")
+          + ")", flush=True)
     run_study(spec, out, progress=args.progress, jobs=args.jobs)
     print((out / "summary.md").read_text())
+    runs, hours = runs_cost(out)
+    print(f"gssgd study: {runs} runs, {hours:.2f} CPU-hours (each run's wall time x its "
+          "processes)")
     print(f"gssgd study: wrote {out / 'summary.json'}, {out / 'summary.md'}, "
           f"{out / 'curves.png'}")
     return 0

@@ -18,7 +18,13 @@ for the same trials. Settings that repeat (possible when every knob is a short l
 re-paired with the next seed.
 
 A grid (:func:`grid_design`) is the other design known ahead: every combination of the
-knobs' lists, in a seeded order, the first ``budget`` of them. (Optuna's own
+knobs' lists, in a seeded order, the first ``budget`` of them.
+
+A learning-rate grid (:func:`lr_grid_design`, the ``lr-grid`` sampler) tries every rate of
+a shared log grid with every combination of the method's other knobs, and where the best
+sits on the lowest or highest rate tried for its setting, :func:`lr_extension` names the
+next rate past it, up to the grid's cap: the search finds each method's optimum instead of
+reporting where its range happened to end. (Optuna's own
 ``GridSampler`` ends its study when the grid is used up, which its ask-and-tell interface,
 the one a resumable study needs, refuses.)
 """
@@ -30,9 +36,9 @@ import math
 import random
 from typing import Any
 
-from gssgd.study.spec import Knob
+from gssgd.study.spec import Knob, LrGrid
 
-__all__ = ["grid_design", "latin_hypercube"]
+__all__ = ["grid_design", "latin_hypercube", "lr_extension", "lr_grid_design", "on_edge"]
 
 #: How many seeded pairings are tried before a design with a repeated setting is refused.
 MAX_PAIRINGS = 1000
@@ -104,3 +110,42 @@ def grid_design(knobs: tuple[Knob, ...], budget: int, seed: int) -> list[dict[st
         raise ValueError(f"a grid of {len(points)} settings cannot fill a budget of {budget}")
     random.Random(seed).shuffle(points)
     return points[:budget]
+
+
+def lr_grid_design(grid: LrGrid, knobs: tuple[Knob, ...]) -> list[dict[str, Any]]:
+    """Every rate of ``grid`` with every combination of ``knobs``' lists: the
+    combinations in the spec's order, each with the rates lowest first."""
+    names = [k.name for k in knobs]
+    combos = itertools.product(*(k.choices or () for k in knobs))
+    return [{"lr": lr, **dict(zip(names, combo, strict=True))}
+            for combo in combos for lr in grid.values]
+
+
+def lr_extension(grid: LrGrid, tried: list[dict[str, Any]], best: dict[str, Any]
+                 ) -> dict[str, Any] | None:
+    """The setting to try next where ``best`` sits on an edge of the rates tried for its
+    other knobs: ``best`` at the next rate past that edge, unless the grid's ``extend``
+    cap is reached on that side; None where ``best`` is interior (or at the cap)."""
+    rates = _rates_of(tried, best)
+    if len(rates) < 2:
+        return None
+    low, high = grid.values[0], grid.values[-1]
+    if best["lr"] == rates[0] and sum(r < low for r in rates) < grid.extend:
+        return {**best, "lr": grid.beyond(best["lr"], -1)}
+    if best["lr"] == rates[-1] and sum(r > high for r in rates) < grid.extend:
+        return {**best, "lr": grid.beyond(best["lr"], 1)}
+    return None
+
+
+def on_edge(tried: list[dict[str, Any]], best: dict[str, Any]) -> bool:
+    """Whether ``best``'s rate is the lowest or highest tried for its other knobs."""
+    rates = _rates_of(tried, best)
+    return best["lr"] in (rates[0], rates[-1])
+
+
+def _rates_of(tried: list[dict[str, Any]], setting: dict[str, Any]) -> list[float]:
+    """The rates tried with ``setting``'s other knobs, lowest first."""
+    def rest(s: dict[str, Any]) -> dict[str, Any]:
+        return {k: v for k, v in s.items() if k != "lr"}
+
+    return sorted(t["lr"] for t in tried if rest(t) == rest(setting))

@@ -70,9 +70,8 @@ def markdown(summary: dict[str, Any]) -> str:
     head = (f"# Study {summary['study']}\n\n"
             f"{run.get('dataset')} / {run.get('model') or 'default model'}, "
             f"{run.get('workers')} workers, {run.get('steps')} steps, evaluated every "
-            f"{run.get('eval_every')}; d = {summary['d']:,}. Budget: **{summary['budget_per_method']}"
-            f" trials per method** ({summary['sampler']}), each best re-run at seeds "
-            f"{summary['seeds']}. Target: {ref['label']}'s mean final {metric} "
+            f"{run.get('eval_every')}; d = {summary['d']:,}. {_budget(summary)}, each best "
+            f"re-run at seeds {summary['seeds']}. Target: {ref['label']}'s mean final {metric} "
             f"{_value(metric, ref['final_mean'])}{unit} -> {_value(metric, ref['target'])}{unit}."
             "\n\nBytes are the busiest link's, cumulative, to where the seeds' mean curve "
             "reaches the target; modeled time is the cost model's step (H200, 20 us "
@@ -87,6 +86,23 @@ def markdown(summary: dict[str, Any]) -> str:
     verdicts = [_verdict(names[k], r, gs) for k, r in summary["rankings"].items()]
     verdicts.append(_reduction(summary["largest_reduction"], metric, ref["label"]))
     return head + _table(header, rows) + "\n\n" + "\n".join(verdicts) + "\n"
+
+
+def _budget(summary: dict[str, Any]) -> str:
+    """The search's design in a sentence: the trials per method, or an lr grid with its
+    extensions and any best left on an edge."""
+    design = summary.get("design")
+    if design is None:
+        return (f"Budget: **{summary['budget_per_method']} trials per method** "
+                f"({summary['sampler']})")
+    grid = ", ".join(f"{lr:g}" for lr in design["lr_grid"])
+    added = [f"{m['label']} {', '.join(f'{lr:g}' for lr in m['lr_extensions'])}"
+             for m in summary["methods"] if m.get("lr_extensions")]
+    edge = ", ".join(design["on_edge"]) or "none"
+    return (f"Design: **every method at the learning rates {grid}**, crossed with its other "
+            f"knobs; a best on an edge adds the next rate past it, up to {design['extend']} "
+            f"each side (added: {'; '.join(added) or 'none'}; bests still on an edge: "
+            f"{edge}); {design['runs']} runs")
 
 
 def _reduction(largest: dict[str, Any] | None, metric: str, reference: str) -> str:

@@ -26,7 +26,7 @@ from gssgd.study.trials import check_spec
 from gssgd.train.metrics import write_json
 from gssgd.train.progress import counter
 
-__all__ = ["metric_of", "run_study"]
+__all__ = ["metric_of", "run_study", "runs_cost"]
 
 SPEC_FILE = "spec.json"
 LOCK_FILE = ".lock"
@@ -121,3 +121,16 @@ def _run(spec: StudySpec, out: Path, progress: bool, jobs: int) -> dict[str, Any
     curves = {label: [o.curve for o in f["seeds"].values()] for label, f in ordered.items()}
     plot(summary, curves, out / "curves.png")
     return summary
+
+
+def runs_cost(out: Path) -> tuple[int, float]:
+    """The study's runs in ``out`` and their CPU-hours: each run's wall time times its
+    processes (one for a simulated world, one per worker for real ones). Measured, so it
+    stays out of the summary, which a resumed study must remake byte for byte."""
+    seconds, count = 0.0, 0
+    for path in sorted((out / "runs").glob("*/*/summary.json")):
+        run = json.loads(path.read_text())
+        processes = 1 if run.get("simulated") else int(run.get("world_size", 1))
+        seconds += float(run.get("seconds_wall", 0.0)) * processes
+        count += 1
+    return count, seconds / 3600

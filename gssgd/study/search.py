@@ -28,13 +28,19 @@ from pathlib import Path
 from typing import Any
 
 from gssgd.study.curves import Metric
-from gssgd.study.design import grid_design, latin_hypercube
+from gssgd.study.design import (
+    grid_design,
+    latin_hypercube,
+    lr_extension,
+    lr_grid_design,
+    on_edge,
+)
 from gssgd.study.spec import Knob, MethodSpace, StudySpec
 from gssgd.study.trials import Outcome, read_outcome, run_trial, trial_config
 
 __all__ = ["PLANNED_SAMPLERS", "MethodResult", "best_trial", "planned_settings",
            "reference_value", "rejudge", "search_method", "seed_dir", "seed_text",
-           "train_run", "trial_dirs", "trial_meta", "trial_text"]
+           "train_run", "trial_dir", "trial_dirs", "trial_meta", "trial_text"]
 
 #: The samplers whose every setting is known before the first run (``--jobs`` runs them
 #: run by run, not method by method: :mod:`gssgd.study.parallel`).
@@ -90,6 +96,8 @@ def search_method(spec: StudySpec, row: MethodSpace, root: Path, metric: Metric,
         ``{"trials": [(params, Outcome), ...], "best": index, "seeds": {seed: Outcome},
         "dirs": {"trials": [path, ...], "seeds": {seed: path}}}``.
     """
+    if spec.lr_grid is not None:
+        return _lr_grid_search(spec, row, root, metric, reference, tick)
     optuna = _optuna()
     study, space, design = _new_search(optuna, spec, row)
     trials: list[tuple[dict[str, Any], Outcome]] = []
@@ -103,6 +111,14 @@ def search_method(spec: StudySpec, row: MethodSpace, root: Path, metric: Metric,
         study.tell(trial, outcome.objective(metric, reference))
         trials.append((params, outcome))
         tick(trial_text(row, i, spec.budget))
+    return _with_seeds(spec, row, root, metric, reference, tick, trials, dirs)
+
+
+def _with_seeds(spec: StudySpec, row: MethodSpace, root: Path, metric: Metric,
+                reference: float | None, tick: Callable[[str], None],
+                trials: list[tuple[dict[str, Any], Outcome]], dirs: list[Path],
+                **more: Any) -> MethodResult:
+    """The search's result: its best trial, re-run at every other seed."""
     best = best_trial([o for _, o in trials], metric, reference)
     seeds, seed_dirs = {spec.seeds[0]: trials[best][1]}, {spec.seeds[0]: dirs[best]}
     for seed in spec.seeds[1:]:
@@ -111,7 +127,35 @@ def search_method(spec: StudySpec, row: MethodSpace, root: Path, metric: Metric,
                              reference)
         tick(seed_text(row, seed))
     return {"trials": trials, "best": best, "seeds": seeds,
-            "dirs": {"trials": dirs, "seeds": seed_dirs}}
+            "dirs": {"trials": dirs, "seeds": seed_dirs}, **more}
+
+
+def _lr_grid_search(spec: StudySpec, row: MethodSpace, root: Path, metric: Metric,
+                    reference: float | None, tick: Callable[[str], None]) -> MethodResult:
+    """The ``lr-grid`` search: every rate of the grid with every combination of the
+    method's knobs, then, while the best sits on an edge of the rates tried for its
+    setting, the next rate past it (:func:`~gssgd.study.design.lr_extension`); the result
+    also lists those ``extensions`` and whether the best is still ``on_edge`` (at the
+    cap). Trials run in a fixed order, so a resumed search asks for the same ones."""
+    grid = spec.lr_grid
+    assert grid is not None
+    settings = lr_grid_design(grid, row.knobs)
+    planned = len(settings)
+    trials: list[tuple[dict[str, Any], Outcome]] = []
+    while len(trials) < len(settings):
+        i = len(trials)
+        out = trial_dir(root, row, i)
+        trials.append((settings[i], _train(spec, row, settings[i], spec.seeds[0], out, metric,
+                                           reference)))
+        tick(trial_text(row, i, planned))
+        if len(trials) == len(settings):
+            best = trials[best_trial([o for _, o in trials], metric, reference)][0]
+            more = lr_extension(grid, settings, best)
+            settings += [more] if more is not None else []
+    best = trials[best_trial([o for _, o in trials], metric, reference)][0]
+    dirs = [trial_dir(root, row, i) for i in range(len(trials))]
+    return _with_seeds(spec, row, root, metric, reference, tick, trials, dirs,
+                       extensions=settings[planned:], on_edge=on_edge(settings, best))
 
 
 def planned_settings(spec: StudySpec, row: MethodSpace) -> list[dict[str, Any]] | None:
@@ -155,7 +199,12 @@ def reference_value(label: str, seeds: list[Outcome]) -> float:
 
 def trial_dirs(root: Path, row: MethodSpace, budget: int) -> list[Path]:
     """The folders of ``row``'s trials (seed ``seeds[0]``)."""
-    return [root / row.label / f"t{i:03d}" for i in range(budget)]
+    return [trial_dir(root, row, i) for i in range(budget)]
+
+
+def trial_dir(root: Path, row: MethodSpace, i: int) -> Path:
+    """The folder of ``row``'s trial ``i`` (from 0)."""
+    return root / row.label / f"t{i:03d}"
 
 
 def seed_dir(root: Path, row: MethodSpace, seed: int) -> Path:

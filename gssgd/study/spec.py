@@ -14,8 +14,9 @@ Example (``examples/user_model_study.toml`` and ``studies/equal_budget/specs/`` 
     simulate = true                # the simulated world (default); false: real processes
     budget = 6                     # trials per method: every method gets the same
     seeds = [0, 1, 2]              # each method's best setting is re-run at every seed
-    sampler = "tpe"                # Optuna's TPE (seeded), "grid", "random", or "lhs" (a
-                                   # Latin hypercube: each knob spread over the budget)
+    sampler = "tpe"                # Optuna's TPE (seeded), "grid", "random", "lhs" (a
+                                   # Latin hypercube: each knob spread over the budget), or
+                                   # "lr-grid" (below)
 
     [target]
     metric = "accuracy"            # or "loss"
@@ -35,6 +36,14 @@ Example (``examples/user_model_study.toml`` and ``studies/equal_budget/specs/`` 
     method = "dense"
     fixed = { payload_dtype = "float16" }
     lr = [0.05, 0.1]
+
+With ``sampler = "lr-grid"`` every method's learning rate walks one shared log grid and a
+best on an edge of it extends the grid (:class:`LrGrid`; the design a method's optimum can
+be trusted from): ``budget`` is then the grid's, each method's other knobs are lists
+crossed with every learning rate (or ``fixed``), and no method gives its own ``lr``::
+
+    sampler = "lr-grid"
+    lr_grid = { low = 0.0125, points = 6, factor = 2, extend = 2 }
 
 Every knob is a :class:`~gssgd.train.config.TrainConfig` setting (``lr``, ``momentum``,
 ``optimizer``, ``local_steps``, ...), a named option flag (``density``, ``powersgd_rank``,
@@ -58,8 +67,8 @@ __all__ = ["Knob", "MethodSpace", "StudySpec", "load_spec", "parse_spec"]
 RUN_KEYS = ("dataset", "model", "workers", "global_batch", "batch_size", "steps",
             "eval_every", "simulate", "optimizer", "seq_len", "plugins", "threads",
             "lr_schedule", "lr_warmup_steps")
-STUDY_KEYS = ("name", "budget", "seeds", "sampler", "target", "methods")
-SAMPLERS = ("tpe", "grid", "random", "lhs")
+STUDY_KEYS = ("name", "budget", "seeds", "sampler", "target", "methods", "lr_grid")
+SAMPLERS = ("tpe", "grid", "random", "lhs", "lr-grid")
 METRICS = ("accuracy", "loss")
 
 
@@ -113,6 +122,60 @@ class Knob:
 
 
 @dataclass(frozen=True)
+class LrGrid:
+    """The learning rates every method of an ``lr-grid`` study is tried at: ``points``
+    rates ``factor`` apart from ``low`` (each rounded to 6 significant digits), crossed
+    with each method's other knobs. Where a method's best sits on the lowest or highest
+    rate it tried, its search adds the next rate past it (for that best setting), up to
+    ``extend`` rates beyond each end of the grid; the summary reports each extension and
+    any best still on an edge at the cap.
+
+    Raises:
+        ValueError: ``low`` not > 0, fewer than 5 points, a factor not above 1, or a
+            negative extension (the message names the value and the fix).
+    """
+
+    low: float
+    points: int = 5
+    factor: float = 2.0
+    extend: int = 2
+
+    def __post_init__(self) -> None:
+        checks = (("low", self.low > 0 if _number(self.low) else False, "a number > 0"),
+                  ("points", is_int(self.points) and self.points >= 5, "an integer >= 5"),
+                  ("factor", self.factor > 1 if _number(self.factor) else False,
+                   "a number > 1 (2: each rate twice the last)"),
+                  ("extend", is_int(self.extend) and self.extend >= 0, "an integer >= 0"))
+        for name, ok, valid in checks:
+            if not ok:
+                raise bad_value(f"lr_grid.{name}", getattr(self, name), f"it must be {valid}",
+                                "For example lr_grid = { low = 0.0125, points = 6, "
+                                "factor = 2, extend = 2 }.")
+
+    @property
+    def values(self) -> tuple[float, ...]:
+        """The grid's rates, lowest first."""
+        return tuple(self.beyond(self.low, i) for i in range(self.points))
+
+    def beyond(self, lr: float, steps: int) -> float:
+        """The rate ``steps`` grid points from ``lr`` (negative: below)."""
+        return float(f"{lr * self.factor ** steps:.6g}")
+
+    @classmethod
+    def parse(cls, value: Any) -> LrGrid:
+        """The ``lr_grid`` table of a spec."""
+        if not isinstance(value, dict) or set(value) - {"low", "points", "factor", "extend"} \
+                or "low" not in value:
+            raise bad_value("lr_grid", value, "it takes low (and points, factor, extend)",
+                            "For example lr_grid = { low = 0.0125, points = 6 }.")
+        return cls(**value)
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+@dataclass(frozen=True)
 class MethodSpace:
     """A method's row in the study: its label, the method, fixed settings and knobs."""
 
@@ -146,6 +209,15 @@ class StudySpec:
     reference: str
     methods: tuple[MethodSpace, ...]
     source: dict[str, Any] = field(default_factory=dict, compare=False)
+    lr_grid: LrGrid | None = None
+
+    def budget_of(self, row: MethodSpace) -> int:
+        """The trials ``row``'s search plans: the spec's budget, or with an lr grid its
+        points times the combinations of the method's other knobs (extensions come on
+        top)."""
+        if self.lr_grid is None:
+            return self.budget
+        return self.lr_grid.points * (row.grid_size or 1)
 
     def method(self, label: str) -> MethodSpace:
         """The method row labelled ``label``."""
@@ -153,8 +225,9 @@ class StudySpec:
 
     @property
     def trials(self) -> int:
-        """Every run the study trains: the budget per method, then each best's other seeds."""
-        return len(self.methods) * (self.budget + len(self.seeds) - 1)
+        """Every run the study plans: the budget per method, then each best's other seeds
+        (an lr grid's extensions come on top)."""
+        return sum(self.budget_of(row) + len(self.seeds) - 1 for row in self.methods)
 
 
 def load_spec(path: Path | str) -> StudySpec:
@@ -200,6 +273,7 @@ def parse_spec(raw: dict[str, Any]) -> StudySpec:
     if sampler not in SAMPLERS:
         raise bad_value("sampler", sampler, f"it must be one of {', '.join(SAMPLERS)}")
     metric, margin, reference = _target(raw.get("target", {}))
+    lr_grid = _lr_grid(raw, sampler)
     methods = _methods(raw.get("methods"), budget, sampler)
     if reference not in {m.label for m in methods}:
         raise bad_value("target.reference", reference, "it must be one of the spec's methods "
@@ -207,7 +281,21 @@ def parse_spec(raw: dict[str, Any]) -> StudySpec:
     run = {k: raw[k] for k in RUN_KEYS if k in raw}
     run["simulate"] = run.get("simulate", True)
     return StudySpec(str(raw.get("name", "study")), run, budget, tuple(seeds), sampler, metric,
-                     margin, reference, methods, raw)
+                     margin, reference, methods, raw, lr_grid)
+
+
+def _lr_grid(raw: dict[str, Any], sampler: str) -> LrGrid | None:
+    """The spec's learning-rate grid: required by the ``lr-grid`` sampler, refused by the
+    others (their ``lr`` is each method's knob)."""
+    if sampler != "lr-grid":
+        if "lr_grid" in raw:
+            raise bad_value("lr_grid", raw["lr_grid"], 'it goes with sampler = "lr-grid"',
+                            'Set sampler = "lr-grid", or give each method an lr knob.')
+        return None
+    if "budget" in raw:
+        raise bad_value("budget", raw["budget"], "an lr-grid study's budget is its grid "
+                        "(points x each method's knob combinations)", "Remove budget.")
+    return LrGrid.parse(raw.get("lr_grid"))
 
 
 def _target(target: Any) -> tuple[str, float, str]:
@@ -237,11 +325,15 @@ def _methods(table: Any, budget: int, sampler: str) -> tuple[MethodSpace, ...]:
         if not isinstance(fixed, dict):
             raise bad_value(f"methods.{label}.fixed", fixed, "it must be a table of settings")
         knobs = tuple(Knob.parse(label, name, value) for name, value in body.items())
+        row = MethodSpace(str(label), str(method), dict(fixed), knobs)
+        if sampler == "lr-grid":
+            _check_lr_grid_row(row, body)
+            rows.append(row)
+            continue
         if not knobs:
             raise bad_value(f"methods.{label}", body, "it has no knob to search, so its "
                             "budget would train one setting again and again",
                             "Give it at least one, e.g. lr = [0.05, 0.1].")
-        row = MethodSpace(str(label), str(method), dict(fixed), knobs)
         size = row.grid_size
         if (size is not None and size < budget) or (sampler == "grid" and size is None):
             raise bad_value(f"methods.{label}", body, f"its {size or 'float'} distinct settings"
@@ -250,3 +342,16 @@ def _methods(table: Any, budget: int, sampler: str) -> tuple[MethodSpace, ...]:
                             + (" (a grid needs lists)." if sampler == "grid" else "."))
         rows.append(row)
     return tuple(rows)
+
+
+def _check_lr_grid_row(row: MethodSpace, body: dict[str, Any]) -> None:
+    """An ``lr-grid`` method: its lr comes from the shared grid, its other knobs are lists
+    crossed with it (never one value at one rate)."""
+    for knob in row.knobs:
+        if knob.name == "lr":
+            raise bad_value(f"methods.{row.label}.lr", body["lr"], "an lr-grid study tries "
+                            "every method at the shared lr_grid's rates", "Remove it.")
+        if knob.choices is None:
+            raise bad_value(f"methods.{row.label}.{knob.name}", body[knob.name],
+                            "an lr-grid study crosses each knob's list with every rate",
+                            "Give a list of values, or put one value in fixed.")

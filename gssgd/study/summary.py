@@ -10,6 +10,10 @@ For each method (its best setting, every seed):
 - ``modeled_s``: the modeled seconds to the target at 1 and 10 Gbit/s
   (:mod:`gssgd.study.modeled_time`);
 - ``budget``: the trials its search ran (the same for every method), and its best setting;
+- with an lr grid (``sampler = "lr-grid"``): ``lr_extensions``, the rates its search added
+  past an edge of the grid, and ``best_on_edge``, whether its best still sits on an edge of
+  the rates tried for its setting (the extension cap reached); the summary's ``design``
+  gives the grid, the cap, the runs trained and the methods still on an edge;
 - ``run_bytes``: the busiest link's bytes over the whole run (the seeds' mean), and
   ``reduction``: the reference's over this method's (how many times fewer bytes it sent
   for the same steps, DeMo's and SparseLoCo's measure).
@@ -76,6 +80,8 @@ def _method_row(spec: StudySpec, label: str, found: dict[str, Any], metric: Metr
                            )["mean"],
         "trials": [{"setting": p, "final": o.final, "status": o.status, **_reach(o)}
                    for p, o in found["trials"]],
+        **({"lr_extensions": [e["lr"] for e in found["extensions"]],
+            "best_on_edge": found["on_edge"]} if "extensions" in found else {}),
     }
 
 
@@ -149,11 +155,16 @@ def summarise(spec: StudySpec, found: dict[str, dict[str, Any]], metric: Metric,
     rankings = {"bytes": _ranking(rows, _bytes)}
     for link in LINKS:
         rankings[f"time_{link}"] = _ranking(rows, _seconds(link))
+    design = {} if spec.lr_grid is None else {"design": {
+        "lr_grid": list(spec.lr_grid.values), "extend": spec.lr_grid.extend,
+        "runs": sum(len(f["trials"]) + len(f["seeds"]) - 1 for f in found.values()),
+        "on_edge": [r["label"] for r in rows if r["best_on_edge"]]}}
     return {
         "study": spec.name,
         "run": spec.run,
         "d": d,
-        "budget_per_method": spec.budget,
+        "budget_per_method": None if design else spec.budget,
+        **design,
         "seeds": list(spec.seeds),
         "sampler": spec.sampler,
         "metric": metric.key,

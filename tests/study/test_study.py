@@ -281,3 +281,87 @@ def test_the_plot_draws_a_method_that_misses_the_target() -> None:
     assert value_axis(True, 98.0, [98.2]) == (94.0, 99.5)  # all near the target: zoomed
     low, high = value_axis(False, 1.9, [1.85, 2.6])
     assert low < 1.85 and high > 2.6
+
+
+# ------------------------------------------------------------------ the learning-rate grid
+LR_GRID = """\
+name = "grid"
+dataset = "examples.user_model:blobs"
+model = "examples.user_model:mlp"
+workers = 3
+batch_size = 16
+steps = 20
+eval_every = 10
+seeds = [0, 1]
+sampler = "lr-grid"
+lr_grid = { low = 0.001, points = 5, factor = 2, extend = 2 }
+
+[target]
+margin = 0.02
+
+[methods.dense]
+
+[methods.topk]
+density = [0.05, 0.1]
+"""
+
+
+def test_a_best_on_the_edge_of_the_lr_grid_extends_it_and_is_reported(tmp_path: Path) -> None:
+    """Rates below the optimum: every best sits on the grid's top rate, the search adds
+    the next rates past it (for the best's setting) up to the cap of 2, and the summary
+    says so: the grid, the rates added, the methods still on an edge, the runs."""
+    import tomllib
+
+    from gssgd.study.report import markdown
+
+    summary = run_study(parse_spec(tomllib.loads(LR_GRID)), tmp_path, progress=False)
+    grid = [0.001, 0.002, 0.004, 0.008, 0.016]
+    design = summary["design"]
+    assert design["lr_grid"] == grid and design["extend"] == 2
+    rows = {m["label"]: m for m in summary["methods"]}
+    assert rows["dense"]["lr_extensions"] == [0.032, 0.064]
+    assert rows["dense"]["budget"] == 5 + 2 and rows["topk"]["budget"] == 10 + 2
+    assert rows["dense"]["best_setting"]["lr"] == 0.064
+    assert set(design["on_edge"]) == {"dense", "topk"}  # the cap reached, still rising
+    assert design["runs"] == (7 + 1) + (12 + 1)
+    tried = [t["setting"] for t in rows["topk"]["trials"]]
+    assert {t["density"] for t in tried[:10]} == {0.05, 0.1}  # crossed with every rate
+    assert [t["lr"] for t in tried[:5]] == grid
+    text = markdown(summary)
+    assert "every method at the learning rates 0.001, 0.002, 0.004, 0.008, 0.016" in text
+    assert "added: dense 0.032, 0.064; topk 0.032, 0.064" in text
+    assert "bests still on an edge: dense, topk" in text
+
+
+def test_a_best_inside_the_lr_grid_adds_nothing() -> None:
+    """The extension rule on its own: a best between two tried rates is where it stays; a
+    best on the edge gets the next rate past it until the cap."""
+    from gssgd.study.design import lr_extension, on_edge
+    from gssgd.study.spec import LrGrid
+
+    grid = LrGrid(0.01, points=5, factor=2, extend=1)
+    tried = [{"lr": lr, "rank": 2} for lr in grid.values]
+    assert lr_extension(grid, tried, {"lr": 0.04, "rank": 2}) is None
+    assert not on_edge(tried, {"lr": 0.04, "rank": 2})
+    assert lr_extension(grid, tried, {"lr": 0.01, "rank": 2}) == {"lr": 0.005, "rank": 2}
+    tried.append({"lr": 0.005, "rank": 2})
+    assert lr_extension(grid, tried, {"lr": 0.005, "rank": 2}) is None  # the cap: 1
+    assert on_edge(tried, {"lr": 0.005, "rank": 2})
+
+
+@pytest.mark.parametrize(("changes", "message"), [
+    ({"methods": {"dense": {"lr": [0.1, 0.2]}}}, "methods.dense.lr"),
+    ({"methods": {"dense": {}, "topk": {"density": {"low": 0.01, "high": 0.1}}}},
+     "crosses each knob's list"),
+    ({"budget": 4}, "budget"),
+    ({"lr_grid": {"low": 0.01, "points": 3}}, "lr_grid.points=3 is invalid"),
+    ({"lr_grid": {"low": 0.01, "factor": 1}}, "lr_grid.factor=1 is invalid"),
+    ({"sampler": "lhs", "budget": 2}, 'it goes with sampler = "lr-grid"'),
+])
+def test_a_bad_lr_grid_spec_is_refused_by_name(changes: dict, message: str) -> None:
+    import tomllib
+
+    raw = tomllib.loads(LR_GRID)
+    raw.update(changes)
+    with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        parse_spec(raw)
