@@ -18,7 +18,8 @@ from typing import Any
 from gssgd.train.metrics import busier_bytes
 
 __all__ = ["ACCURACY", "LOSS", "Evaluation", "Metric", "busier_totals", "curve_of",
-           "first_reaching", "reach_on_curve", "reach_on_mean_curve", "seed_points"]
+           "end_value", "first_reaching", "reach_and_stay", "reach_on_mean_curve",
+           "seed_points"]
 
 #: An evaluation of a run: (step, metric value, bytes so far).
 Evaluation = tuple[int, float, float]
@@ -36,6 +37,8 @@ class Metric:
     key: str  # "accuracy" or "loss"
     higher_is_better: bool
     margin: float
+    #: evaluations a run's end value averages over (:func:`reach_and_stay`; 1: the last)
+    window: int = 1
 
     def at_least_as_good(self, a: float, b: float) -> bool:
         """Whether ``a`` is at least as good as ``b``."""
@@ -113,6 +116,41 @@ def reach_on_mean_curve(
     return None, None
 
 
+def end_value(evals: Sequence[Evaluation], window: int) -> float | None:
+    """A run's end value: the mean of its last ``window`` evaluations (None: none)."""
+    tail = [v for _, v, _ in evals[-window:]]
+    return statistics.mean(tail) if tail else None
+
+
+def reach_and_stay(seeds: Sequence[Sequence[Evaluation]], metric: Metric, dense: float
+                   ) -> tuple[int, float] | tuple[None, None]:
+    """Steps and bytes until the seeds' mean curve reaches dense's target **and stays**
+    there: what a study's verdicts count (a first touch that falls back does not).
+
+    1. The seeds' mean curve (:func:`reach_on_mean_curve`'s step 1), each point then
+       averaged with the ``metric.window - 1`` before it (a trailing mean: one noisy
+       evaluation neither makes nor breaks a reach).
+    2. A method reaches the target when the smoothed curve's last point does (the mean
+       of its last ``window`` evaluations); else (None, None).
+    3. The reach is the first point from which every later smoothed point reaches, the
+       crossing interpolated from the point before it (as :func:`reach_on_mean_curve`).
+    """
+    curve = [(s + 1, statistics.mean(values), sent) for s, values, sent in seed_points(seeds)]
+    w = max(1, metric.window)
+    smooth = [(step, statistics.mean(v for _, v, _ in curve[max(0, i - w + 1):i + 1]), sent)
+              for i, (step, _, sent) in enumerate(curve)]
+    if not smooth or not metric.reaches(smooth[-1][1], dense):
+        return None, None
+    i = max((j + 1 for j, (_, v, _) in enumerate(smooth) if not metric.reaches(v, dense)),
+            default=0)
+    step, value, sent = smooth[i]
+    if i == 0:
+        return step, sent
+    step0, value0, sent0 = smooth[i - 1]
+    share = (metric.target(dense) - value0) / (value - value0)
+    return round(step0 + share * (step - step0)), sent0 + share * (sent - sent0)
+
+
 def seed_points(seeds: Sequence[Sequence[Evaluation]]) -> list[tuple[int, list[float], float]]:
     """The seeds' curves side by side: at every evaluation step all seeds have (step index,
     in order), each seed's value and the mean bytes so far over the seeds."""
@@ -133,10 +171,3 @@ def curve_of(records: Sequence[dict[str, Any]], metric: Metric) -> list[Evaluati
     key = f"test_{metric.key}"
     return [(r["step"], r[key], sent) for r, sent in zip(records, busier_totals(records), strict=True)
             if r.get(key) is not None]
-
-
-def reach_on_curve(evals: Sequence[Evaluation], metric: Metric, dense: float
-                   ) -> tuple[int, float] | tuple[None, None]:
-    """Steps and bytes until one run's curve reaches dense's target (interpolated between
-    evaluations as :func:`reach_on_mean_curve` does for a mean curve)."""
-    return reach_on_mean_curve([evals], metric, dense)

@@ -31,8 +31,26 @@ def _seconds(s: float | None) -> str:
     return "–" if s is None else f"{s:.3g} s"
 
 
+def _noise_line(ref: dict[str, Any], metric: str) -> str:
+    """The flag of a target margin smaller than the reference's own seed spread."""
+    if not ref.get("margin_inside_noise"):
+        return ""
+    unit = " points" if metric == "accuracy" else " %"
+    return (f" **The margin ({100 * ref['margin']:g}{unit}) is smaller than "
+            f"{ref['label']}'s own seed spread ({ref['seed_spread']:.2f}{unit}): reaching or "
+            "missing the target is inside its noise.**")
+
+
+def _gap(band: dict[str, Any], metric: str) -> str:
+    """A gap band: mean (low to high), in points of accuracy or % of the loss."""
+    if band["mean"] is None:
+        return "–"
+    unit = " pt" if metric == "accuracy" else " %"
+    return f"{band['mean']:+.2f}{unit} ({band['low']:+.2f} to {band['high']:+.2f})"
+
+
 def _row(m: dict[str, Any], metric: str) -> list[str]:
-    band, reach = m["final"], m["to_target"]
+    band, reach = m.get("end", m["final"]), m["to_target"]
     failed = f", {band['failed']} stopped" if band.get("failed") else ""
     seeds = [r["bytes"] for r in reach["by_seed"]]
     shown = "–" if reach["bytes"] is None else fmt_bytes(reach["bytes"])
@@ -41,6 +59,7 @@ def _row(m: dict[str, Any], metric: str) -> list[str]:
     return [m["label"], str(m["budget"]), _setting(m["best_setting"]),
             f"{_value(metric, band['mean'])} ({_value(metric, band['low'])}–"
             f"{_value(metric, band['high'])}{failed})",
+            *([_gap(m["gap"], metric)] if "gap" in m else []),
             "–" if reach["steps"] is None else str(reach["steps"]), shown, spread,
             _seconds(times.get("1gbit")), _seconds(times.get("10gbit")),
             "–" if m["reduction"] is None else f"{fmt_bytes(m['run_bytes'])} ({m['reduction']:.3g}x)"]
@@ -60,25 +79,42 @@ def _verdict(name: str, ranking: dict[str, Any], gs_labels: list[str]) -> str:
     if ranking["margin"] is None:
         return f"- **{name}**: {ranking['leader']} alone reaches the target{gs_place}"
     return (f"- **{name}**: {ranking['leader']}, {ranking['margin']:.2f}x ahead of "
-            f"{ranking['runner_up']} ({ranking['verdict']}){gs_place}")
+            f"{ranking['runner_up']} ({ranking['verdict']}{_ranges(name, ranking)}){gs_place}")
+
+
+def _ranges(name: str, ranking: dict[str, Any]) -> str:
+    """The seed ranges a lead rests on (bytes or modeled seconds to the target)."""
+    ranges = ranking.get("seed_ranges")
+    if not ranges:
+        return ""
+    show = fmt_bytes if name == "Fewest bytes" else (lambda v: f"{v:.3g} s")
+    return "; seeds " + " vs ".join(
+        f"{label} {'a seed misses' if r is None else f'{show(r[0])}–{show(r[1])}'}"
+        for label, r in ranges.items())
 
 
 def markdown(summary: dict[str, Any]) -> str:
     """The summary page: the setup, one row per method, the rankings with their verdicts."""
     metric, ref, run = summary["metric"], summary["reference"], summary["run"]
     unit = " %" if metric == "accuracy" else ""
+    window = ref.get("window")  # None: a summary from before end values and stayed reaches
+    value = "mean final" if window is None else f"mean of the last {window} evaluations'"
     head = (f"# Study {summary['study']}\n\n"
             f"{run.get('dataset')} / {run.get('model') or 'default model'}, "
             f"{run.get('workers')} workers, {run.get('steps')} steps, evaluated every "
             f"{run.get('eval_every')}; d = {summary['d']:,}. {_budget(summary)}, each best "
-            f"re-run at seeds {summary['seeds']}. Target: {ref['label']}'s mean final {metric} "
+            f"re-run at seeds {summary['seeds']}. Target: {ref['label']}'s {value} {metric} "
             f"{_value(metric, ref['final_mean'])}{unit} -> {_value(metric, ref['target'])}{unit}."
+            + _noise_line(ref, metric) +
             "\n\nBytes are the busiest link's, cumulative, to where the seeds' mean curve "
-            "reaches the target; modeled time is the cost model's step (H200, 20 us "
-            "latency) with these bytes.\n\n")
+            + ("reaches the target" if window is None else "reaches the target and stays")
+            + "; modeled time is the cost model's step (H200, 20 us latency) with these "
+            "bytes.\n\n")
     header = ["method", "trials", "best setting", f"final {metric} (seeds)", "steps",
               "bytes to target", "by seed", "1 Gbit/s", "10 Gbit/s",
               "run's bytes (fewer than ref.)"]
+    if window is not None:
+        header[3:4] = [f"end {metric} (seeds)", f"gap to {ref['label']} (seeds)"]
     rows = [_row(m, metric) for m in summary["methods"]]
     gs = [m["label"] for m in summary["methods"] if m["method"] == "gs"]
     names = {"bytes": "Fewest bytes", "time_1gbit": "Least time at 1 Gbit/s",

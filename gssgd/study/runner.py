@@ -35,7 +35,7 @@ LOCK_FILE = ".lock"
 def metric_of(spec: StudySpec) -> Metric:
     """The spec's metric with its margin."""
     base = ACCURACY if spec.metric == "accuracy" else LOSS
-    return Metric(base.key, base.higher_is_better, spec.margin)
+    return Metric(base.key, base.higher_is_better, spec.margin, spec.window)
 
 
 def _claim(spec: StudySpec, out: Path) -> None:

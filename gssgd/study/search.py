@@ -184,13 +184,13 @@ def best_trial(outcomes: list[Outcome], metric: Metric, reference: float | None)
 
 
 def reference_value(label: str, seeds: list[Outcome]) -> float:
-    """The value the target is judged against: the mean final value of the reference's
-    best setting over the seeds.
+    """The value the target is judged against: the mean end value (the mean of the last
+    ``metric.window`` evaluations) of the reference's best setting over the seeds.
 
     Raises:
         RuntimeError: a seed's run stopped early (the study has no target).
     """
-    finals = [o.final for o in seeds]
+    finals = [o.final if o.end is None else o.end for o in seeds]
     if None in finals:
         raise RuntimeError(f"the reference {label}'s best setting stopped early at a "
                            "seed, so the study has no target; narrow its search space")

@@ -22,6 +22,8 @@ Example (``examples/user_model_study.toml`` and ``studies/equal_budget/specs/`` 
     metric = "accuracy"            # or "loss"
     margin = 0.005                 # dense - 0.5 point (a loss: dense * (1 + margin))
     reference = "dense"            # the method whose best run sets the target
+    window = 3                     # a run's end value: the mean of its last 3 evaluations;
+                                   # a method reaches when its seeds' mean end value does
 
     [methods.dense]
     lr = [0.02, 0.05, 0.1, 0.2]                   # a list: one of these values
@@ -70,6 +72,10 @@ RUN_KEYS = ("dataset", "model", "workers", "global_batch", "batch_size", "steps"
 STUDY_KEYS = ("name", "budget", "seeds", "sampler", "target", "methods", "lr_grid")
 SAMPLERS = ("tpe", "grid", "random", "lhs", "lr-grid")
 METRICS = ("accuracy", "loss")
+#: The evaluations a run's end value averages by default (``target.window``): a method
+#: reaches the target when the seeds' mean of its last three evaluations does, and its
+#: bytes count to where it reached the target and stayed.
+DEFAULT_WINDOW = 3
 
 
 @dataclass(frozen=True)
@@ -210,6 +216,7 @@ class StudySpec:
     methods: tuple[MethodSpace, ...]
     source: dict[str, Any] = field(default_factory=dict, compare=False)
     lr_grid: LrGrid | None = None
+    window: int = 3  # the last evaluations a run's end value averages (target.window)
 
     def budget_of(self, row: MethodSpace) -> int:
         """The trials ``row``'s search plans: the spec's budget, or with an lr grid its
@@ -272,7 +279,7 @@ def parse_spec(raw: dict[str, Any]) -> StudySpec:
                         "For example seeds = [0, 1, 2].")
     if sampler not in SAMPLERS:
         raise bad_value("sampler", sampler, f"it must be one of {', '.join(SAMPLERS)}")
-    metric, margin, reference = _target(raw.get("target", {}))
+    metric, margin, reference, window = _target(raw.get("target", {}))
     lr_grid = _lr_grid(raw, sampler)
     methods = _methods(raw.get("methods"), budget, sampler)
     if reference not in {m.label for m in methods}:
@@ -281,7 +288,7 @@ def parse_spec(raw: dict[str, Any]) -> StudySpec:
     run = {k: raw[k] for k in RUN_KEYS if k in raw}
     run["simulate"] = run.get("simulate", True)
     return StudySpec(str(raw.get("name", "study")), run, budget, tuple(seeds), sampler, metric,
-                     margin, reference, methods, raw, lr_grid)
+                     margin, reference, methods, raw, lr_grid, window)
 
 
 def _lr_grid(raw: dict[str, Any], sampler: str) -> LrGrid | None:
@@ -298,10 +305,15 @@ def _lr_grid(raw: dict[str, Any], sampler: str) -> LrGrid | None:
     return LrGrid.parse(raw.get("lr_grid"))
 
 
-def _target(target: Any) -> tuple[str, float, str]:
-    if not isinstance(target, dict) or set(target) - {"metric", "margin", "reference"}:
-        raise bad_value("target", target, "it takes metric, margin and reference",
+def _target(target: Any) -> tuple[str, float, str, int]:
+    if not isinstance(target, dict) or set(target) - {"metric", "margin", "reference",
+                                                      "window"}:
+        raise bad_value("target", target, "it takes metric, margin, reference and window",
                         'For example [target] metric = "accuracy", margin = 0.005.')
+    window = target.get("window", DEFAULT_WINDOW)
+    if not is_int(window) or window < 1:
+        raise bad_value("target.window", window, "it must be an integer >= 1 (the last "
+                        "evaluations a run's end value averages)", "For example window = 3.")
     metric = target.get("metric", "accuracy")
     if metric not in METRICS:
         raise bad_value("target.metric", metric, f"it must be one of {', '.join(METRICS)}")
@@ -309,7 +321,7 @@ def _target(target: Any) -> tuple[str, float, str]:
     if not isinstance(margin, (int, float)) or isinstance(margin, bool) or not 0 <= margin < 1:
         raise bad_value("target.margin", margin, "it must be a number in [0, 1)",
                         "0.005 is half a point of accuracy; 0.03 is 3 % of a loss.")
-    return metric, float(margin), str(target.get("reference", "dense"))
+    return metric, float(margin), str(target.get("reference", "dense")), int(window)
 
 
 def _methods(table: Any, budget: int, sampler: str) -> tuple[MethodSpace, ...]:

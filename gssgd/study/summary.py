@@ -5,8 +5,13 @@ For each method (its best setting, every seed):
 
 - ``final``: the final test value's seed band (mean, min, max; a seed that stopped early,
   diverged or collapsed, is counted in ``failed`` and the method does not reach the target);
+- ``end`` and ``gap``: each seed's end value (the mean of its last ``target.window``
+  evaluations) and its gap to dense (points of accuracy, or % of the loss), as seed bands;
+  the method **reaches** the target when its mean end value does;
 - ``to_target``: steps and busiest-link bytes until the **seeds' mean curve** reaches the
-  target (crossing interpolated between evaluations), and each seed's own bytes to it;
+  target **and stays** there (:func:`~gssgd.study.curves.reach_and_stay`: a first touch
+  that falls back does not count; the crossing interpolated between evaluations), and each
+  seed's own;
 - ``modeled_s``: the modeled seconds to the target at 1 and 10 Gbit/s
   (:mod:`gssgd.study.modeled_time`);
 - ``budget``: the trials its search ran (the same for every method), and its best setting;
@@ -18,8 +23,12 @@ For each method (its best setting, every seed):
   ``reduction``: the reference's over this method's (how many times fewer bytes it sent
   for the same steps, DeMo's and SparseLoCo's measure).
 
-``largest_reduction``: of the methods whose mean final value reaches the target, the one
+``largest_reduction``: of the methods whose mean end value reaches the target, the one
 with the largest ``reduction`` (None: none but the reference).
+
+``reference`` also holds dense's ``seed_spread`` (its seeds' end values, highest less
+lowest, in the gap's unit) and ``margin_inside_noise``: the target's margin is smaller
+than that spread, so reaching or missing it is inside dense's own noise.
 
 **Ranking** (by bytes, and by modeled time at each link): methods whose mean curve reaches
 the target, fewest first. The leader's lead is a **tie** when either
@@ -38,7 +47,7 @@ import statistics
 from collections.abc import Callable
 from typing import Any
 
-from gssgd.study.curves import Metric, reach_on_mean_curve
+from gssgd.study.curves import Metric, reach_and_stay
 from gssgd.study.modeled_time import LINKS, ModeledStep, modeled_step
 from gssgd.study.spec import StudySpec
 from gssgd.study.trials import Outcome
@@ -62,7 +71,8 @@ def _method_row(spec: StudySpec, label: str, found: dict[str, Any], metric: Metr
     params, _ = found["trials"][found["best"]]
     seeds: dict[int, Outcome] = found["seeds"]
     steps, sent = (None, None) if any(o.failed for o in seeds.values()) else \
-        reach_on_mean_curve([o.curve for o in seeds.values()], metric, dense)
+        reach_and_stay([o.curve for o in seeds.values()], metric, dense)
+    ends = [o.end for o in seeds.values()]
     model = modeled_step(row.method, d, spec.run["workers"], {**spec.run, **row.fixed, **params})
     return {
         "label": label,
@@ -71,6 +81,8 @@ def _method_row(spec: StudySpec, label: str, found: dict[str, Any], metric: Metr
         "best_setting": params,
         "fixed": row.fixed,
         "final": _band([o.final for o in seeds.values()]),
+        "end": _band(ends),
+        "gap": _band([None if e is None else metric.gap(e, dense) for e in ends]),
         "seeds": sorted(seeds),
         "to_target": {"steps": steps, "bytes": sent,
                       "by_seed": [_reach(o) for _, o in sorted(seeds.items())]},
@@ -133,7 +145,13 @@ def _ranking(rows: list[dict[str, Any]], cost: Cost) -> dict[str, Any]:
         reasons.append("the leader's neighbouring setting does not beat the runner-up's best")
     return {"order": order, "leader": first["label"], "runner_up": second["label"],
             "margin": mean[second["label"]] / mean[first["label"]],
-            "verdict": "tie: " + "; ".join(reasons) if reasons else "wins"}
+            "verdict": "tie: " + "; ".join(reasons) if reasons else "wins",
+            "seed_ranges": {r["label"]: _range(c) for r, c in ((first, a), (second, b))}}
+
+
+def _range(costs: list[float | None]) -> list[float] | None:
+    """A method's seeds' costs as [lowest, highest] (None: a seed missed)."""
+    return None if None in costs else [min(costs), max(costs)]  # type: ignore[type-var]
 
 
 def summarise(spec: StudySpec, found: dict[str, dict[str, Any]], metric: Metric,
@@ -169,7 +187,8 @@ def summarise(spec: StudySpec, found: dict[str, dict[str, Any]], metric: Metric,
         "sampler": spec.sampler,
         "metric": metric.key,
         "reference": {"label": spec.reference, "final_mean": dense,
-                      "target": metric.target(dense), "margin": metric.margin},
+                      "target": metric.target(dense), "margin": metric.margin,
+                      **_noise(reference, metric)},
         "methods": rows,
         "rankings": rankings,
         "largest_reduction": _largest_reduction(rows, spec.reference, metric, dense),
@@ -181,10 +200,21 @@ def _largest_reduction(rows: list[dict[str, Any]], reference: str, metric: Metri
     """The method with the most bytes saved over the run among those whose mean final value
     reaches the target (the reference itself left out); None: no other reaches it."""
     within = [r for r in rows if r["label"] != reference and r["reduction"] is not None
-              and r["final"]["mean"] is not None
-              and not r["final"]["failed"] and metric.reaches(r["final"]["mean"], dense)]
+              and r["end"]["mean"] is not None
+              and not r["end"]["failed"] and metric.reaches(r["end"]["mean"], dense)]
     if not within:
         return None
     best = max(within, key=lambda r: (r["reduction"], r["label"]))
     return {"label": best["label"], "reduction": best["reduction"],
-            "final": best["final"]["mean"]}
+            "final": best["end"]["mean"]}
+
+
+def _noise(reference: dict[str, Any], metric: Metric) -> dict[str, Any]:
+    """The reference's own seed spread (its seeds' end values, highest less lowest, in the
+    gap's unit: points of accuracy or % of the loss), the window, and whether the target's
+    margin is smaller than that spread (then a method "reaches" or misses inside dense's
+    own noise: the summary flags it)."""
+    gap = reference["gap"]
+    spread = None if gap["low"] is None else gap["high"] - gap["low"]
+    return {"window": metric.window, "seed_spread": spread,
+            "margin_inside_noise": spread is not None and 100 * metric.margin < spread}

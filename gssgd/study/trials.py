@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from gssgd.study.curves import Evaluation, Metric, curve_of, reach_on_curve
+from gssgd.study.curves import Evaluation, Metric, curve_of, end_value, reach_and_stay
 from gssgd.study.spec import MethodSpace, StudySpec
 from gssgd.train.config import TrainConfig
 from gssgd.train.method_settings import OPTION_FLAGS
@@ -127,8 +127,10 @@ def run_trial(cfg: TrainConfig, out: Path, meta: dict[str, Any]) -> dict[str, An
 @dataclass(frozen=True)
 class Outcome:
     """What one run reached: its final value (None: it stopped early, ``status`` says
-    why), its curve, the model's size, and (given dense's value) the steps and
-    busiest-link bytes until the target (None: never)."""
+    why), its curve, the model's size, (given dense's value) the steps and busiest-link
+    bytes until it reached the target and stayed (None: never;
+    :func:`~gssgd.study.curves.reach_and_stay`), and its end value (the mean of its last
+    ``metric.window`` evaluations, what a verdict judges)."""
 
     final: float | None
     curve: list[Evaluation]
@@ -136,6 +138,7 @@ class Outcome:
     steps_to_target: int | None
     bytes_to_target: float | None
     status: str = STATUS_COMPLETED
+    end: float | None = None  # the mean of the last ``metric.window`` evaluations
 
     @property
     def failed(self) -> bool:
@@ -144,19 +147,20 @@ class Outcome:
 
     def objective(self, metric: Metric, reference: float | None) -> float:
         """What the search minimises. The reference method: its final value (negated for
-        accuracy). Any other: ``log10`` of the bytes to the target when it is reached,
-        else ``20 + the shortfall`` (points of accuracy, or % of the loss), so that every
+        accuracy; its end value). Any other: ``log10`` of the bytes to the target when it
+        is reached and kept, else ``20 + the shortfall`` of its end value (points of accuracy, or % of the loss), so that every
         run that reaches the target ranks before every run that does not, and those that
         do not by how far they end from it."""
         import math
 
-        if self.failed or self.final is None:
+        value = self.final if self.end is None else self.end
+        if self.failed or value is None:
             return FAILED_OBJECTIVE
         if reference is None:
-            return -self.final if metric.higher_is_better else self.final
+            return -value if metric.higher_is_better else value
         if self.bytes_to_target is not None:
             return math.log10(max(self.bytes_to_target, 1.0))
-        return 20.0 + abs(metric.gap(self.final, metric.target(reference)))
+        return 20.0 + abs(metric.gap(value, metric.target(reference)))
 
 
 def read_outcome(out: Path, metric: Metric, reference: float | None) -> Outcome:
@@ -169,6 +173,7 @@ def read_outcome(out: Path, metric: Metric, reference: float | None) -> Outcome:
     curve = curve_of(records, metric)
     status = summary.get("status", STATUS_COMPLETED)
     final = summary[f"final_test_{metric.key}"] if status == STATUS_COMPLETED else None
-    steps, sent = (None, None) if reference is None or final is None else reach_on_curve(
-        curve, metric, reference)
-    return Outcome(final, curve, int(summary["d"]), steps, sent, status)
+    steps, sent = (None, None) if reference is None or final is None else reach_and_stay(
+        [curve], metric, reference)
+    end = None if final is None else end_value(curve, metric.window)
+    return Outcome(final, curve, int(summary["d"]), steps, sent, status, end)

@@ -17,6 +17,7 @@ from gssgd.cli.main import main
 from gssgd.study import load_spec, parse_spec, run_study
 from gssgd.study.curves import LOSS
 from gssgd.study.parallel import _Plan, run_planned, search_methods
+from gssgd.study.runner import metric_of
 from tests.study.test_study import SMALL, _outputs, _runs, _small, kill_study_after
 
 
@@ -120,7 +121,7 @@ def test_a_run_starts_once_what_it_needs_is_known(tmp_path: Path) -> None:
     known (whichever comes last)."""
     spec = parse_spec(_small(sampler="lhs"))
     run_study(spec, tmp_path, progress=False)  # the runs the plan reads
-    plan = _Plan(spec, tmp_path / "runs", LOSS)
+    plan = _Plan(spec, tmp_path / "runs", metric_of(spec))
     first = [task.name for task in plan.first()]
     assert first == [f"{label} trial {i}/3" for label in ("dense", "gs", "powersgd")
                      for i in (1, 2, 3)]
@@ -142,7 +143,7 @@ def test_a_run_starts_once_what_it_needs_is_known(tmp_path: Path) -> None:
     meta = json.loads(written.read_text())
     written.write_text(json.dumps({**meta, "params": {**meta["params"], "lr": 0.123}}))
     with pytest.raises(ValueError, match="was trained with .* the spec changed"):
-        _Plan(spec, tmp_path / "runs", LOSS).first()
+        _Plan(spec, tmp_path / "runs", metric_of(spec)).first()
 
 
 @pytest.mark.parametrize("jobs", ["0", "-2"])

@@ -89,7 +89,9 @@ def test_the_example_study_gives_every_method_the_same_budget(tmp_path: Path) ->
             spec.budget + len(spec.seeds) - 1
     assert summary["budget_per_method"] == spec.budget
     dense = [m for m in summary["methods"] if m["label"] == "dense"][0]
-    assert summary["reference"]["final_mean"] == dense["final"]["mean"]
+    assert summary["reference"]["final_mean"] == dense["end"]["mean"]  # the window's mean
+    assert summary["reference"]["window"] == 3
+    assert dense["gap"]["mean"] == pytest.approx(0.0, abs=1e-9)
     for ranking in summary["rankings"].values():
         assert ranking["verdict"] in ("wins", "only one reaches", "none reaches") or \
             ranking["verdict"].startswith("tie: ")
@@ -220,16 +222,20 @@ def test_a_lead_inside_the_seeds_or_one_setting_wide_is_a_tie(
 
     ranking = _ranking([_row("b", *runner), _row("a", *leader)], _bytes)
     assert ranking["order"] == ["a", "b"] and ranking["verdict"] == verdict
+    lead = leader[0]  # the ranking names the seed ranges it rests on
+    assert ranking["seed_ranges"] == {"a": None if None in lead else [min(lead), max(lead)],
+                                      "b": [min(runner[0]), max(runner[0])]}
 
 
 def _ended(label: str, final: float | None, reduction: float | None, failed: int = 0
            ) -> dict[str, Any]:
     return {"label": label, "reduction": reduction,
-            "final": {"mean": final, "failed": failed}}
+            "end": {"mean": final, "failed": failed}}
 
 
-def test_the_largest_reduction_counts_only_methods_whose_final_reaches_the_target() -> None:
-    """Loss target dense + 3 % (dense 1.0 -> 1.03): the 300x method ends above it, the 200x
+def test_the_largest_reduction_counts_only_methods_whose_end_reaches_the_target() -> None:
+    """Loss target dense + 3 % (dense 1.0 -> 1.03), on each method's end value (the mean of
+    its last evaluations): the 300x method ends above it, the 200x
     one lost a seed, the reference does not count; the 40x one is the answer."""
     from gssgd.study.curves import LOSS
     from gssgd.study.summary import _largest_reduction
@@ -365,3 +371,37 @@ def test_a_bad_lr_grid_spec_is_refused_by_name(changes: dict, message: str) -> N
     raw.update(changes)
     with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")):
         parse_spec(raw)
+
+
+# ------------------------------------------------------------------ verdicts that stay
+def test_a_first_touch_that_falls_back_is_no_reach() -> None:
+    """The verdicts count where the seeds' mean curve reaches the target and stays (over a
+    trailing window): a touch at step 20 that falls back does not count; the stay from
+    step 40 on does; a curve whose last window misses does not reach at all."""
+    from gssgd.study.curves import ACCURACY, Metric, reach_and_stay
+
+    one = Metric("accuracy", True, 0.005, window=1)
+    touch = [(9, 0.90, 100.0), (19, 0.98, 200.0), (29, 0.95, 300.0), (39, 0.99, 400.0),
+             (49, 0.99, 500.0)]
+    assert reach_and_stay([touch], one, 0.98) == (36, 362.5)  # 0.975 crossed at 5/8 of 30..40
+    three = Metric("accuracy", True, 0.005, window=3)
+    assert reach_and_stay([touch], three, 0.97)[0] is not None
+    assert reach_and_stay([touch], three, 0.99) == (None, None)  # the last 3 mean 0.977
+    assert reach_and_stay([touch[:3]], one, 0.98) == (None, None)  # ends below
+    assert ACCURACY.window == 1  # the studies' own reports keep their first-touch rule
+
+
+def test_a_margin_inside_dense_own_noise_is_flagged() -> None:
+    """The GPT cell: dense's seeds spread over 5.6 % of its loss, the margin is 3 %; the
+    summary says reaching or missing is inside dense's noise."""
+    from gssgd.study.curves import LOSS
+    from gssgd.study.report import _noise_line
+    from gssgd.study.summary import _noise
+
+    noisy = _noise({"gap": {"mean": 0.0, "low": -2.6, "high": 3.0}}, LOSS)
+    assert noisy["margin_inside_noise"] and noisy["seed_spread"] == pytest.approx(5.6)
+    quiet = _noise({"gap": {"mean": 0.0, "low": -0.5, "high": 0.5}}, LOSS)
+    assert not quiet["margin_inside_noise"]
+    line = _noise_line({"label": "dense", "margin": 0.03, **noisy}, "loss")
+    assert "The margin (3 %) is smaller than dense's own seed spread (5.60 %)" in line
+    assert _noise_line({"label": "dense", "margin": 0.03, **quiet}, "loss") == ""
