@@ -193,7 +193,7 @@ def _sent_fraction(model: nn.Module, density: float | None, options: dict[str, A
 def _warn_short_run(model: nn.Module, method: str, density: float,
                     total_steps: int | None) -> None:
     """Warn (``UserWarning``) where the one call did not train like dense at dense's
-    learning rate in the one-call study (docs/study.md): a run shorter than
+    learning rate in the one-call study: a run shorter than
     :func:`~gssgd.recipes.one_call_horizon` or of unknown length, and a sparse method on a
     CNN without normalisation layers. The message names the horizon and the fixes."""
     if sparse_needs_normalisation(method, model):
