@@ -125,6 +125,34 @@ def test_a_changed_figure_is_caught(tmp_path: Path) -> None:
     assert quoted and quoted[1].rstrip() != body.rstrip()
 
 
+#: A measured figure in prose: a number with its unit (bytes, a percentage, points, a
+#: factor, seconds), possibly signed.
+FIGURE = re.compile(r"[+−-]?\d+(?:\.\d+)? ?(?:MB|GB|%|×|point|pt\b)")
+
+
+def _study_pages() -> str:
+    """Every committed study page (summaries' tables, reports, answers) as one text."""
+    return "\n".join(p.read_text(errors="ignore") for p in sorted((ROOT / "studies").rglob("*.md")))
+
+
+def test_the_which_method_table_quotes_only_committed_figures() -> None:
+    """Issue 61: the README said nothing the summaries did not say... except where it did.
+    Every figure in the which-method table ("why (measured)") is one a committed study
+    page prints, in the same form."""
+    text = README.read_text()
+    table = text[text.index("| your model and cluster |"):text.index("Time, not bytes")]
+    pages = _study_pages()
+    figures = FIGURE.findall(table)
+    assert len(figures) > 30
+    missing = sorted({f for f in figures if f.replace("−", "-") not in pages and f not in pages})
+    assert not missing, f"figures no committed study page holds: {missing}"
+
+
+def test_an_invented_figure_in_the_which_method_table_is_caught() -> None:
+    pages = _study_pages()
+    assert "123.4 MB" not in pages and FIGURE.findall("sent 123.4 MB") == ["123.4 MB"]
+
+
 def test_the_readme_is_a_short_guide() -> None:
     """The README gets a user running; detail lives in docs/guide.md (the docs issue's 200)."""
     assert len(README.read_text().splitlines()) <= 200
