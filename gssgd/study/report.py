@@ -121,7 +121,26 @@ def markdown(summary: dict[str, Any]) -> str:
              "time_10gbit": "Least time at 10 Gbit/s"}
     verdicts = [_verdict(names[k], r, gs) for k, r in summary["rankings"].items()]
     verdicts.append(_reduction(summary["largest_reduction"], metric, ref["label"]))
-    return head + _table(header, rows) + "\n\n" + "\n".join(verdicts) + "\n"
+    return (head + _table(header, rows) + "\n\n" + "\n".join(verdicts) + "\n"
+            + _recipe_lines(summary.get("recipe")))
+
+
+def _recipe_lines(recipe: dict[str, dict[str, Any]] | None) -> str:
+    """The recipe knobs: each with the methods that fix or search it, and a flag where
+    they set it differently."""
+    if not recipe:
+        return ""
+    lines = []
+    for knob, by_label in recipe.items():
+        ways: dict[str, list[str]] = {}
+        for label, value in by_label.items():
+            way = (f"searched over {value['searched']}" if isinstance(value, dict)
+                   else f"fixed at {value}")
+            ways.setdefault(way, []).append(label)
+        text = "; ".join(f"{way} for {', '.join(labels)}" for way, labels in ways.items())
+        flag = " (**set differently across methods**)" if len(ways) > 1 else ""
+        lines.append(f"- `{knob}`: {text}{flag}")
+    return "\nRecipe knobs (the learning rate aside):\n\n" + "\n".join(lines) + "\n"
 
 
 def _budget(summary: dict[str, Any]) -> str:

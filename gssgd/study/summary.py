@@ -181,6 +181,7 @@ def summarise(spec: StudySpec, found: dict[str, dict[str, Any]], metric: Metric,
         "study": spec.name,
         "run": spec.run,
         "d": d,
+        "recipe": _recipe(spec),
         "budget_per_method": None if design else spec.budget,
         **design,
         "seeds": list(spec.seeds),
@@ -207,6 +208,22 @@ def _largest_reduction(rows: list[dict[str, Any]], reference: str, metric: Metri
     best = max(within, key=lambda r: (r["reduction"], r["label"]))
     return {"label": best["label"], "reduction": best["reduction"],
             "final": best["end"]["mean"]}
+
+
+def _recipe(spec: StudySpec) -> dict[str, dict[str, Any]]:
+    """Each recipe knob (every setting a method fixes or searches, the learning rate aside)
+    and how each method that has it sets it: its fixed value, or ``"searched"`` with the
+    values. A knob set differently across the methods it applies to is what the markdown
+    flags (issue 61: the same recipe for every method, or a stated difference)."""
+    knobs: dict[str, dict[str, Any]] = {}
+    for row in spec.methods:
+        for name, value in row.fixed.items():
+            knobs.setdefault(name, {})[row.label] = value
+        for knob in row.knobs:
+            if knob.name != "lr":
+                values = list(knob.choices) if knob.choices else [knob.low, knob.high]
+                knobs.setdefault(knob.name, {})[row.label] = {"searched": values}
+    return knobs
 
 
 def _noise(reference: dict[str, Any], metric: Metric) -> dict[str, Any]:

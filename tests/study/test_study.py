@@ -405,3 +405,24 @@ def test_a_margin_inside_dense_own_noise_is_flagged() -> None:
     line = _noise_line({"label": "dense", "margin": 0.03, **noisy}, "loss")
     assert "The margin (3 %) is smaller than dense's own seed spread (5.60 %)" in line
     assert _noise_line({"label": "dense", "margin": 0.03, **quiet}, "loss") == ""
+
+
+def test_the_summary_lists_each_recipe_knob_and_flags_one_set_differently() -> None:
+    """The same recipe for every method it applies to, or a stated difference: a warm-up
+    fixed for one sparse method and searched for another is flagged."""
+    from gssgd.study.report import _recipe_lines
+    from gssgd.study.summary import _recipe
+
+    spec = parse_spec(_small(methods={
+        "dense": {"lr": [0.02, 0.05, 0.1]},
+        "gs": {"lr": [0.05, 0.1, 0.2], "warmup_density": [0.02, 0.25],
+               "fixed": {"density": 0.05}},
+        "topk": {"lr": [0.05, 0.1, 0.2], "fixed": {"density": 0.05, "warmup_density": 0.02}},
+    }))
+    recipe = _recipe(spec)
+    assert recipe["density"] == {"gs": 0.05, "topk": 0.05}
+    assert recipe["warmup_density"] == {"gs": {"searched": [0.02, 0.25]}, "topk": 0.02}
+    text = _recipe_lines(recipe)
+    assert "- `density`: fixed at 0.05 for gs, topk\n" in text
+    assert ("- `warmup_density`: searched over [0.02, 0.25] for gs; fixed at 0.02 for topk "
+            "(**set differently across methods**)") in text
