@@ -18,6 +18,7 @@ from gssgd.aggregators.feedback import FEEDBACKS
 from gssgd.aggregators.options import PAYLOAD_DTYPES
 from gssgd.amp import AMP_DTYPES
 from gssgd.cli.errors import run_command
+from gssgd.ddp.settings import OVERLAP_MODES
 from gssgd.local_steps import DILOCO_OUTER_LR, DILOCO_OUTER_MOMENTUM
 from gssgd.lr_schedule import LR_SCHEDULES
 from gssgd.methods import METHODS
@@ -340,10 +341,11 @@ def _hook_flags(agg: argparse._ArgumentGroup) -> None:
                      help="steps of plain all-reduce before compression starts (default 2)")
     agg.add_argument("--per-bucket", action="store_true",
                      help="compress each DDP bucket apart instead of the whole model at once")
-    agg.add_argument("--overlap", choices=("none", "stream"), default=None,
-                     help=f"{_applies('overlap')}: 'stream' cuts the sketch table by DDP bucket "
-                     "and all-reduces each bucket's part during backward (default none: after "
-                     "the last bucket)")
+    agg.add_argument("--overlap", choices=OVERLAP_MODES, default=None,
+                     help=f"{_applies('overlap')}: 'stream' cuts gs's sketch table by DDP "
+                     "bucket and all-reduces each bucket's part during backward; 'buckets' "
+                     "(with --per-bucket) averages each bucket on a thread while backward "
+                     "runs (default none: each bucket before backward goes on)")
     agg.add_argument("--bucket-cap-mb", type=float, default=None,
                      help="DDP bucket size in MB (default: DDP's 25); smaller buckets let a "
                      "per-bucket hook overlap communication with the backward pass")

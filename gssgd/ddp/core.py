@@ -23,6 +23,7 @@ from gssgd.aggregators import AGGREGATORS, Aggregator, StepStats, make_aggregato
 from gssgd.aggregators.base import all_finite
 from gssgd.amp import LossScaleFollower
 from gssgd.comm import Communicator, new_future
+from gssgd.comm.futures import BucketLane
 from gssgd.ddp.settings import HookSettings
 from gssgd.ddp.stats import IterationStats, RunningTotals
 from gssgd.log import logger
@@ -111,6 +112,7 @@ class HookCore:
         self._comm: Communicator | None = None  # the warm-up's accounted all-reduce
         self._grad_views: bool | None = None  # DDP's gradient_as_bucket_view, once seen
         self._stream: Any = None  # overlap="stream": gssgd.ddp.stream's session
+        self._lane: BucketLane | None = None  # overlap="buckets": the buckets' thread
         self._loss_scale = LossScaleFollower()  # the scaler's scale the residuals are in
         self._scale_followed_at = -1  # the iteration whose loss scale was last followed
         self._warned_skip = False  # the skipped-step advice of _end_iteration, given once
@@ -156,6 +158,12 @@ class HookCore:
         # In a process's first DDP iteration the buckets have their pre-rebuild layout;
         # only whole-model mode in model order does not depend on it.
         return self._session_iters >= 1 or (self.whole_model and bool(self._positions))
+
+    def _bucket_lane(self) -> BucketLane:
+        """The thread that averages buckets during backward (``overlap="buckets"``)."""
+        if self._lane is None:
+            self._lane = BucketLane()
+        return self._lane
 
     def _waits_for_iteration(self) -> bool:
         """Per-bucket mode under ``nonfinite="propagate"`` waits for the last bucket: an

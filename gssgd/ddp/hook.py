@@ -83,7 +83,8 @@ def _route(state: HookState, bucket: dist.GradBucket) -> torch.futures.Future[to
     else:
         waits = state.whole_model or state._waits_for_iteration()
         if not waits:
-            fut = per_bucket.step(state, bucket)
+            step = per_bucket.overlapped_step if state.overlap == "buckets" else per_bucket.step
+            fut = step(state, bucket)
         elif not bucket.is_last():
             return state._defer(bucket)  # completed by the last bucket of this iteration
         elif state.whole_model:

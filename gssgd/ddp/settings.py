@@ -16,7 +16,7 @@ __all__ = [
 ]
 
 #: The values of ``HookState(..., overlap=)`` and ``gssgd train --overlap``.
-OVERLAP_MODES: tuple[str, ...] = ("none", "stream")
+OVERLAP_MODES: tuple[str, ...] = ("none", "stream", "buckets")
 #: The methods ``overlap="stream"`` serves (it relies on the Count Sketch being linear).
 STREAMING_METHODS: tuple[str, ...] = ("gs",)
 
@@ -41,10 +41,23 @@ def check_overlap(overlap: object, method: str, whole_model: bool, options: dict
     if overlap not in OVERLAP_MODES:
         raise ValueError(
             f"overlap={overlap!r} is invalid: it must be one of {', '.join(OVERLAP_MODES)}. "
-            "'stream' all-reduces gs's sketch bucket by bucket during backward; 'none' "
-            "communicates after the last bucket."
+            "'stream' all-reduces gs's sketch bucket by bucket during backward; 'buckets' "
+            "averages each bucket (per-bucket mode) on a thread while backward runs; 'none' "
+            "averages each bucket before the backward goes on."
         )
     if overlap == "none":
+        return
+    if overlap == "buckets":
+        if whole_model:
+            raise ValueError(
+                "overlap='buckets' averages each DDP bucket on its own while backward runs; "
+                "pass whole_model=False (gssgd train: --per-bucket), or overlap='stream' for "
+                "whole-model gs.")
+        if options.get("nonfinite") == "propagate":
+            raise ValueError(
+                "overlap='buckets' cannot be used with nonfinite='propagate' (a GradScaler's "
+                "default): that waits for the last bucket to leave every residual untouched "
+                "on an overflow. Use overlap='none' with a scaler.")
         return
     if method not in STREAMING_METHODS:
         raise ValueError(
