@@ -26,7 +26,6 @@ import torch
 from gssgd._validate import bad_value, is_int
 from gssgd.aggregators import AGGREGATORS
 from gssgd.aggregators.options import PAYLOAD_DTYPES
-from gssgd.ddp import STREAMING_METHODS
 from gssgd.methods import METHODS, applies_to, get_method
 from gssgd.train.user_code import import_user_module
 
@@ -65,11 +64,10 @@ METHOD_SETTINGS: tuple[str, ...] = (
 )
 #: Every flag that applies to some methods only (None or False = not given).
 METHOD_FLAGS: tuple[str, ...] = tuple(OPTION_FLAGS) + METHOD_SETTINGS
-#: Method-specific TrainConfig fields that are neither options nor hook settings, and the
-#: methods that take them.
-_ONLY_FOR: dict[str, tuple[str, ...]] = {"overlap": STREAMING_METHODS}
-#: Method-specific TrainConfig fields that apply to the methods taking another option.
-_APPLIES_LIKE = {"freeze_variance_after": "feedback", "adam_variance": "feedback",
+#: Method-specific TrainConfig fields that apply to the methods taking another setting
+#: (``overlap``: every method of the DDP hook; its value's own check says which mode serves
+#: which method).
+_APPLIES_LIKE = {"overlap": "per_bucket", "freeze_variance_after": "feedback", "adam_variance": "feedback",
                  "adam_unseen": "feedback", "outer_error_decay": "feedback"}
 _TRUE, _FALSE = ("true", "yes", "on", "1"), ("false", "no", "off", "0")
 
@@ -98,8 +96,6 @@ def setting_applies_to(name: str) -> tuple[str, ...]:
     method for generic ones)."""
     if name not in METHOD_FLAGS:
         return tuple(METHODS)
-    if name in _ONLY_FOR:
-        return tuple(m for m in _ONLY_FOR[name] if m in METHODS)
     takers = set(applies_to(_APPLIES_LIKE.get(name) or OPTION_FLAGS.get(name, name)))
     takers |= set(applies_to(name))  # a DDP built-in's train setting (its rank)
     return tuple(m for m in METHODS if m in takers)
