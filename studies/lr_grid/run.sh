@@ -14,6 +14,6 @@ for cell in "$@"; do
   .venv/bin/gssgd study "studies/lr_grid/specs/$cell.toml" --out "$out" --no-progress \
     --jobs "${JOBS:-$(nproc)}" > "runs/lr-grid/$cell.log" 2>&1
   cp "$out/summary.json" "$out/summary.md" "$out/curves.png" "studies/lr_grid/results/$cell/"
-  tail -1 "runs/lr-grid/$cell.log" > "studies/lr_grid/results/$cell/cost.txt"
+  grep "CPU-hours" "runs/lr-grid/$cell.log" > "studies/lr_grid/results/$cell/cost.txt"
   echo "published studies/lr_grid/results/$cell"
 done
