@@ -43,7 +43,7 @@ needs_root = pytest.mark.skipif(
 def _cli(argv: list[str]) -> int:
     """The main program's way in, in miniature: a parser with `bench` registered."""
     parser = argparse.ArgumentParser(prog="gssgd")
-    bench.add_parser(parser.add_subparsers(dest="command", required=True))
+    bench.add_parser(parser.add_subparsers(dest="command", required=True), "benchmarks")
     args = parser.parse_args(argv)
     return args.run(args)
 

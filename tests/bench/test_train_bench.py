@@ -46,7 +46,7 @@ REQUIRED = {
 
 def _cli(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="gssgd")
-    bench.add_parser(parser.add_subparsers(dest="command", required=True))
+    bench.add_parser(parser.add_subparsers(dest="command", required=True), "benchmarks")
     args = parser.parse_args(argv)
     return args.run(args)
 
@@ -149,7 +149,7 @@ def test_train_argv_round_trips_through_the_train_parser():
     for method in cfg.methods:
         tcfg = cfg.train_config(method, Path("somewhere") / method)
         parser = argparse.ArgumentParser()
-        add_train_parser(parser.add_subparsers())
+        add_train_parser(parser.add_subparsers(), "train")
         args = parser.parse_args(train_argv(tcfg))
         assert TrainConfig.build(method=args.method, **settings_from_args(args)) == tcfg
     assert cfg.configs["dense"].option("density") is None  # method-specific settings stay with theirs
