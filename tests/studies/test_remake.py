@@ -219,10 +219,12 @@ def test_the_cost_map_is_remade_from_the_fit_and_its_runs(
                 ["check.json", "predictions.json", "win_map.md", "win_map.png"])
 
 
-#: The cells, and the TPE-searched records under results/tpe/ (as "tpe/<cell>").
+#: The cells, the TPE-searched records under results/tpe/ (as "tpe/<cell>"), and the
+#: lr-grid cells (as "lr_grid/<cell>").
 EQUAL_BUDGET_CELLS = sorted(str(p.parent.relative_to(STUDIES / "equal_budget" / "results"))
                             for pattern in ("*/summary.json", "tpe/*/summary.json")
-                            for p in (STUDIES / "equal_budget" / "results").glob(pattern))
+                            for p in (STUDIES / "equal_budget" / "results").glob(pattern)) + [
+    f"lr_grid/{p.parent.name}" for p in sorted((STUDIES / "lr_grid" / "results").glob("*/summary.json"))]
 
 
 @pytest.mark.parametrize("cell", EQUAL_BUDGET_CELLS)
@@ -231,6 +233,13 @@ def test_an_equal_budget_table_is_remade_from_its_summary(cell: str) -> None:
     raw runs: studies/equal_budget/run.sh)."""
     from gssgd.study.report import markdown
 
-    folder = STUDIES / "equal_budget" / "results" / cell
+    folder = (STUDIES / "lr_grid" / "results" / cell.removeprefix("lr_grid/")
+              if cell.startswith("lr_grid/") else STUDIES / "equal_budget" / "results" / cell)
     summary = json.loads((folder / "summary.json").read_text())
     assert markdown(summary) == (folder / "summary.md").read_text()
+
+
+def test_the_lr_grid_readme_quotes_its_cells_summaries() -> None:
+    readme = (STUDIES / "lr_grid" / "README.md").read_text()
+    for summary in sorted((STUDIES / "lr_grid" / "results").glob("*/summary.md")):
+        assert summary.read_text().strip() in readme, summary.parent.name
