@@ -139,7 +139,6 @@ def train_one(rank: int, run: dict[str, Any], args: argparse.Namespace) -> dict[
     tail = torch.tensor([sum(losses[-TAIL:]) / len(losses[-TAIL:])])
     dist.all_reduce(tail)
     out = {**run, "final_loss": float(tail) / dist.get_world_size(), "placement": placement,
-           "curve": [round(sum(losses[i:i + 20]) / 20, 4) for i in range(0, len(losses), 20)],
            "bytes_sent_per_step": hook.totals.bytes_sent / max(1, hook.totals.iterations)}
     del ddp
     return out
