@@ -159,7 +159,7 @@ class HookCore:
         # only whole-model mode in model order does not depend on it.
         return self._session_iters >= 1 or (self.whole_model and bool(self._positions))
 
-    def _bucket_lane(self) -> BucketLane:
+    def bucket_lane(self) -> BucketLane:
         """The thread that averages buckets during backward (``overlap="buckets"``)."""
         if self._lane is None:
             self._lane = BucketLane()

@@ -50,7 +50,7 @@ def overlapped_step(state: HookCore, bucket: dist.GradBucket
                     ) -> torch.futures.Future[torch.Tensor]:
     """``overlap="buckets"``: every bucket but the last is averaged on the hook's lane while
     the backward goes on; the last waits for the lane, then is averaged here."""
-    lane = state._bucket_lane()
+    lane = state.bucket_lane()
     args = (state, bucket.index(), bucket.parameters(), bucket.gradients(), bucket.buffer())
     if bucket.is_last():
         lane.drain()
