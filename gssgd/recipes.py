@@ -83,8 +83,8 @@ TEXT_SPARSE_RECIPE = (1.6, 0.0, 0.9)
 SPARSE_WARMUP_STEPS = 100
 #: Steps x density a one-call sparse run needed to end within 2x dense's training loss at
 #: dense's learning rate (``studies/one_call_sgd``, three seeds: on the two batch-norm CNNs
-#: every sparse method did on average at 6 / density steps; at 2 / density every one ended
-#: 1.8-4.6x dense's loss). On the CNN without normalisation even 6 / density was not
+#: every sparse method did on average at 6 / density steps; at 2 / density each ended
+#: 2.0-4.6x dense's loss). On the CNN without normalisation even 6 / density was not
 #: enough (:func:`sparse_needs_normalisation`).
 ONE_CALL_HORIZON = 6
 #: Steps a one-call run of a dense low-rank compressor (PowerSGD) needed to end within

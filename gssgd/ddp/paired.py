@@ -9,7 +9,6 @@ mismatch; both return a :class:`PairedRun`.
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Self
@@ -22,6 +21,7 @@ from gssgd.aggregators.options import DEFAULT_DENSITY
 from gssgd.ddp.state import HookState
 from gssgd.log import logger
 from gssgd.lr_schedule import LrSchedule
+from gssgd.methods import get_method
 from gssgd.recipes import max_skips_for
 
 __all__ = ["PairedRun", "check_one_call", "say_default_density"]
@@ -130,8 +130,7 @@ def check_one_call(call: str, model: nn.Module, method: str,
         raise ValueError(f"method={method!r} is invalid for {call}: {why}")
     options = dict(options or {})
     say_default_density(call, method, density, options)
-    takes = {f.name for f in dataclasses.fields(AGGREGATORS[method].Options)
-             } if method in AGGREGATORS else set()
+    takes = get_method(method).option_names() if method in AGGREGATORS else ()
     if isinstance(total_steps, int) and total_steps >= 1 and "max_consecutive_skips" in takes:
         options.setdefault("max_consecutive_skips", max_skips_for(total_steps))
     return options

@@ -45,7 +45,6 @@ Example::
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import warnings
 from collections.abc import Iterable
@@ -55,12 +54,12 @@ from typing import Any
 import torch
 from torch import nn
 
-from gssgd.aggregators import AGGREGATORS
 from gssgd.aggregators.options import DEFAULT_DENSITY
 from gssgd.ddp.hook import comm_hook
 from gssgd.ddp.paired import PairedRun, check_one_call
 from gssgd.ddp.state import HookState
 from gssgd.log import logger
+from gssgd.methods import get_method
 from gssgd.recipes import (
     ONE_CALL_HORIZON,
     momentum_placement,
@@ -84,10 +83,6 @@ class CompressedSGD(PairedRun):
 
     optimizer: torch.optim.SGD
     placement: str = "optimizer"
-
-
-def _option_names(method: str) -> set[str]:
-    return {f.name for f in dataclasses.fields(AGGREGATORS[method].Options)}
 
 
 def compressed_sgd(
@@ -242,7 +237,7 @@ def _build(model: nn.Module, method: str, placement: str, lr: float, momentum: f
     settings = dict(hook_settings)
     if placement == "hook":
         settings["momentum"] = float(momentum)
-        if "momentum_masking" in _option_names(method):
+        if "momentum_masking" in get_method(method).option_names():
             settings.setdefault("momentum_masking", False)  # momentum SGD exactly at density 1
     whole_model = settings.pop("whole_model")
     hook = HookState(method, whole_model=whole_model, model=model if whole_model else None,
