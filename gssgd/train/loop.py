@@ -226,6 +226,8 @@ def _setup(worker: Worker, cfg: TrainConfig) -> _Run:
             f"gssgd train: {cfg.method} on {cfg.dataset} ({cfg.model}, d={d:,}), "
             f"{worker.world_size} workers, steps {start_step}..{cfg.steps} -> {out}"
         )
+        if sync.note is not None:
+            _say(f"gssgd train: {sync.note}")
     bar = _progress_bar(cfg, start_step, show=is_main and cfg.progress)
     tensorboard = TensorBoardLog(cfg.tensorboard, start_step) if is_main and cfg.tensorboard else None
     return _Run(cfg, worker, data, model, ddp, optimizer, sync, fingerprint, d, start_step,

@@ -6,11 +6,12 @@ averaging cost, and saves and restores the hook's state for checkpoints.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import numpy as np
 import torch
+import torch.distributed as dist
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as powersgd
 from torch.nn.parallel import DistributedDataParallel
@@ -113,6 +114,32 @@ def local_step_stats(local: LocalSteps, outer: bool) -> dict[str, Any]:
     return hook_step_stats(stats)
 
 
+#: Why PyTorch's PowerSGD hook runs bucket by bucket on gloo (printed by the run).
+GLOO_POWERSGD_NOTE = (
+    "torch-powersgd on gloo: each bucket's hook completes before the backward goes on. "
+    "PyTorch's hook issues its P and Q all-reduces from future callbacks, which gloo runs "
+    "on its own threads, so with several buckets the ranks would issue collectives in "
+    "different orders (gloo: \"Received data size doesn't match expected size\"); on NCCL "
+    "the callbacks run in order and the hook overlaps the backward as PyTorch wrote it."
+)
+
+
+def bucket_by_bucket(hook: Callable[[Any, dist.GradBucket], torch.futures.Future]
+                     ) -> Callable[[Any, dist.GradBucket], torch.futures.Future]:
+    """``hook``, each bucket's future waited for inside the hook: the next bucket's first
+    collective is issued only after this bucket's chain has issued all of its own, so every
+    rank issues them in one order, whatever thread runs the chain's callbacks."""
+    def finished_in_order(state: Any, bucket: dist.GradBucket) -> torch.futures.Future:
+        fut = hook(state, bucket)
+        fut.wait()
+        return fut
+    # DDP's register_comm_hook compares these with the classes (this module's annotations
+    # are strings under ``from __future__ import annotations``).
+    finished_in_order.__annotations__ = {"bucket": dist.GradBucket,
+                                         "return": torch.futures.Future[torch.Tensor]}
+    return finished_in_order
+
+
 class GradientSync:
     """How DDP averages the gradients for ``cfg.method``, what that cost, and its state.
 
@@ -156,6 +183,7 @@ class GradientSync:
         self.powersgd: powersgd.PowerSGDState | None = None
         self.local: LocalSteps | None = None
         self.outer_now = False  # the last after_step took the outer step
+        self.note: str | None = None  # how the run departs from the method's usual way
         if cfg.local_steps:
             self.local = local_steps_for(cfg, ddp.module)
         elif cfg.method == "ddp-fp16":
@@ -167,7 +195,11 @@ class GradientSync:
                 start_powerSGD_iter=self.start_iter,
                 random_seed=cfg.seed,
             )
-            ddp.register_comm_hook(self.powersgd, powersgd.powerSGD_hook)
+            hook = powersgd.powerSGD_hook
+            if torch.distributed.get_backend() == "gloo":
+                hook = bucket_by_bucket(hook)
+                self.note = GLOO_POWERSGD_NOTE
+            ddp.register_comm_hook(self.powersgd, hook)
         elif get_method(cfg.method).aggregator is not None:
             self.hook_state = HookState.from_settings(
                 cfg.hook_settings(), model=None if cfg.per_bucket else ddp.module, scaler=scaler

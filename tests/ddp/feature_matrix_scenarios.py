@@ -35,8 +35,10 @@ ITERS = 4  # iterations per run: START dense ones, then compressed ones
 MICRO = 3  # micro-batches per iteration in the no_sync case (the first MICRO - 1 unsynced)
 LR = 0.05
 #: DDP's built-in methods (no gssgd aggregator), trained through DDP's own hooks. PyTorch's
-#: PowerSGD (torch-powersgd; gssgd's own powersgd is in the matrix) is left out: PyTorch's hook waits on collectives inside its future callbacks, and on
-#: gloo with several buckets it hung or aborted (signal 6) here, without any DDP feature.
+#: PowerSGD (torch-powersgd; gssgd's own powersgd is in the matrix) is left out: PyTorch's hook
+#: issues collectives from its future callbacks, and on gloo with several buckets it hung or
+#: aborted (signal 6) as registered here; the trainer runs it bucket by bucket on gloo
+#: (gssgd.train.sync.bucket_by_bucket, tested in tests/train/test_loop.py).
 BUILTINS = tuple(
     name for name, m in gssgd.METHODS.items() if m.aggregator is None and name != "torch-powersgd"
 )
