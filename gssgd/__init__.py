@@ -54,6 +54,7 @@ def __getattr__(name: str) -> Any:
     """A public name, imported from its module on first use."""
     if name not in _HOMES:
         raise AttributeError(f"module 'gssgd' has no attribute {name!r}")
+    importlib.import_module("gssgd.methods")  # registers the built-in methods' aggregators
     value = getattr(importlib.import_module(_HOMES[name]), name)
     globals()[name] = value
     return value

@@ -183,3 +183,21 @@ def test_the_version_is_pyprojects_and_the_changelog_names_it() -> None:
     changelog = (root / "CHANGELOG.md").read_text()
     assert "## [Unreleased]" in changelog
     assert re.search(rf"^## \[{re.escape(declared[1])}\] - \d{{4}}-\d{{2}}-\d{{2}}$", changelog, re.M)
+
+
+def test_the_public_names_work_in_a_fresh_interpreter() -> None:
+    """``import gssgd`` loads its names on first use; the built-in methods must be
+    registered by then (the registry fills when gssgd.methods is imported), and a direct
+    ``gssgd.aggregators`` import before it says how to register them."""
+    code = (
+        "import gssgd\n"
+        "from gssgd.simulated import SimulatedWorld\n"
+        "agg = gssgd.make_aggregator('topk', 1000, density=0.01, group=SimulatedWorld(1).rank(0))\n"
+        "assert agg.k == 10 and 'gs' in gssgd.AGGREGATORS, gssgd.AGGREGATORS\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
+    direct = subprocess.run(
+        [sys.executable, "-c",
+         "from gssgd.aggregators import make_aggregator\nmake_aggregator('dense', 10)"],
+        capture_output=True, text=True, timeout=120)
+    assert direct.returncode == 1 and "import gssgd.methods first" in direct.stderr

@@ -27,6 +27,18 @@ __all__ = [
 AGGREGATORS: dict[str, type[Aggregator]] = {}
 
 
+def _check_registered(name: str) -> None:
+    """Raise a ValueError naming the valid methods if ``name`` is not registered."""
+    if name in AGGREGATORS:
+        return
+    if not AGGREGATORS:
+        raise ValueError(
+            f"unknown method {name!r}: no method is registered yet. The built-in ones register "
+            "when gssgd.methods is imported; use gssgd.make_aggregator (which imports it), or "
+            "import gssgd.methods first.")
+    raise ValueError(f"unknown method {name!r}; valid methods: {', '.join(AGGREGATORS)}.")
+
+
 def canonical_options(name: str, options: dict[str, Any]) -> dict[str, Any]:
     """``options`` with every alias of method ``name``'s options (``Options.aliases``, e.g.
     PowerSGD's ``matrix_approximation_rank``) replaced by the option's own name.
@@ -34,8 +46,7 @@ def canonical_options(name: str, options: dict[str, Any]) -> dict[str, Any]:
     Raises:
         ValueError: an unknown method, or an option given under both names.
     """
-    if name not in AGGREGATORS:
-        raise ValueError(f"unknown method {name!r}; valid methods: {', '.join(AGGREGATORS)}.")
+    _check_registered(name)
     out = dict(options)
     for alias, field_name in AGGREGATORS[name].Options.aliases.items():
         if alias in out:
@@ -65,8 +76,7 @@ def build_options(
     Raises:
         ValueError: unknown method or option, or an option out of range.
     """
-    if name not in AGGREGATORS:
-        raise ValueError(f"unknown method {name!r}; valid methods: {', '.join(AGGREGATORS)}.")
+    _check_registered(name)
     cls = AGGREGATORS[name]
     k_given = options.pop("k", None)
     if cls.sends_all:
