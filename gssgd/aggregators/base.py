@@ -87,6 +87,10 @@ class Aggregator:
     #: its options have a ``shapes`` field, which the DDP hook and ``gssgd train`` fill with
     #: the parameters' shapes in the vector's order.
     takes_shapes: ClassVar[bool] = False
+    #: True for a method whose first collective carries every rank's non-finite flag (its
+    #: payload has ``P`` more values: :meth:`_with_flags`, :meth:`_flags_of`), so no
+    #: control all-gather starts its step; False: :meth:`_begin` all-gathers the flags.
+    flags_ride: ClassVar[bool] = False
 
     def __init__(
         self,
@@ -163,10 +167,13 @@ class Aggregator:
         steps = getattr(options, "warmup_steps", 0)
         return DensityWarmup(d, k, steps, getattr(options, "warmup_density", 1.0)).k_at(step)
 
-    @staticmethod
-    def control_traffic(world_size: int) -> Traffic:
+    @classmethod
+    def control_traffic(cls, world_size: int) -> Traffic:
         """The all-gather of the 4-byte non-finite flag that starts every step: gloo's ring
-        all-gather, so each rank sends and receives ``(P - 1) * 4`` bytes."""
+        all-gather, so each rank sends and receives ``(P - 1) * 4`` bytes; nothing for a
+        method whose flags ride with its first collective (:attr:`flags_ride`)."""
+        if cls.flags_ride:
+            return Traffic.none(world_size)
         return allgather(CONTROL_BYTES, world_size)
 
     def agreement_fields(self) -> dict[str, Any]:
@@ -198,6 +205,25 @@ class Aggregator:
             FloatingPointError: non-finite gradient with ``nonfinite="raise"``, or too many
                 consecutive skips.
         """
+        self._start(grad)
+        if bad_ranks is None:
+            with self._timed("compress"):
+                bad_here = torch.tensor(
+                    [0 if all_finite(grad) else 1], dtype=torch.int32, device=grad.device
+                )
+            bad_anywhere = (self.comm.allgather_backend(bad_here) if self.world_size > 1
+                            else [bad_here])
+            bad_ranks = [r for r, flag in enumerate(bad_anywhere) if int(flag)]
+        return self._guard(grad, bad_ranks)
+
+    def _start(self, grad: torch.Tensor) -> None:
+        """Validate ``grad``, check rank agreement once, and start the step's clocks and
+        statistics (:meth:`_begin` without the non-finite guard, for a method whose flags
+        ride with its payload: it calls :meth:`_guard` once its first collective is in).
+
+        Raises:
+            ValueError: wrong shape, or ranks disagree.
+        """
         if grad.dim() != 1 or grad.numel() != self.d:
             raise ValueError(
                 f"{self.name}.step expects a 1-D gradient of length d={self.d}, got shape "
@@ -213,18 +239,29 @@ class Aggregator:
         self.step_k = self._warmup.k_at(self.steps)
         self._timings = {"compress": 0.0, "decompress": 0.0}
         self._step_start = time.perf_counter()
-        if bad_ranks is None:
-            with self._timed("compress"):
-                bad_here = torch.tensor(
-                    [0 if all_finite(grad) else 1], dtype=torch.int32, device=grad.device
-                )
-            bad_anywhere = (self.comm.allgather_backend(bad_here) if self.world_size > 1
-                            else [bad_here])
-            bad_ranks = [r for r, flag in enumerate(bad_anywhere) if int(flag)]
+
+    def _guard(self, grad: torch.Tensor, bad_ranks: list[int]) -> torch.Tensor | None:
+        """The non-finite guard, once every rank's flag is known (``bad_ranks``, the same
+        list on every rank): None to go on with the step, else :meth:`nonfinite_step`'s
+        update."""
         if not bad_ranks:
             self.consecutive_skips = 0
             return None
         return self.nonfinite_step(grad, bad_ranks)
+
+    def _with_flags(self, grad: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        """An uninitialised payload of ``d + P`` values of ``dtype`` whose last ``P`` hold
+        this rank's non-finite flag (1 at this rank's place if ``grad`` is not finite, else
+        0): summed by an all-reduce, they tell every rank which ranks were bad."""
+        payload = torch.empty(self.d + self.world_size, dtype=dtype, device=grad.device)
+        payload[self.d:] = 0
+        if not all_finite(grad):
+            payload[self.d + self.rank] = 1
+        return payload
+
+    def _flags_of(self, summed: torch.Tensor) -> list[int]:
+        """The ranks whose flag is set in the summed payload of :meth:`_with_flags`."""
+        return [r for r, flag in enumerate(summed[self.d:].tolist()) if flag]
 
     def nonfinite_step(self, grad: torch.Tensor, bad_ranks: list[int]) -> torch.Tensor:
         """Apply the ``nonfinite`` policy to a step whose gradient is not finite on

@@ -3,8 +3,10 @@
 Steps (per rank, each step):
     1. (16-bit payload only) scale the gradient by 1/P and cast, so the sum cannot overflow.
     2. All-reduce the payload with the backend (a bandwidth-optimal ring: each rank sends
-       and receives ``2(P-1)/P * d`` elements).
-    3. Return the average in the gradient's dtype. No residual: nothing is dropped.
+       and receives ``2(P-1)/P * d`` elements); the ranks' ``P`` non-finite flags ride at
+       its end, so no separate exchange starts the step.
+    3. A step non-finite on any rank takes the ``nonfinite`` policy on every rank; else
+       return the average in the gradient's dtype. No residual: nothing is dropped.
 """
 
 from __future__ import annotations
@@ -49,6 +51,7 @@ class DenseAllReduce(Aggregator):
     name = "dense"
     Options = DenseOptions
     has_residual = False
+    flags_ride = True
     sends_all = True
     compresses = False
     options: DenseOptions
@@ -57,24 +60,27 @@ class DenseAllReduce(Aggregator):
     def traffic(
         cls, d: int, k: int, options: DenseOptions, world_size: int, *, step: int | None = None
     ) -> Traffic:
-        """A ring all-reduce of the ``d`` payload values, the same at every step."""
+        """A ring all-reduce of the ``d`` payload values and the ranks' ``P`` non-finite
+        flags, the same at every step."""
         size = options.dtype.itemsize
-        return cls.control_traffic(world_size) + ring_allreduce(d * size, world_size, size)
+        return ring_allreduce((d + world_size) * size, world_size, size)
 
     def step(self, grad: torch.Tensor) -> torch.Tensor:
-        skipped = self._begin(grad)
+        self._start(grad)
+        d, low_precision = self.d, self.options.dtype != torch.float32
+        with self._timed("compress"):
+            payload = self._with_flags(grad, self.options.dtype)
+            if low_precision:
+                payload[:d] = grad / self.world_size
+            else:
+                payload[:d] = grad
+        summed = self.comm.allreduce_backend(payload)
+        skipped = self._guard(grad, self._flags_of(summed))
         if skipped is not None:
             return skipped
-        low_precision = self.options.dtype != torch.float32
-        with self._timed("compress"):
-            if low_precision:
-                payload = (grad / self.world_size).to(self.options.dtype)
-            else:
-                payload = grad.to(torch.float32, copy=True)
-        summed = self.comm.allreduce_backend(payload)
         with self._timed("decompress"):
             if low_precision:
-                update = summed.to(grad.dtype)
+                update = summed[:d].to(grad.dtype)
             else:
-                update = (summed / self.world_size).to(grad.dtype)
+                update = summed[:d].div_(self.world_size).to(grad.dtype)
         return self._finish(update)

@@ -289,11 +289,14 @@ def test_sketched_server_receives_p_minus_1_sketches(world_size: int) -> None:
 
 @pytest.mark.parametrize("world_size", [2, 4])
 def test_dense_counts_the_ring_figure(world_size: int) -> None:
-    stats = results(world_size)[0]["dense"]["stats"][-1]
-    assert stats["bytes_sent"] == (2 * (world_size - 1) * D * 4) // world_size + flag(world_size)
-    stats16 = results(world_size)[0]["dense16"]["stats"][-1]
-    assert stats16["bytes_sent"] == (2 * (world_size - 1) * D * 2) // world_size + flag(
-        world_size)
+    """The ring all-reduce of the gradient and, riding at its end, the P non-finite flags
+    (no separate flag exchange: one collective a step)."""
+    n = D + world_size  # gloo's segments move a rank's share by a few elements
+    for name, size in (("dense", 4), ("dense16", 2)):
+        stats = results(world_size)[0][name]["stats"][-1]
+        assert abs(stats["bytes_sent"] - (2 * (world_size - 1) * n * size) // world_size) \
+            <= 2 * world_size * size
+        assert stats["rounds"] == 2 * (world_size - 1)
 
 
 def test_gs_sends_under_a_tenth_of_dense_at_low_density() -> None:

@@ -73,7 +73,11 @@ def test_byte_formulas_match_the_documented_figures():
     topk = traffic(method_spec("topk", d, k=k), p)  # a ring all-gather forwards the others'
     assert topk.sent[0] == topk.received[0] == (p - 1) * 2 * k * 4 + flag
     assert traffic(method_spec("gtopk", d, k=k), p).critical_bytes == 3 * 2 * k * 4 + flag
-    assert traffic(method_spec("dense", d), p).sent[0] == 2 * (p - 1) * 4 * d // p + flag
+    # dense: the flags ride at the end of its all-reduce (gloo's segments move a rank's
+    # share by a few elements)
+    dense = traffic(method_spec("dense", d), p)
+    assert abs(dense.sent[0] - 2 * (p - 1) * 4 * (d + p) // p) <= 2 * p * 4
+    assert dense.rounds == 2 * (p - 1)
     sketched_spec = method_spec("sketched", d, k=k, cols=5000, candidates=4)
     sketched = traffic(sketched_spec, p)  # float16 tables by default: 2 bytes a cell
     assert sketched_spec.table_bytes == 2
