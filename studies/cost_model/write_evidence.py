@@ -13,6 +13,9 @@ committed summaries: what ``gssgd advise`` reads for each method's steps to dens
   ``gssgd study``'s summaries (read by :func:`gssgd.costmodel.evidence.study_from_summaries`,
   as ``gssgd advise --evidence`` reads a user's own study) of studies/equal_budget/specs/mnist_p*.toml (every method
   with the same trial budget, three seeds for each best, 800 steps evaluated every 50).
+* ``mnist-lr-grid.json`` (image family; supersedes the two above): the cell of
+  studies/lr_grid/specs/mnist_p16.toml (every method's learning rate on one grid that
+  extends past an edge best, issue 61's design) and, at 64 workers, the equal-budget cell.
 * ``lstm-equal-budget.json`` (language family; supersedes ``lstm-local-steps.json``): the
   summaries of studies/equal_budget/specs/lstm_p*.toml (AdamW, 600 steps evaluated every
   50; target dense's loss + 3 %), written once a cell is committed.
@@ -140,32 +143,46 @@ def language_study(summary: dict[str, Any]) -> dict[str, Any]:
             "d": {p: lstm_d for p in rows}}
 
 
-#: The equal-budget study's committed cells that advise reads, by evidence file: the
-#: model's name, its cells, its family, the evidence files it supersedes and its
-#: architecture (advise reads a study of the model's own architecture first).
-EQUAL_BUDGET = {
-    "mnist-equal-budget": ("MNIST CNN", ("mnist_p16", "mnist_p64"), "image",
+#: The studies' committed cells that advise reads, by evidence file: the model's name, its
+#: cells (``<study>/<cell>`` under studies/, results/<cell>/summary.json), its family, the
+#: evidence files it supersedes and its architecture (advise reads a study of the model's
+#: own architecture first).
+STUDY_CELLS = {
+    "mnist-equal-budget": ("MNIST CNN, equal tuning budgets",
+                           ("equal_budget/mnist_p16", "equal_budget/mnist_p64"), "image",
                            ("mnist-fair-frontier",), "cnn"),
-    "lstm-equal-budget": ("character LSTM", ("lstm_p16", "lstm_p64"), "language",
+    "mnist-lr-grid": ("MNIST CNN, every method on one learning-rate grid at 16 workers "
+                      "(equal tuning budgets at 64, where no grid cell ran yet)",
+                      ("lr_grid/mnist_p16", "equal_budget/mnist_p64"), "image",
+                      ("mnist-equal-budget", "mnist-fair-frontier"), "cnn"),
+    "lstm-equal-budget": ("character LSTM, equal tuning budgets",
+                          ("equal_budget/lstm_p16", "equal_budget/lstm_p64"), "language",
                           ("lstm-local-steps",), "lstm"),
-    "gpt-equal-budget": ("character GPT (gpt-s)", ("gpt_p16", "gpt_p64"), "language", (),
+    "gpt-equal-budget": ("character GPT (gpt-s), equal tuning budgets",
+                         ("equal_budget/gpt_p16", "equal_budget/gpt_p64"), "language", (),
                          "transformer"),
 }
+
+
+def _cell_summary(cell: str) -> Path:
+    study, name = cell.split("/")
+    return ROOT / "studies" / study / "results" / name / "summary.json"
 
 
 def files() -> dict[str, dict[str, Any]]:
     """Evidence file name -> content, from the committed summaries."""
     read = lambda rel: json.loads((ROOT / rel).read_text())  # noqa: E731
-    equal = {}
-    for name, (title, cells, family, supersedes, architecture) in EQUAL_BUDGET.items():
-        found = [ROOT / "studies/equal_budget/results" / c / "summary.json" for c in cells]
-        summaries = [json.loads(f.read_text()) for f in found if f.is_file()]
+    studied = {}
+    for name, (title, cells, family, supersedes, architecture) in STUDY_CELLS.items():
+        found = [(cell, _cell_summary(cell)) for cell in cells]
+        summaries = [json.loads(f.read_text()) for _, f in found if f.is_file()]
         if summaries:
-            equal[f"evidence/{name}.json"] = study_from_summaries(
-                f"{title}, equal tuning budgets (gssgd study)", summaries, family,
-                architecture=architecture, source="studies/equal_budget/results/",
-                supersedes=supersedes)
-    return {**equal,
+            sources = sorted({f"studies/{cell.split('/')[0]}/results/" for cell, f in found
+                              if f.is_file()})
+            studied[f"evidence/{name}.json"] = study_from_summaries(
+                f"{title} (gssgd study)", summaries, family, architecture=architecture,
+                source=", ".join(sources), supersedes=supersedes)
+    return {**studied,
         "evidence/mnist-fair-frontier.json": {**image_study(
             read("studies/fair_frontier/results/mnist/summary.json")), "architecture": "cnn",
             "d": {p: MNIST_CNN_D for p in (4, 16, 64, 256)}},

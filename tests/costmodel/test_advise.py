@@ -501,7 +501,7 @@ def test_far_from_the_evidence_the_nearest_answers_with_its_distance(capsys) -> 
     image = _advise_json(capsys, "--model", "cnn", "--workers", "16", "--link", "1gbit")
     assert image["methods"]["powersgd"]["evidence"]["steps_ratio"] is not None  # rank 2
     assert image["methods"]["diloco-h30"]["evidence"]["not_measured_because"] == \
-        "diloco-h30 was not run in mnist-equal-budget"
+        "diloco-h30 was not run in mnist-lr-grid"
     assert image["methods"]["diloco-h30"]["evidence"]["its_method_measured"] is None
     # a gs shape the study did not run: what it did measure of gs at the nearest P
     kin = image["methods"]["gs-stream"]["evidence"]["its_method_measured"]

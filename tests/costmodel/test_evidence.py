@@ -38,7 +38,7 @@ def test_the_evidence_files_are_what_the_committed_summaries_give() -> None:
 
 def test_one_study_per_family() -> None:
     assert {s.family for s in studies()} == {"image", "language"}
-    assert study_for("image").name == "mnist-equal-budget"  # it supersedes the fair frontier
+    assert study_for("image").name == "mnist-lr-grid"  # it supersedes the equal-budget cells
     # the LSTM's equal-budget cells supersede the local-steps record's final gaps; a
     # transformer reads the GPT's
     assert study_for("language", "lstm").name == "lstm-equal-budget"
@@ -69,7 +69,7 @@ def test_a_lookup_takes_the_nearest_p_and_says_how_far_it_is() -> None:
     assert not other.measured and other.why == "no study of a language model"
     unrun = evidence_for(image, row_key(method_spec("gtopk", 80_602, 0.0003), 0.0003), 16,
                          "image")
-    assert not unrun.measured and unrun.why == "gtopk@0.0003 was not run in mnist-equal-budget"
+    assert not unrun.measured and unrun.why == "gtopk@0.0003 was not run in mnist-lr-grid"
     assert "quality not measured" in unrun.describe()
 
 
