@@ -62,15 +62,15 @@ Modules (each imports only those above it in this list):
 * :mod:`~gssgd.ddp.settings`: :class:`HookSettings`, validated; the ``overlap=`` values.
 * :mod:`~gssgd.ddp.stats`: :class:`RunningTotals`, what the hook sent in all.
 * :mod:`~gssgd.ddp.core`: :class:`~gssgd.ddp.core.HookCore`, the runtime trunk every mode
-  shares (aggregators, layouts, statistics, waiting buckets, the dense warm-up).
+  shares (aggregators, layouts, statistics, waiting buckets, the dense warm-up) and the two
+  compressing modes, per bucket and over the whole model.
 * :mod:`~gssgd.ddp.recipe`: the optimizer step pre-hook: the recipe warnings of
   :func:`gssgd.recipes.recipe_advice`, and the check that pairs a hand-built
   :class:`~gssgd.optim.FrozenVarianceAdamW` with its hook.
-* :mod:`~gssgd.ddp.per_bucket`, :mod:`~gssgd.ddp.whole_model`: the two compressing modes.
 * :mod:`~gssgd.ddp.overlap`, :mod:`~gssgd.ddp.streaming_gs`, :mod:`~gssgd.ddp.stream`:
   streaming gs (``overlap="stream"``): its overlap record, its aggregator, its hook.
 * :mod:`~gssgd.ddp.state`: :class:`HookState`, the public state (construction, binding,
-  checkpoints, the scaler); :mod:`~gssgd.ddp.every_rank`: every rank's state in one.
+  checkpoints, the scaler, the routing of a bucket to its mode); :mod:`~gssgd.ddp.every_rank`: every rank's state in one.
 * :mod:`~gssgd.ddp.hook`: :func:`comm_hook`, which routes each bucket to its mode.
 * :mod:`~gssgd.ddp.paired`: :class:`PairedRun`, an optimizer and its hook built together;
   :mod:`~gssgd.ddp.adamw` and :mod:`~gssgd.ddp.sgd`: :func:`compressed_adamw` (1-bit

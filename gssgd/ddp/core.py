@@ -1,11 +1,14 @@
 """The trunk every mode of the hook shares: a :class:`HookCore` holds the settings and the
 runtime state of :class:`~gssgd.ddp.HookState` (aggregators, layouts, the iteration's
-statistics, buckets waiting for the last) and the pieces the modes are built from.
+statistics, buckets waiting for the last), the pieces the modes are built from, and the two
+compressing modes themselves: per-bucket (:meth:`HookCore.bucket_step`, overlapped
+:meth:`HookCore.overlapped_bucket_step`, :meth:`HookCore.bucket_iteration`) and whole-model
+(:meth:`HookCore.whole_model_step`).
 
-Per-bucket mode (:mod:`gssgd.ddp.per_bucket`), whole-model mode
-(:mod:`gssgd.ddp.whole_model`) and streaming gs (:mod:`gssgd.ddp.stream`) drive these
-pieces; :class:`~gssgd.ddp.HookState` adds construction, model binding, checkpoints and the
-scaler on top. Nothing here imports those modules, so imports only point down.
+Streaming gs (:mod:`gssgd.ddp.stream`) drives these pieces too; :class:`~gssgd.ddp.HookState`
+adds construction, model binding, checkpoints, the scaler and the routing of each bucket
+to its mode (:meth:`~gssgd.ddp.HookState.average`) on top. Nothing here imports those
+modules, so imports only point down.
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ import torch.distributed as dist
 from gssgd.aggregators import AGGREGATORS, Aggregator, StepStats, make_aggregator
 from gssgd.aggregators.base import all_finite
 from gssgd.amp import LossScaleFollower
-from gssgd.comm import Communicator, new_future
+from gssgd.comm import Communicator, completed_future, new_future
 from gssgd.comm.futures import BucketLane
 from gssgd.ddp.settings import HookSettings
 from gssgd.ddp.stats import IterationStats, RunningTotals
@@ -456,3 +459,128 @@ class HookCore:
         for e in self._pending:
             e.future.set_result(e.buffer)  # type: ignore[union-attr]
         self._pending = []
+
+    # ------------------------------------------------------------------ per-bucket mode
+    # ``whole_model=False``: bucket ``i`` has its own aggregator with ``d = bucket.numel()``
+    # (k resolved per bucket from ``density``), created the first time the bucket is
+    # compressed; its residual stays in that aggregator.
+    #
+    # :meth:`bucket_step` averages a bucket as soon as DDP hands it over, before it returns:
+    # the backward waits. With ``overlap="buckets"`` (:meth:`overlapped_bucket_step`) it does
+    # not: every bucket but the last goes to the hook's :class:`~gssgd.comm.futures.BucketLane`,
+    # one thread that averages the buckets in bucket order while the backward pass goes on,
+    # and the hook returns a future the lane completes, as PyTorch's own all-reduce does.
+    # DDP launches buckets in bucket order on every rank and one thread issues their
+    # collectives in that order, so every rank sees the same sequence of collectives
+    # whatever the timing. The last bucket (ready when the backward is done: nothing left to
+    # overlap) waits for the lane, which re-raises a bucket's error with its own type, then
+    # is averaged in the hook: the results are bitwise the synchronous path's. Under
+    # ``nonfinite="propagate"`` (the default with a GradScaler) the buckets wait for the last
+    # one instead (:meth:`_defer`) and :meth:`bucket_iteration` steps them all, so no
+    # bucket's state moves on a step the scaler skips.
+
+    def bucket_step(self, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
+        """Per-bucket mode: the bucket's own aggregator averages it (before returning)."""
+        return completed_future(self._average_bucket(
+            bucket.index(), bucket.parameters(), bucket.gradients(), bucket.buffer()))
+
+    def overlapped_bucket_step(self, bucket: dist.GradBucket
+                               ) -> torch.futures.Future[torch.Tensor]:
+        """``overlap="buckets"``: every bucket but the last is averaged on the hook's lane
+        while the backward goes on; the last waits for the lane, then is averaged here."""
+        lane = self.bucket_lane()
+        args = (bucket.index(), bucket.parameters(), bucket.gradients(), bucket.buffer())
+        if bucket.is_last():
+            lane.drain()
+            return completed_future(self._average_bucket(*args))
+        return lane.submit(lambda: self._average_bucket(*args), bucket.buffer().device)
+
+    def _average_bucket(self, index: int, params: list[torch.Tensor],
+                        grads: list[torch.Tensor], buffer: torch.Tensor) -> torch.Tensor:
+        """Bucket ``index``'s update from its own aggregator (its parameters, gradients and
+        flat buffer as DDP handed them over)."""
+        layout = self._layout(params)
+        agg = self._aggregator(index, layout, buffer.numel(), f"bucket {index}", params)
+        update = agg.step(buffer)
+        self._hand_over_unused(params, grads, update)
+        self._add_step(agg.last_stats, params)
+        return update
+
+    def bucket_iteration(self, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
+        """Per-bucket mode under ``nonfinite="propagate"``, the last bucket.
+
+        Steps: (1) every rank learns whether any bucket of the iteration is non-finite on
+        any rank; (2) if so, every bucket's aggregator applies its non-finite policy (an
+        all-NaN bucket, state untouched); else each steps in bucket order; (3) the updates
+        go into the buckets' buffers and every pending future completes.
+        """
+        this = Pending(bucket.index(), bucket.parameters(), bucket.gradients(), bucket.buffer(),
+                       None)
+        entries = sorted([*self._pending, this], key=lambda p: p.index)
+        try:
+            aggs = [
+                self._aggregator(e.index, self._layout(e.params), e.buffer.numel(),
+                                 f"bucket {e.index}", e.params)
+                for e in entries
+            ]
+            bad_ranks = self._nonfinite_ranks([e.buffer for e in entries])
+            for e, agg in zip(entries, aggs, strict=True):
+                update = (agg.nonfinite_step(e.buffer, bad_ranks) if bad_ranks
+                          else agg.step(e.buffer))
+                self._add_step(agg.last_stats, e.params)
+                e.buffer.copy_(update)
+                self._hand_over_unused(e.params, e.grads, update)
+        except BaseException as exc:
+            self._fail_pending(exc)
+            raise
+        self._complete_pending()
+        return completed_future(this.buffer)
+
+    # ------------------------------------------------------------------ whole-model mode
+    # ``whole_model=True``: the whole gradient is one vector, so top-k is global over all
+    # layers, as in the papers. Buckets before the last get a not-yet-completed future and
+    # their gradients are stashed (:meth:`_defer`); at the last bucket
+    # :meth:`whole_model_step` concatenates the stashed gradients in model order, runs one
+    # ``agg.step(flat)``, splits the update back into the buckets' gradients and completes
+    # every pending future. DDP waits for all of a backward's futures before it writes
+    # ``param.grad``, so deferring is safe; it just gives up overlapping communication with
+    # the backward pass (:mod:`gssgd.ddp.stream` brings it back for gs).
+
+    def whole_model_step(self, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
+        """Whole-model mode, the last bucket: one step over every stashed gradient.
+
+        Steps: (1) list every parameter of the pending buckets and this one with its
+        gradient view; (2) order them by model position (or keep bucket order when no
+        model is bound); (3) concatenate and run the aggregator once; (4) write the update
+        back into the gradient views, which live in the buckets' buffers; (5) complete
+        the pending futures with their buffers.
+        """
+        this = Pending(bucket.index(), bucket.parameters(), bucket.gradients(), bucket.buffer(),
+                       None)
+        entries = sorted([*self._pending, this], key=lambda p: p.index)
+        try:
+            pairs = [(p, g) for e in entries for p, g in zip(e.params, e.grads, strict=True)]
+            if self._positions:
+                unknown = [tuple(p.shape) for p, _ in pairs if id(p) not in self._positions]
+                if unknown:
+                    raise ValueError(
+                        f"{len(unknown)} parameter(s) in DDP's buckets (shapes {unknown[:4]}) "
+                        "are not in the bound model; bind the model DDP wraps: "
+                        "HookState(..., model=ddp_model) or state.bind(ddp_model)."
+                    )
+                pairs.sort(key=lambda pg: self._positions[id(pg[0])])
+            layout = self._layout([p for p, _ in pairs])
+            flat = torch.cat([g.reshape(-1) for _, g in pairs])
+            agg = self._aggregator(WHOLE_MODEL, layout, flat.numel(), "the whole model",
+                                   [p for p, _ in pairs])
+            update = agg.step(flat)
+            self._add_step(agg.last_stats)
+            pieces = update.split([g.numel() for _, g in pairs])
+            for (_, g), piece in zip(pairs, pieces, strict=True):
+                g.copy_(piece.view_as(g))
+            self._hand_over_unused([p for p, _ in pairs], [g for _, g in pairs], update)
+        except BaseException as exc:
+            self._fail_pending(exc)  # never leave DDP waiting on a future forever
+            raise
+        self._complete_pending()
+        return completed_future(this.buffer)

@@ -1,8 +1,7 @@
-"""The DDP communication hook itself: :func:`comm_hook` routes each bucket to its mode.
-
-Dense warm-up (:meth:`~gssgd.ddp.core.HookCore._allreduce_mean`), per-bucket mode
-(:mod:`gssgd.ddp.per_bucket`), whole-model mode (:mod:`gssgd.ddp.whole_model`) or
-streaming gs (:mod:`gssgd.ddp.stream`); the algorithm is described in :mod:`gssgd.ddp`.
+"""The DDP communication hook itself: :func:`comm_hook` hands each bucket to its state
+(:meth:`~gssgd.ddp.HookState.average`), which routes it to the dense warm-up, per-bucket
+or whole-model mode (:class:`~gssgd.ddp.core.HookCore`) or streaming gs
+(:mod:`gssgd.ddp.stream`); the algorithm is described in :mod:`gssgd.ddp`.
 """
 
 # No ``from __future__ import annotations`` here: DDP's register_comm_hook compares the
@@ -11,9 +10,7 @@ streaming gs (:mod:`gssgd.ddp.stream`); the algorithm is described in :mod:`gssg
 import torch
 import torch.distributed as dist
 
-from gssgd.ddp import per_bucket, whole_model
 from gssgd.ddp.state import HookState
-from gssgd.ddp.stream import stream_hook
 
 __all__ = ["comm_hook"]
 
@@ -60,37 +57,4 @@ def comm_hook(state: HookState, bucket: dist.GradBucket) -> torch.futures.Future
         ...     loss_fn(ddp_model(x), y).backward()  # grads are gs-SGD's averaged update
         ...     optimizer.step()
     """
-    try:
-        return _route(state, bucket)
-    except FloatingPointError as exc:
-        advice = state._scaler_advice()  # skipped steps without a scaler: maybe a GradScaler's
-        if advice is None:
-            raise
-        raise FloatingPointError(f"{exc} {advice}") from exc
-
-
-def _route(state: HookState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
-    """:func:`comm_hook`'s steps 1-4 for one bucket."""
-    state._check_saved_world()  # a loaded state runs in the world it was saved in
-    state._follow_loss_scale()  # residuals in the scaler's current units (once an iteration)
-    state._note_parameters(bucket)  # which optimizer steps on this hook's gradients
-    if state.overlap == "stream":
-        return stream_hook(state, bucket)  # gssgd.ddp.stream: sketch regions during backward
-    state._note_grad_views(bucket)  # for parameters no rank used (find_unused_parameters)
-    compressing = state._compressing()
-    if not compressing:
-        fut = state._allreduce_mean(bucket.buffer())
-    else:
-        waits = state.whole_model or state._waits_for_iteration()
-        if not waits:
-            step = per_bucket.overlapped_step if state.overlap == "buckets" else per_bucket.step
-            fut = step(state, bucket)
-        elif not bucket.is_last():
-            return state._defer(bucket)  # completed by the last bucket of this iteration
-        elif state.whole_model:
-            fut = whole_model.step(state, bucket)
-        else:
-            fut = per_bucket.iteration(state, bucket)
-    if bucket.is_last():
-        state._end_iteration(compressing)
-    return fut
+    return state.average(bucket)

@@ -19,6 +19,7 @@ from gssgd.ddp import recipe
 from gssgd.ddp.core import HookCore
 from gssgd.ddp.settings import HookSettings
 from gssgd.ddp.stats import RunningTotals
+from gssgd.ddp.stream import stream_hook
 from gssgd.log import logger
 
 __all__ = ["HookState"]
@@ -376,3 +377,43 @@ class HookState(HookCore):
         run's, so the two end bitwise equal.
         """
         self._session_iters = max(self._session_iters, 1)
+
+    # ------------------------------------------------------------------ the hook
+    def average(self, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
+        """Average one bucket DDP hands over, as :func:`~gssgd.ddp.comm_hook` does (its
+        steps 1-4): the dense warm-up, per-bucket, whole-model or streaming mode.
+
+        Raises:
+            FloatingPointError: as :func:`~gssgd.ddp.comm_hook` (with a scaler's advice
+                where skipped steps had none).
+        """
+        try:
+            return self._route(bucket)
+        except FloatingPointError as exc:
+            advice = self._scaler_advice()  # skipped steps without a scaler: a GradScaler's
+            if advice is None:
+                raise
+            raise FloatingPointError(f"{exc} {advice}") from exc
+
+    def _route(self, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
+        self._check_saved_world()  # a loaded state runs in the world it was saved in
+        self._follow_loss_scale()  # residuals in the scaler's current units (once an iteration)
+        self._note_parameters(bucket)  # which optimizer steps on this hook's gradients
+        if self.overlap == "stream":
+            return stream_hook(self, bucket)  # gssgd.ddp.stream: sketch regions during backward
+        self._note_grad_views(bucket)  # for parameters no rank used (find_unused_parameters)
+        compressing = self._compressing()
+        if not compressing:
+            fut = self._allreduce_mean(bucket.buffer())
+        elif not (self.whole_model or self._waits_for_iteration()):
+            fut = (self.overlapped_bucket_step(bucket) if self.overlap == "buckets"
+                   else self.bucket_step(bucket))
+        elif not bucket.is_last():
+            return self._defer(bucket)  # completed by the last bucket of this iteration
+        elif self.whole_model:
+            fut = self.whole_model_step(bucket)
+        else:
+            fut = self.bucket_iteration(bucket)
+        if bucket.is_last():
+            self._end_iteration(compressing)
+        return fut
