@@ -11,7 +11,7 @@ and a language model's flatter gradient needs the recall: fewer candidates cost 
 character LSTM loss and the CNN nothing); from it 16·k columns and m = 8, where the
 tables' bytes dominate a step.
 
-Streamed gs (:mod:`gssgd.ddp.stream`) sketches every coordinate (a pre-filter needs the
+Streamed gs (:mod:`gssgd.ddp.streaming_gs`) sketches every coordinate (a pre-filter needs the
 whole gradient before the first bucket), so it keeps float32 tables (40·k columns, m = 32:
 :func:`streaming_options`) at every P.
 """

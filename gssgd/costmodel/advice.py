@@ -322,7 +322,7 @@ def _candidate(name: str, params: int, workers: int, link: Link, device: Device,
     method, _ = get_variant(variant)  # a clear error for an unknown name
     warm = warmup_steps_recipe(method.name) if warmup_steps is None else warmup_steps
     # gs's default shape depends on P (sketch_default_shape); streaming has its own shape
-    # (its regions cannot pre-filter: gssgd.ddp.stream)
+    # (its regions cannot pre-filter: gssgd.ddp.streaming_gs)
     shape_for = None if overlap is not None else workers
     spec = method_spec(variant, params, density, warmup_steps=warm, world_size=shape_for,
                        shapes=None if shapes is None else tuple(tuple(s) for s in shapes),

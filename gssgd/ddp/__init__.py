@@ -61,14 +61,14 @@ Modules (each imports only those above it in this list):
 
 * :mod:`~gssgd.ddp.settings`: :class:`HookSettings`, validated; the ``overlap=`` values.
 * :mod:`~gssgd.ddp.stats`: :class:`RunningTotals`, what the hook sent in all.
+* :mod:`~gssgd.ddp.overlap`, :mod:`~gssgd.ddp.streaming_gs`: streaming gs
+  (``overlap="stream"``): its overlap record, its algorithm and aggregator.
 * :mod:`~gssgd.ddp.core`: :class:`~gssgd.ddp.core.HookCore`, the runtime trunk every mode
-  shares (aggregators, layouts, statistics, waiting buckets, the dense warm-up) and the two
-  compressing modes, per bucket and over the whole model.
+  shares (aggregators, layouts, statistics, waiting buckets, the dense warm-up) and the
+  compressing modes: per bucket, over the whole model, streaming gs.
 * :mod:`~gssgd.ddp.recipe`: the optimizer step pre-hook: the recipe warnings of
   :func:`gssgd.recipes.recipe_advice`, and the check that pairs a hand-built
   :class:`~gssgd.optim.FrozenVarianceAdamW` with its hook.
-* :mod:`~gssgd.ddp.overlap`, :mod:`~gssgd.ddp.streaming_gs`, :mod:`~gssgd.ddp.stream`:
-  streaming gs (``overlap="stream"``): its overlap record, its aggregator, its hook.
 * :mod:`~gssgd.ddp.state`: :class:`HookState`, the public state (construction, binding,
   checkpoints, the scaler, the routing of a bucket to its mode); :mod:`~gssgd.ddp.every_rank`: every rank's state in one.
 * :mod:`~gssgd.ddp.hook`: :func:`comm_hook`, which routes each bucket to its mode.
@@ -87,7 +87,6 @@ from gssgd.ddp.settings import OVERLAP_MODES, STREAMING_METHODS, HookSettings, c
 from gssgd.ddp.sgd import CompressedSGD, compressed_sgd
 from gssgd.ddp.state import HookState
 from gssgd.ddp.stats import RunningTotals
-from gssgd.ddp.stream import stream_hook
 from gssgd.ddp.streaming_gs import StreamingGS, stream_traffic
 from gssgd.recipes import momentum_placement
 
@@ -109,6 +108,5 @@ __all__ = [
     "compressed_adamw",
     "compressed_sgd",
     "momentum_placement",
-    "stream_hook",
     "stream_traffic",
 ]

@@ -1,14 +1,13 @@
-"""The trunk every mode of the hook shares: a :class:`HookCore` holds the settings and the
-runtime state of :class:`~gssgd.ddp.HookState` (aggregators, layouts, the iteration's
-statistics, buckets waiting for the last), the pieces the modes are built from, and the two
-compressing modes themselves: per-bucket (:meth:`HookCore.bucket_step`, overlapped
-:meth:`HookCore.overlapped_bucket_step`, :meth:`HookCore.bucket_iteration`) and whole-model
-(:meth:`HookCore.whole_model_step`).
-
-Streaming gs (:mod:`gssgd.ddp.stream`) drives these pieces too; :class:`~gssgd.ddp.HookState`
-adds construction, model binding, checkpoints, the scaler and the routing of each bucket
-to its mode (:meth:`~gssgd.ddp.HookState.average`) on top. Nothing here imports those
-modules, so imports only point down.
+"""The hook's runtime: a :class:`HookCore` holds the settings and the runtime state of
+:class:`~gssgd.ddp.HookState` (aggregators, layouts, the iteration's statistics, buckets
+waiting for the last), the pieces every mode is built from (the dense warm-up's
+all-reduce, the non-finite check, statistics) and the modes themselves: per-bucket
+(:meth:`HookCore.bucket_step`, overlapped :meth:`HookCore.overlapped_bucket_step`,
+:meth:`HookCore.bucket_iteration`), whole-model (:meth:`HookCore.whole_model_step`) and
+streaming gs (:meth:`HookCore.stream_step`; the algorithm and its aggregator:
+:mod:`gssgd.ddp.streaming_gs`). :class:`~gssgd.ddp.HookState` adds construction, model
+binding, checkpoints, the scaler and the routing of each bucket to its mode
+(:meth:`~gssgd.ddp.HookState.average`) on top.
 """
 
 from __future__ import annotations
@@ -22,13 +21,16 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from gssgd.aggregators import AGGREGATORS, Aggregator, StepStats, make_aggregator
+from gssgd.aggregators import AGGREGATORS, Aggregator, StepStats, build_options, make_aggregator
 from gssgd.aggregators.base import all_finite
+from gssgd.aggregators.options import resolve_k
+from gssgd.aggregators.sizing import streaming_options
 from gssgd.amp import LossScaleFollower
 from gssgd.comm import Communicator, completed_future, new_future
 from gssgd.comm.futures import BucketLane
 from gssgd.ddp.settings import HookSettings
 from gssgd.ddp.stats import IterationStats, RunningTotals
+from gssgd.ddp.streaming_gs import StreamingGS
 from gssgd.log import logger
 
 __all__ = [
@@ -37,6 +39,7 @@ __all__ = [
     "HookCore",
     "Layout",
     "Pending",
+    "StreamSession",
     "hook_for",
     "layout_str",
 ]
@@ -85,6 +88,22 @@ class Pending:
     future: torch.futures.Future[torch.Tensor] | None
 
 
+class StreamSession:
+    """What :meth:`HookCore.stream_step` keeps between calls:
+    the bucket layout recorded in the last dense iteration and the buckets in flight."""
+
+    def __init__(self) -> None:
+        self.recording: dict[int, Layout] = {}
+        self.recorded: list[Layout] | None = None
+        self.pending: list[tuple[torch.Tensor, torch.futures.Future[torch.Tensor]]] = []
+
+    def fail_pending(self, exc: BaseException) -> None:
+        for _, fut in self.pending:
+            if not fut.done():
+                fut.set_exception(exc)
+        self.pending = []
+
+
 class HookCore:
     """The settings and runtime state of a hook, and the pieces every mode shares.
 
@@ -114,7 +133,7 @@ class HookCore:
         self._session_iters = 0  # iterations seen in this process (not saved)
         self._comm: Communicator | None = None  # the warm-up's accounted all-reduce
         self._grad_views: bool | None = None  # DDP's gradient_as_bucket_view, once seen
-        self._stream: Any = None  # overlap="stream": gssgd.ddp.stream's session
+        self._stream = StreamSession()  # overlap="stream": the layout and buckets in flight
         self._lane: BucketLane | None = None  # overlap="buckets": the buckets' thread
         self._loss_scale = LossScaleFollower()  # the scaler's scale the residuals are in
         self._scale_followed_at = -1  # the iteration whose loss scale was last followed
@@ -544,7 +563,7 @@ class HookCore:
     # ``agg.step(flat)``, splits the update back into the buckets' gradients and completes
     # every pending future. DDP waits for all of a backward's futures before it writes
     # ``param.grad``, so deferring is safe; it just gives up overlapping communication with
-    # the backward pass (:mod:`gssgd.ddp.stream` brings it back for gs).
+    # the backward pass (:meth:`stream_step` brings it back for gs).
 
     def whole_model_step(self, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
         """Whole-model mode, the last bucket: one step over every stashed gradient.
@@ -584,3 +603,102 @@ class HookCore:
             raise
         self._complete_pending()
         return completed_future(this.buffer)
+
+
+    # ------------------------------------------------------------------ streaming gs
+    # ``overlap="stream"``: each bucket's sketch region is all-reduced during backward
+    # (:mod:`gssgd.ddp.streaming_gs` describes the algorithm and its aggregator).
+
+    def _stream_aggregator(self, layouts: list[Layout]) -> StreamingGS:
+        """The streaming aggregator (created on first use, with any loaded state)."""
+        agg = self._aggregators.get(0)
+        flat = [entry for layout in layouts for entry in layout]
+        if isinstance(agg, StreamingGS):
+            if self._layouts.get(0) != flat:
+                raise ValueError(
+                    "DDP's bucket layout changed after streaming gs had started; keep the model "
+                    "and bucket_cap_mb fixed, or use overlap='none'."
+                )
+            return agg
+        sizes = [sum(n for _, n in layout) for layout in layouts]
+        d = sum(sizes)
+        known = self._layouts.get(0)
+        if known is not None and known != flat:
+            raise ValueError(
+                "the saved streaming residual is for another bucket layout (parameters "
+                f"{[p for p, _ in known][:8]}...), DDP now has {[p for p, _ in flat][:8]}...; "
+                "resume with the same model and bucket_cap_mb."
+            )
+        self.settings.check_k(d, "the whole model")
+        # every coordinate is sketched: a pre-filter needs the whole gradient before bucket 0;
+        # the regions go by the backend's ring, and so, unless asked otherwise, does the exact round
+        # (streaming's own shape at every P: the default's was measured with the pre-filter)
+        given = streaming_options(d, resolve_k(d, self.density, None), self.settings.options)
+        _, k, options = build_options("gs", d, self.density, **given)
+        agg = StreamingGS(sizes, d, k, options, self.group)
+        if 0 in self._saved:
+            agg.load_state_dict(self._saved.pop(0))
+        self._aggregators[0] = agg
+        self._layouts[0] = flat
+        return agg
+
+    def stream_step(self, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
+        """Streaming gs (``overlap="stream"``; the algorithm: :mod:`gssgd.ddp.streaming_gs`).
+
+        Dense iterations (``iter < start_iter``, and a process's first two iterations) average
+        the bucket with the backend's all-reduce and record the bucket layout; compressed ones
+        stream the bucket's sketch region and complete every bucket's future at the last one.
+        """
+        session = self._stream
+        index, buffer = bucket.index(), bucket.buffer()
+        layout = self._layout(bucket.parameters())
+        streaming = self.iter >= self.start_iter and session.recorded is not None
+        if not streaming:
+            session.recording[index] = layout
+            fut = self._allreduce_mean(buffer)
+            if bucket.is_last():
+                if self._session_iters >= 1:  # DDP's own first iteration has a provisional layout
+                    session.recorded = [session.recording[i] for i in sorted(session.recording)]
+                session.recording = {}
+                self._end_iteration(compressed=False)
+            return fut
+        try:
+            assert session.recorded is not None
+            if index == 0 and session.pending:  # a backward was abandoned half way
+                session.fail_pending(RuntimeError("an earlier backward pass did not finish"))
+                agg = self._aggregators.get(0)
+                if isinstance(agg, StreamingGS):
+                    agg.abandon()
+                self._stats = None
+            if index >= len(session.recorded) or session.recorded[index] != layout:
+                raise ValueError(
+                    f"bucket {index} holds {layout} but the recorded layout has "
+                    f"{session.recorded[index] if index < len(session.recorded) else 'no such bucket'}"
+                    "; DDP's buckets changed after they were recorded. Keep the model and "
+                    "bucket_cap_mb fixed, or use overlap='none'."
+                )
+            agg = self._stream_aggregator(session.recorded)
+            if index == 0:
+                self._follow_loss_scale()  # a GradScaler's units for the residual (gssgd.amp)
+            agg.add_bucket(index, buffer)
+            if not bucket.is_last():
+                fut = new_future(buffer.device)
+                session.pending.append((buffer, fut))
+                return fut
+            update = agg.finish()
+            self._add_step(agg.last_stats)
+            pieces = update.split(agg.sizes)
+            buffers = [b for b, _ in session.pending] + [buffer]
+            for buf, piece in zip(buffers, pieces, strict=True):
+                buf.copy_(piece)
+        except BaseException as exc:
+            session.fail_pending(exc)  # never leave DDP waiting on a future forever
+            agg = self._aggregators.get(0)
+            if isinstance(agg, StreamingGS):
+                agg.abandon()
+            raise
+        for buf, fut in session.pending:
+            fut.set_result(buf)
+        session.pending = []
+        self._end_iteration(compressed=True)
+        return completed_future(buffer)

@@ -1,7 +1,7 @@
 """The DDP communication hook itself: :func:`comm_hook` hands each bucket to its state
-(:meth:`~gssgd.ddp.HookState.average`), which routes it to the dense warm-up, per-bucket
-or whole-model mode (:class:`~gssgd.ddp.core.HookCore`) or streaming gs
-(:mod:`gssgd.ddp.stream`); the algorithm is described in :mod:`gssgd.ddp`.
+(:meth:`~gssgd.ddp.HookState.average`), which routes it to the dense warm-up or to the
+per-bucket, whole-model or streaming mode (:class:`~gssgd.ddp.core.HookCore`); the
+algorithm is described in :mod:`gssgd.ddp`.
 """
 
 # No ``from __future__ import annotations`` here: DDP's register_comm_hook compares the

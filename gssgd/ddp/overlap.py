@@ -1,6 +1,6 @@
 """How much of a streamed iteration's communication backward hid, and where it is logged.
 
-Streaming gs (:mod:`gssgd.ddp.stream`) all-reduces each bucket's sketch region while backward
+Streaming gs (:mod:`gssgd.ddp.streaming_gs`) all-reduces each bucket's sketch region while backward
 still runs; :class:`OverlapStats` records, per iteration, when each bucket arrived, when each
 region's all-reduce started, and how long the last bucket waited for them (the part not
 hidden). With :data:`OVERLAP_LOG_ENV` set, :func:`log_overlap` appends each iteration's

@@ -112,7 +112,7 @@ class HookSettings:
         whole_model: compress the whole gradient as one vector instead of bucket by bucket.
         options: the method's options (``k``, ``rows``, ``cols``, ``momentum``, ...).
         overlap: "none", or "stream" (whole-model gs only) to all-reduce the sketch bucket
-            by bucket during backward (:mod:`gssgd.ddp.stream`).
+            by bucket during backward (:mod:`gssgd.ddp.streaming_gs`).
 
     Raises:
         ValueError: any setting out of range, naming the value, the range and the fix.

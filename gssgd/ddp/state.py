@@ -19,7 +19,6 @@ from gssgd.ddp import recipe
 from gssgd.ddp.core import HookCore
 from gssgd.ddp.settings import HookSettings
 from gssgd.ddp.stats import RunningTotals
-from gssgd.ddp.stream import stream_hook
 from gssgd.log import logger
 
 __all__ = ["HookState"]
@@ -64,7 +63,7 @@ class HookState(HookCore):
             module or the module it wraps); same as calling :meth:`bind` later.
         overlap: "none" (default), or "stream" with ``method="gs"`` and ``whole_model=True``:
             the sketch table is cut by DDP bucket and each bucket's part is all-reduced
-            while backward runs (:mod:`gssgd.ddp.stream`; saved in :meth:`state_dict`).
+            while backward runs (:mod:`gssgd.ddp.streaming_gs`; saved in :meth:`state_dict`).
         scaler: the run's ``torch.amp.GradScaler`` under float16 autocast, or None. With
             it ``nonfinite`` defaults to ``"propagate"`` and the residuals are kept in the
             units of its current loss scale (:mod:`gssgd.amp`). Without it (and with
@@ -400,7 +399,7 @@ class HookState(HookCore):
         self._follow_loss_scale()  # residuals in the scaler's current units (once an iteration)
         self._note_parameters(bucket)  # which optimizer steps on this hook's gradients
         if self.overlap == "stream":
-            return stream_hook(self, bucket)  # gssgd.ddp.stream: sketch regions during backward
+            return self.stream_step(bucket)  # sketch regions during backward
         self._note_grad_views(bucket)  # for parameters no rank used (find_unused_parameters)
         compressing = self._compressing()
         if not compressing:

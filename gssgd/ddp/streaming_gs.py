@@ -1,12 +1,63 @@
-"""The streaming gs-SGD aggregator: a table partitioned by DDP bucket, one region's
-all-reduce per bucket, started as the bucket arrives.
+"""Streaming gs-SGD: a table partitioned by DDP bucket, each bucket's region all-reduced during
+backward, started as the bucket arrives.
 
-:class:`StreamingGS` runs steps 1 and 2 of streaming gs (:mod:`gssgd.ddp.stream` describes
-the whole algorithm): :meth:`StreamingGS.add_bucket` sketches each bucket into its own region
-of a :class:`~gssgd.sketch.partitioned.PartitionedSketch` and starts that region's
-all-reduce; :meth:`StreamingGS.finish` waits for them, recovers the top ``k`` over the whole
-table and returns the update. It knows nothing of DDP. :func:`stream_traffic` is its message
-pattern as :mod:`gssgd.comm` formulas.
+Whole-model gs (``HookState("gs", whole_model=True)``) waits for DDP's last bucket before it
+sketches anything, because one hash spreads every bucket over the whole table. A Count
+Sketch is linear, so the table can instead be **partitioned by bucket**
+(:class:`~gssgd.sketch.partitioned.PartitionedSketch`): bucket ``b`` hashes only into its
+own region, which is final as soon as DDP hands the bucket over and can be sent while
+backward still computes the earlier layers' gradients. Selected with
+``HookState("gs", whole_model=True, overlap="stream")`` or ``gssgd train --overlap stream``.
+
+Algorithm, per compressed iteration (every rank runs the collectives in the same order,
+as DDP hands the buckets over in index order):
+
+1. Bucket ``b`` arrives (``comm_hook``): ``a_b = e_b + g_b`` (with momentum
+   ``u_b = rho * u_b + g_b``, ``a_b = e_b + u_b``; under ``feedback="onebit"``, 1-bit
+   Adam's ``a_b = e_b + rho * m_b + (1 - rho) * g_b`` with ``m`` the last update), sketch ``a_b`` into region ``b``, and
+   start the region's all-reduce with ``async_op=True``, chained on its future
+   (``get_future().then(...)``). The bucket gets a pending future.
+   The last bucket's region also carries every rank's non-finite flag (``P`` slots, this
+   rank's set to 1 when any of its gradient is NaN/Inf), so no flag all-gather waits after
+   backward.
+2. The last bucket: wait for every region's sum, then, as whole-model gs does: the
+   ``nonfinite`` policy on the summed flags, the ``m * k``
+   candidates over the whole table (one global selection, ties to the lower index), the
+   exact round, the top ``k``, the update ``/ P`` and error feedback ``e = a`` with the
+   ``k`` coordinates zeroed.
+3. Every bucket's buffer receives its slice of the update and every pending future
+   completes; DDP then writes ``param.grad``.
+
+The aggregator (:class:`StreamingGS`, steps 1-2, here) knows nothing of DDP:
+:meth:`StreamingGS.add_bucket` sketches each bucket into its own region of a
+:class:`~gssgd.sketch.partitioned.PartitionedSketch` and starts that region's all-reduce;
+:meth:`StreamingGS.finish` waits for them, recovers the top ``k`` over the whole table and
+returns the update. :meth:`~gssgd.ddp.core.HookCore.stream_step` feeds it DDP's buckets on
+the runtime trunk of the hook state. :func:`stream_traffic` is its message pattern as
+:mod:`gssgd.comm` formulas. ``overlap=`` is validated with the other settings
+(:func:`gssgd.ddp.settings.check_overlap`).
+
+Differences from whole-model gs, by design:
+
+* The regions are summed with the backend's all-reduce (ring, counted ``2(P-1)/P`` of
+  the region's bytes), the only one that runs asynchronously, and by default so is the
+  exact round (``allreduce=`` still chooses it).
+* The sketch takes :func:`~gssgd.aggregators.sizing.streaming_options` (40·k float32
+  columns, m = 32) at every ``P`` and sketches every coordinate: the pre-filter needs the
+  whole gradient before bucket 0, and the default shape's float16 table and (from 16
+  workers) narrow table were measured with it.
+* The residual is kept in bucket order (bucket index, then DDP's order inside it), like
+  per-bucket mode: a resume needs the same bucket layout (same model and
+  ``bucket_cap_mb``). The layout is recorded in a dense iteration, so each process runs
+  two dense iterations before it streams (DDP's first, whose layout DDP rebuilds, and the
+  first on the rebuilt layout), also when resuming.
+* ``local_clip`` needs the whole gradient's norm before the first bucket is sketched and
+  is refused with ``overlap="stream"``.
+
+The time the last bucket waits for the regions is the communication backward did not
+hide; :attr:`StreamingGS.last_overlap` reports it per iteration
+(:class:`~gssgd.ddp.overlap.OverlapStats`), with when each bucket arrived and each region's
+all-reduce started.
 """
 
 from __future__ import annotations
@@ -78,7 +129,7 @@ class StreamingGS(GlobalSketchSGD):
 
     The same options, error feedback, guard, non-finite policy and statistics as
     :class:`~gssgd.aggregators.gs.GlobalSketchSGD`; only the table's layout and the
-    timing of its all-reduce differ. Driven by :func:`stream_hook`: :meth:`add_bucket`
+    timing of its all-reduce differ. Driven by :meth:`~gssgd.ddp.core.HookCore.stream_step`: :meth:`add_bucket`
     for each bucket in index order, then :meth:`finish`.
 
     Args:

@@ -2,7 +2,7 @@
 
 Whole-model gs-SGD hashes every coordinate of the gradient over the whole table, so no
 part of the table is final before the last gradient is known. Streaming gs
-(:mod:`gssgd.ddp.stream`) needs the opposite: piece ``b`` of the vector (a DDP bucket) is
+(:mod:`gssgd.ddp.streaming_gs`) needs the opposite: piece ``b`` of the vector (a DDP bucket) is
 hashed **only into its own region** of the table, so that region is final, and can be
 all-reduced, as soon as piece ``b`` is known.
 

@@ -4,7 +4,7 @@ Streaming gs (``HookState("gs", whole_model=True, overlap="stream")``) trains th
 of ``tests/ddp/scenarios.py`` in DDP next to a plain copy whose local gradients go through
 :class:`PartitionedReference`: the partitioned layout written out again from its
 definition (column split, per-region hashing, global top m*k, exact round, error
-feedback), independent of ``gssgd.ddp.stream`` and ``gssgd.sketch.partitioned``: its hashes
+feedback), independent of ``gssgd.ddp.streaming_gs`` and ``gssgd.sketch.partitioned``: its hashes
 are those of ``tests/aggregators/reference.py`` (re-implemented from the documented scheme,
 not ``gssgd.sketch.hashing``), and its sums over ranks are plain ``torch.distributed`` calls, not
 gssgd's ``Communicator``. They are the sums the hook makes (the backend's all-reduce of

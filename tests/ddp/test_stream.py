@@ -1,4 +1,4 @@
-"""Streaming gs in the DDP hook (gssgd.ddp.stream) and its partitioned table.
+"""Streaming gs in the DDP hook (gssgd.ddp.core.HookCore.stream_step) and its partitioned table.
 
 Real gloo processes at P = 3 and 4 (a non-power of two among them) over several DDP bucket
 layouts, bitwise against tests/ddp/stream_scenarios.PartitionedReference; the layout rules and
