@@ -88,7 +88,7 @@ class Aggregator:
     #: the parameters' shapes in the vector's order.
     takes_shapes: ClassVar[bool] = False
     #: True for a method whose first collective carries every rank's non-finite flag (its
-    #: payload has ``P`` more values: :meth:`_with_flags`, :meth:`_flags_of`), so no
+    #: payload has ``P`` more values: :meth:`_flag_slots`, :meth:`_flags_of`), so no
     #: control all-gather starts its step; False: :meth:`_begin` all-gathers the flags.
     flags_ride: ClassVar[bool] = False
 
@@ -249,19 +249,19 @@ class Aggregator:
             return None
         return self.nonfinite_step(grad, bad_ranks)
 
-    def _with_flags(self, grad: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-        """An uninitialised payload of ``d + P`` values of ``dtype`` whose last ``P`` hold
-        this rank's non-finite flag (1 at this rank's place if ``grad`` is not finite, else
-        0): summed by an all-reduce, they tell every rank which ranks were bad."""
-        payload = torch.empty(self.d + self.world_size, dtype=dtype, device=grad.device)
-        payload[self.d:] = 0
+    def _flag_slots(self, grad: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        """``P`` values of ``dtype`` to send at the end of a summed payload: 1 at this rank's
+        place if ``grad`` is not finite, else 0 everywhere. Summed by an all-reduce, they
+        tell every rank which ranks were bad (:meth:`_flags_of`)."""
+        flags = torch.zeros(self.world_size, dtype=dtype, device=grad.device)
         if not all_finite(grad):
-            payload[self.d + self.rank] = 1
-        return payload
+            flags[self.rank] = 1
+        return flags
 
     def _flags_of(self, summed: torch.Tensor) -> list[int]:
-        """The ranks whose flag is set in the summed payload of :meth:`_with_flags`."""
-        return [r for r, flag in enumerate(summed[self.d:].tolist()) if flag]
+        """The ranks whose flag is set in the last ``P`` values of a summed payload that
+        carried :meth:`_flag_slots`."""
+        return [r for r, flag in enumerate(summed[-self.world_size:].tolist()) if flag]
 
     def nonfinite_step(self, grad: torch.Tensor, bad_ranks: list[int]) -> torch.Tensor:
         """Apply the ``nonfinite`` policy to a step whose gradient is not finite on

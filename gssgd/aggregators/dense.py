@@ -69,7 +69,9 @@ class DenseAllReduce(Aggregator):
         self._start(grad)
         d, low_precision = self.d, self.options.dtype != torch.float32
         with self._timed("compress"):
-            payload = self._with_flags(grad, self.options.dtype)
+            payload = torch.empty(d + self.world_size, dtype=self.options.dtype,
+                                  device=grad.device)
+            payload[d:] = self._flag_slots(grad, self.options.dtype)
             if low_precision:
                 payload[:d] = grad / self.world_size
             else:

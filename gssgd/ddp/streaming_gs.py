@@ -68,7 +68,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from gssgd.aggregators.base import all_finite, state_dtype
+from gssgd.aggregators.base import state_dtype
 from gssgd.aggregators.gs import GlobalSketchSGD
 from gssgd.aggregators.gs_options import GSOptions
 from gssgd.comm import Traffic, recursive_doubling, ring_allreduce
@@ -215,9 +215,7 @@ class StreamingGS(GlobalSketchSGD):
         region = it.sketch.region_table(index)
         payload = self._table_payload(region)
         if index == len(self.sizes) - 1:  # every bucket is in: the flags ride along
-            flags = torch.zeros(self.world_size, dtype=payload.dtype, device=payload.device)
-            flags[self.rank] = 0 if all_finite(it.grad) else 1
-            payload = torch.cat([payload.reshape(-1), flags])
+            payload = torch.cat([payload.reshape(-1), self._flag_slots(it.grad, payload.dtype)])
         it.seconds_compress += time.perf_counter() - start
         it.payloads.append(payload)
         it.started.append(time.perf_counter())
@@ -273,10 +271,9 @@ class StreamingGS(GlobalSketchSGD):
         log_overlap(self.last_overlap, self.steps, self.rank)
         regions = self.comm.take_stats()
         regions.seconds += exposed
-        flags = it.payloads[-1][-self.world_size:]
+        bad_ranks = self._flags_of(it.payloads[-1])
         last = it.sketch.region_table(len(self.sizes) - 1)
         it.payloads[-1] = it.payloads[-1][: -self.world_size].view(last.shape)
-        bad_ranks = [r for r, flag in enumerate(flags.tolist()) if flag]
         skipped = self._begin(it.grad, bad_ranks)  # the non-finite policy, as one step
         if skipped is not None:
             for name in ("bytes_sent", "bytes_received", "messages", "messages_received",
