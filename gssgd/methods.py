@@ -310,7 +310,13 @@ register_method(
     )
 )
 register_method(Method("topk", "local Top-k, all-gather of (index, value) pairs", LocalTopk))
-register_method(Method("gtopk", "global Top-k, recursive-doubling merges", GlobalTopk))
+register_method(Method(
+    "gtopk", "global Top-k, recursive-doubling merges", GlobalTopk,
+    variants=(
+        Variant("gtopk-tree", "global Top-k as its authors' code runs it: a binomial tree "
+                "to rank 0 with host merges, then a broadcast", {"exchange": "tree"}),
+    ),
+))
 register_method(
     Method("sketched", "Sketched-SGD, star topology through rank 0", SketchedSGD)
 )

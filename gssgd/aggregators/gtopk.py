@@ -14,18 +14,40 @@ Steps (per rank p, each step):
        coordinates zeroed; contributions cut during a merge stay in the residual.
 
 Each rank sends about 8k bytes per round for log2(P) rounds.
+
+``exchange="tree"`` runs gTop-k as its authors' code does (gtopkssgd,
+``gtopk_sparse_allreduce``): step 3 sends the list *up* a binomial tree to rank 0 in
+``ceil(log2 P)`` rounds, each receiver merging on the host (the selection copied there from
+the device, as the authors' ``.cpu().numpy()`` does), and rank 0 broadcasts the final list
+down the same tree (:mod:`gssgd.comm.tree`); any P. Step 4 is the authors' rule: a rank's
+coordinate is delivered when its index is in the final list (their ``included_indexes``).
+Their per-round barrier is left out (it only adds waiting) and indices travel as integers
+(theirs as float32, exact only below 2^24).
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 from gssgd._select import topk_indices
+from gssgd._validate import bad_value
 from gssgd.aggregators.base import Aggregator, index_dtype
 from gssgd.aggregators.topk import TopkOptions
-from gssgd.comm import Traffic, recursive_doubling, recursive_doubling_plan
+from gssgd.comm import (
+    Traffic,
+    recursive_doubling,
+    recursive_doubling_plan,
+    tree_plan,
+    tree_reduce_broadcast,
+)
 
-__all__ = ["GlobalTopk", "merge_topk", "present_in"]
+__all__ = ["EXCHANGES", "GlobalTopk", "GlobalTopkOptions", "merge_topk", "present_in"]
+
+#: How the ranks' lists meet: the symmetric exchange of the paper's cost formula, or the
+#: authors' code's reduce to rank 0 and broadcast.
+EXCHANGES = ("doubling", "tree")
 
 #: Lists at least this fraction of d long are merged on a d-long buffer, not by sorting
 #: their indices: a dense warm-up step sends k near d, where sorting costs 2x (and a
@@ -87,22 +109,43 @@ def _cut_dropped(kept: torch.Tensor, merged_idx: torch.Tensor, tracked: list[tor
     kept[positions] = False
 
 
+@dataclass(frozen=True)
+class GlobalTopkOptions(TopkOptions):
+    """Global Top-k: :class:`~gssgd.aggregators.topk.TopkOptions`, and ``exchange``:
+    ``"doubling"`` (the default: recursive doubling, both partners merge on the device) or
+    ``"tree"`` (as the authors' code: a binomial tree to rank 0 with host merges, then a
+    broadcast; see the module doc)."""
+
+    exchange: str = "doubling"
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.exchange not in EXCHANGES:
+            raise bad_value("exchange", self.exchange, f"it must be one of {', '.join(EXCHANGES)}",
+                            "Use 'doubling' (the default) or 'tree' (the authors' pattern).")
+
+
 class GlobalTopk(Aggregator):
     """Global top-k: every rank applies the same k coordinates of the summed gradient."""
 
     name = "gtopk"
-    Options = TopkOptions
-    options: TopkOptions
+    Options = GlobalTopkOptions
+    options: GlobalTopkOptions
 
     @classmethod
     def traffic(
-        cls, d: int, k: int, options: TopkOptions, world_size: int, *, step: int | None = None
+        cls, d: int, k: int, options: GlobalTopkOptions, world_size: int, *,
+        step: int | None = None
     ) -> Traffic:
         """Recursive doubling of (index, value) lists, two messages each; a folded rank also
         gets k survival flags (uint8, a third message) back with the final list (the
-        step's k)."""
+        step's k). ``exchange="tree"``: the list up a binomial tree and the final list down
+        it, two messages each time."""
         k = cls.k_at_step(d, k, options, step)
         pair = k * (index_dtype(d).itemsize + 4)
+        if options.exchange == "tree":
+            return cls.control_traffic(world_size) + tree_reduce_broadcast(
+                pair, world_size, tensors=2)
         return cls.control_traffic(world_size) + recursive_doubling(
             pair, world_size, k, tensors=2, result_tensors=3)
 
@@ -118,6 +161,8 @@ class GlobalTopk(Aggregator):
             merged = [own_idx, accumulated[own_pos]]
             own_alive = torch.ones(k, dtype=torch.bool, device=grad.device)
 
+        if self.options.exchange == "tree":
+            return self._tree_step(accumulated, own_pos, merged, k)
         plan = recursive_doubling_plan(self.rank, self.world_size)
         self.comm.count_rounds(plan.rounds)
         if plan.fold_into is not None:
@@ -146,4 +191,32 @@ class GlobalTopk(Aggregator):
             update = torch.zeros_like(accumulated)  # in the residual's dtype
             update[final_idx] = final_vals / self.world_size
             self.feedback.keep(accumulated, own_pos[own_alive])
+        return self._finish(update)
+
+    def _tree_step(self, accumulated: torch.Tensor, own_pos: torch.Tensor,
+                   own: list[torch.Tensor], k: int) -> torch.Tensor:
+        """Steps 3-5 with ``exchange="tree"`` (the authors' pattern, see the module doc)."""
+        device, host = accumulated.device, torch.device("cpu")
+        plan = tree_plan(self.rank, self.world_size)
+        self.comm.count_rounds(plan.rounds)
+        like = own  # this rank's (index, value) list: every list has its shapes
+        with self._timed("compress"):  # the selection goes to the host, as theirs
+            merged = [t.to(host) for t in own]
+        for child in plan.children:  # the reduce: merge what each child sends, on the host
+            theirs = [t.to(host) for t in self.comm.recv(like, child)]
+            with self._timed("compress"):
+                merged = merge_topk(merged, theirs, k, self.d)
+        if plan.parent is not None:
+            self.comm.send([t.to(device) for t in merged], plan.parent)
+            merged = self.comm.recv(like, plan.parent)  # the final list, down the tree
+        else:
+            merged = [t.to(device) for t in merged]
+        for child in reversed(plan.children):  # the broadcast: the largest subtree first
+            self.comm.send(merged, child)
+        with self._timed("decompress"):
+            final_idx, final_vals = merged[0].to(torch.int64), merged[1]
+            update = torch.zeros_like(accumulated)  # in the residual's dtype
+            update[final_idx] = final_vals / self.world_size
+            delivered = present_in(final_idx, self.d)[own_pos]  # the authors' included_indexes
+            self.feedback.keep(accumulated, own_pos[delivered])
         return self._finish(update)

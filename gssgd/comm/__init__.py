@@ -21,6 +21,8 @@ Modules, from the bottom up:
   (:func:`recursive_doubling_plan`) and formula (:func:`recursive_doubling`).
 * :mod:`gssgd.comm.star`: every rank to rank 0 and back (:func:`star_gather`,
   :func:`star_broadcast`).
+* :mod:`gssgd.comm.tree`: a binomial tree to rank 0 and back (:func:`tree_plan`,
+  :func:`tree_reduce_broadcast`).
 * :mod:`gssgd.comm.communicator`: :class:`Communicator`, the collectives that run these
   patterns and count them in :class:`CommStats`.
 * :mod:`gssgd.comm.futures`: futures for DDP communication hooks.
@@ -36,6 +38,7 @@ from gssgd.comm.futures import completed_future, new_future
 from gssgd.comm.ring import allgather, gloo_ring_segments, ring_allreduce, ring_allreduce_bytes
 from gssgd.comm.star import star_broadcast, star_gather
 from gssgd.comm.traffic import Traffic
+from gssgd.comm.tree import TreePlan, tree_plan, tree_reduce_broadcast
 from gssgd.comm.wire import CONTROL_BYTES, GLOO_MAX_SEGMENT_BYTES, HEADER_BYTES, wire_overhead
 
 __all__ = [
@@ -47,6 +50,7 @@ __all__ = [
     "Payload",
     "RecursiveDoublingPlan",
     "Traffic",
+    "TreePlan",
     "allgather",
     "completed_future",
     "gloo_ring_segments",
@@ -57,6 +61,8 @@ __all__ = [
     "ring_allreduce_bytes",
     "star_broadcast",
     "star_gather",
+    "tree_plan",
+    "tree_reduce_broadcast",
     "wire_overhead",
     "world_size_of",
 ]

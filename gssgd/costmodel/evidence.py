@@ -207,14 +207,17 @@ def study_for(family: str, architecture: str | None = None) -> Study | None:
 
 def frontier_row(spec: MethodSpec, *, streamed: bool = False) -> str:
     """The studies' name for what ``spec`` runs: the method (``dense16`` for a 16-bit
-    payload), or gs's shape ``gs-c<cols/k>-m<m>[-h][-pf<f>]`` (the all-reduce's order does
-    not change what is chosen, so it is not in the name).
+    payload, ``gtopk-tree`` for gTop-k as its authors' code runs it), or gs's shape
+    ``gs-c<cols/k>-m<m>[-h][-pf<f>]`` (the all-reduce's order does not change what is
+    chosen, so it is not in the name).
 
     Args:
         streamed: the DDP hook streams gs, which sketches every coordinate (no pre-filter).
     """
     if spec.aggregator == "dense":
         return "dense16" if spec.value_bytes == 2 else "dense"
+    if spec.exchange == "tree":  # the authors' gTop-k keeps another residual: its own row
+        return f"{spec.aggregator}-tree"
     if spec.aggregator != "gs" or not spec.exact:
         return spec.aggregator if spec.exact else f"{spec.aggregator}-estimate"
     prefilter = 0 if streamed else spec.prefilter

@@ -85,6 +85,8 @@ class MethodSpec:
         table_bytes: bytes of a sketch-table entry on the wire (4; 2 for 16-bit tables).
         exact: gs only: whether the exact second round runs.
         allreduce: gs only: "recursive_doubling" or "backend".
+        exchange: gTop-k only: "doubling" (recursive doubling) or "tree" (its authors'
+            reduce to rank 0 and broadcast).
         prefilter: gs only: each rank sketches its ``prefilter * k`` largest coordinates
             (0: all of them); no change to the bytes.
         seed: the hash seed of the sketching methods.
@@ -108,6 +110,7 @@ class MethodSpec:
     table_bytes: int = 4
     exact: bool = True
     allreduce: str = "recursive_doubling"
+    exchange: str = "doubling"
     prefilter: int = 0
     seed: int = 0
     warmup_steps: int = 0
@@ -147,6 +150,8 @@ class MethodSpec:
             opts["exact"] = self.exact
         if "allreduce" in names:
             opts["allreduce"] = self.allreduce
+        if "exchange" in names:
+            opts["exchange"] = self.exchange
         if "prefilter" in names:
             opts["prefilter"] = self.prefilter
         if "guard" in names:
@@ -247,6 +252,7 @@ def _spec_of_options(name: str, aggregator: str, d: int, k: int, opts: Any) -> M
         table_bytes=getattr(opts, "table_dtype", torch.float32).itemsize,
         exact=getattr(opts, "exact", True),
         allreduce=getattr(opts, "allreduce", "recursive_doubling"),
+        exchange=getattr(opts, "exchange", "doubling"),
         prefilter=getattr(opts, "prefilter", 0),
         seed=getattr(opts, "seed", 0),
         warmup_steps=getattr(opts, "warmup_steps", 0),
