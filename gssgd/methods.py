@@ -331,6 +331,9 @@ register_method(
                     {"allreduce": "backend"}, alias=True),
             Variant("gs-rd", "gs-SGD with float32 tables summed by recursive doubling",
                     {"allreduce": "recursive_doubling", "table_dtype": torch.float32}),
+            Variant("gs-hd", "gs-SGD with its tables and exact values summed by recursive "
+                    "halving and doubling (the ring's bytes in 2 log2 P rounds)",
+                    {"allreduce": "halving_doubling"}),
             Variant("gs-estimate", "gs-SGD without the exact round (exact=False)",
                     {"exact": False}),
             Variant("gs-small", "gs-SGD with a sketch of a quarter of the columns",

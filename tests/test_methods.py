@@ -62,9 +62,9 @@ def test_every_name_has_one_code_path() -> None:
     for name, cls in gssgd.AGGREGATORS.items():
         assert METHODS[name].aggregator is cls and cls.name == name
     bench = [n for n, (m, _) in BENCH_VARIANTS.items() if not m.is_builtin]
-    assert bench == ["dense", "dense16", "topk", "gtopk", "gtopk-tree", "sketched", "gs", "gs-backend",
-                     "gs-rd", "gs-estimate", "gs-small", "gs-half", "powersgd", "powersgd-r1",
-                     "powersgd-r4"]
+    assert bench == ["dense", "dense16", "topk", "gtopk", "gtopk-tree", "sketched", "gs",
+                     "gs-backend", "gs-rd", "gs-hd", "gs-estimate", "gs-small", "gs-half",
+                     "powersgd", "powersgd-r1", "powersgd-r4"]
 
 
 def test_settings_apply_by_the_options_the_method_takes() -> None:

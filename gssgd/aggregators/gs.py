@@ -58,7 +58,7 @@ from gssgd.aggregators.guard import (
     audit_traffic,
 )
 from gssgd.aggregators.sketching import SketchingAggregator
-from gssgd.comm import Traffic, recursive_doubling, ring_allreduce
+from gssgd.comm import Traffic, halving_doubling, recursive_doubling, ring_allreduce
 
 log = logging.getLogger(__name__)
 #: The worker counts at which this process said gs sends more than a rival (said once).
@@ -83,7 +83,8 @@ class GlobalSketchSGD(SketchingAggregator):
     ) -> Traffic:
         """The table all-reduce (``rows * cols`` entries of ``table_dtype``), then, with
         ``exact``, the all-reduce of the ``m * k`` candidates' values; no indices. Either
-        by recursive doubling or, with ``allreduce="backend"``, the ring. A warm-up step
+        by recursive doubling or, with ``allreduce="backend"``, the ring, or with
+        ``"halving_doubling"`` recursive halving and doubling. A warm-up step
         uses its own k and larger sketch. The collapse guard's audits (at step 20, then
         every 200 steps or more: :func:`~gssgd.aggregators.guard.audit_traffic` and
         :func:`~gssgd.aggregators.guard.audit_interval`) and its growing the sketch are
@@ -112,6 +113,8 @@ class GlobalSketchSGD(SketchingAggregator):
         def reduce(n: int, itemsize: int) -> Traffic:
             if options.allreduce == "backend":
                 return ring_allreduce(n * itemsize, world_size, itemsize)
+            if options.allreduce == "halving_doubling":
+                return halving_doubling(n * itemsize, world_size, itemsize)
             return recursive_doubling(n * itemsize, world_size)
 
         out = Traffic.none(world_size)
@@ -210,6 +213,8 @@ class GlobalSketchSGD(SketchingAggregator):
     def _allreduce(self, tensor: torch.Tensor) -> torch.Tensor:
         if self.options.allreduce == "backend":
             return self.comm.allreduce_backend(tensor.clone())
+        if self.options.allreduce == "halving_doubling":
+            return self.comm.allreduce_halving_doubling(tensor)
         return self.comm.allreduce_recursive_doubling(tensor)
 
     def _sum_tables(self, table: torch.Tensor) -> torch.Tensor:

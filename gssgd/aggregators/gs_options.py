@@ -11,7 +11,10 @@ from gssgd._validate import bad_value, is_int
 from gssgd.aggregators.guard import AUDITS
 from gssgd.aggregators.sketching import SketchedOptions
 
-__all__ = ["GSOptions"]
+__all__ = ["ALLREDUCES", "GSOptions"]
+
+#: How gs can sum its tables and exact values (``GSOptions.allreduce``).
+ALLREDUCES = ("recursive_doubling", "backend", "halving_doubling")
 
 
 @dataclass(frozen=True)
@@ -21,7 +24,9 @@ class GSOptions(SketchedOptions):
     Attributes:
         exact: fetch the exact sums of the candidates in a second all-reduce (True), or
             use the sketch's estimates (False, one round; mass is not conserved).
-        allreduce: how the sketch tables are summed: "recursive_doubling" or "backend";
+        allreduce: how the sketch tables are summed: "recursive_doubling", "backend" (the
+            backend's ring) or "halving_doubling" (a reduce-scatter by recursive halving and
+            an all-gather by recursive doubling: the ring's bytes in 2 log2 P rounds);
             None: by the number of workers (:func:`~gssgd.aggregators.sizing.sketch_default_shape`).
         guard: what to do when an audit finds the sketch collapsed (see
             :mod:`gssgd.aggregators.guard`; audits come at step 20, then spaced to add at
@@ -88,11 +93,11 @@ class GSOptions(SketchedOptions):
         super().__post_init__()
         if not isinstance(self.exact, bool):
             raise bad_value("exact", self.exact, "it must be True or False", "Use exact=True.")
-        if self.allreduce not in (None, "recursive_doubling", "backend"):
+        if self.allreduce not in (None, *ALLREDUCES):
             raise bad_value(
                 "allreduce",
                 self.allreduce,
-                "it must be 'recursive_doubling' or 'backend'",
+                f"it must be one of {', '.join(ALLREDUCES)}",
                 "Use 'backend' for a bandwidth-optimal ring at large P.",
             )
         if self.audit not in AUDITS:

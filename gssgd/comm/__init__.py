@@ -18,7 +18,8 @@ Modules, from the bottom up:
 * :mod:`gssgd.comm.ring`: gloo's ring all-reduce (:func:`ring_allreduce`, segment by
   segment) and all-gather (:func:`allgather`).
 * :mod:`gssgd.comm.doubling`: recursive doubling's schedule
-  (:func:`recursive_doubling_plan`) and formula (:func:`recursive_doubling`).
+  (:func:`recursive_doubling_plan`) and formula (:func:`recursive_doubling`), and the
+  all-reduce by recursive halving and doubling's (:func:`halving_doubling`).
 * :mod:`gssgd.comm.star`: every rank to rank 0 and back (:func:`star_gather`,
   :func:`star_broadcast`).
 * :mod:`gssgd.comm.tree`: a binomial tree to rank 0 and back (:func:`tree_plan`,
@@ -33,7 +34,12 @@ Every name is importable from ``gssgd.comm`` itself.
 from __future__ import annotations
 
 from gssgd.comm.communicator import CommStats, Communicator, Payload, world_size_of
-from gssgd.comm.doubling import RecursiveDoublingPlan, recursive_doubling, recursive_doubling_plan
+from gssgd.comm.doubling import (
+    RecursiveDoublingPlan,
+    halving_doubling,
+    recursive_doubling,
+    recursive_doubling_plan,
+)
 from gssgd.comm.futures import completed_future, new_future
 from gssgd.comm.ring import allgather, gloo_ring_segments, ring_allreduce, ring_allreduce_bytes
 from gssgd.comm.star import star_broadcast, star_gather
@@ -54,6 +60,7 @@ __all__ = [
     "allgather",
     "completed_future",
     "gloo_ring_segments",
+    "halving_doubling",
     "new_future",
     "recursive_doubling",
     "recursive_doubling_plan",

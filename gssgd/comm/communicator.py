@@ -30,7 +30,7 @@ from dataclasses import dataclass, fields
 import torch
 import torch.distributed as dist
 
-from gssgd.comm.doubling import recursive_doubling_plan
+from gssgd.comm.doubling import chunk_bounds, halving_doubling_schedule, recursive_doubling_plan
 from gssgd.comm.ring import allgather, ring_allreduce
 from gssgd.comm.traffic import Traffic
 from gssgd.simulated import SimulatedRank
@@ -119,10 +119,12 @@ class Communicator:
         self.stats.seconds += time.perf_counter() - start
         return out
 
-    def exchange(self, tensors: Sequence[torch.Tensor], peer: int) -> Payload:
-        """Send ``tensors`` to ``peer`` and receive same-shaped tensors from it, concurrently."""
+    def exchange(self, tensors: Sequence[torch.Tensor], peer: int,
+                 like: Sequence[torch.Tensor] | None = None) -> Payload:
+        """Send ``tensors`` to ``peer`` and receive tensors shaped like ``like`` (default:
+        like ``tensors``) from it, concurrently."""
         start = time.perf_counter()
-        out = [torch.empty_like(t) for t in tensors]
+        out = [torch.empty_like(t) for t in (tensors if like is None else like)]
         reqs = [self.transport.isend(t, peer) for t in tensors]
         for t in out:
             self.transport.recv(t, peer)
@@ -170,6 +172,46 @@ class Communicator:
     def allreduce_recursive_doubling(self, tensor: torch.Tensor) -> torch.Tensor:
         """Sum ``tensor`` over ranks by recursive doubling (returns a new tensor)."""
         return self.recursive_doubling([tensor], lambda a, b: [a[0] + b[0]])[0]
+
+    def allreduce_halving_doubling(self, tensor: torch.Tensor) -> torch.Tensor:
+        """Sum ``tensor`` over ranks by recursive halving and doubling (returns a new
+        tensor, bitwise the same on every rank).
+
+        Steps: (1) a rank past the largest power of two ``P2`` sends its tensor to
+        ``rank - P2``, which adds it to its own, and waits for the result; (2) the ``P2``
+        ranks split the vector into ``P2`` chunks (:func:`~gssgd.comm.doubling.chunk_bounds`)
+        and reduce-scatter it by recursive halving: each round a rank sends the half of its
+        range it gives up to its partner and adds the partner's copy of the half it keeps
+        (:func:`~gssgd.comm.doubling.halving_doubling_schedule`), until it holds one chunk's
+        sum; (3) an all-gather by recursive doubling sends each sum back up, so every rank
+        holds the one copy of each chunk's sum; (4) partners send the result to their
+        folded rank. ``2 log2 P2`` rounds (+2 with folded ranks), about ``2n(P2-1)/P2``
+        bytes each way: the ring's bytes in a tree's rounds.
+        """
+        plan = recursive_doubling_plan(self.rank, self.world_size)
+        self.count_rounds(2 * (plan.power.bit_length() - 1)
+                          + (2 if plan.power != self.world_size else 0))
+        flat = tensor.reshape(-1)
+        if plan.fold_into is not None:
+            self.send([flat], plan.fold_into)
+            return self.recv([flat], plan.fold_into)[0].view_as(tensor)
+        out = flat.clone()
+        if plan.folded_from is not None:
+            out += self.recv([flat], plan.folded_from)[0]
+        bounds = chunk_bounds(out.numel(), plan.power)
+
+        def part(r: tuple[int, int]) -> torch.Tensor:
+            return out[bounds[r[0]]:bounds[r[1]]]
+
+        schedule = halving_doubling_schedule(self.rank, plan.power)
+        for peer, kept, given in schedule:  # reduce-scatter
+            theirs = self.exchange([part(given)], peer, like=[part(kept)])[0]
+            part(kept).add_(theirs)
+        for peer, kept, given in reversed(schedule):  # all-gather
+            part(given).copy_(self.exchange([part(kept)], peer, like=[part(given)])[0])
+        if plan.folded_from is not None:
+            self.send([out], plan.folded_from)
+        return out.view_as(tensor)
 
     # ----------------------------------------------------------- star (rank 0)
     def gather_to_root(self, tensors: Sequence[torch.Tensor]) -> list[Payload] | None:

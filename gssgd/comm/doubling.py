@@ -5,6 +5,14 @@ two, ``P2`` the largest power of two ``<= P``. For a world size that is not a po
 the ranks past ``P2`` first *fold in* (send their payload to rank ``p - P2``, which combines
 it into its own) and *receive the result last*. gs-SGD's dense sketch all-reduce and gTop-k's
 sparse merges run this pattern (:meth:`~gssgd.comm.Communicator.recursive_doubling`).
+
+Recursive *halving and doubling* (Rabenseifner's all-reduce) sums a vector in the bytes of
+a ring and the rounds of a tree: a reduce-scatter by recursive halving (in round ``i`` rank
+``p`` keeps half of its current range of the vector's ``P2`` chunks, sends the other half
+to ``p XOR P2/2^(i+1)`` and adds what that partner sends of its own half), then an
+all-gather by recursive doubling back up; ``2 log2 P2`` rounds, about ``2 n (P2-1)/P2``
+bytes each way, the same fold-in and result for the ranks past ``P2``
+(:meth:`~gssgd.comm.Communicator.allreduce_halving_doubling`).
 """
 
 from __future__ import annotations
@@ -13,7 +21,8 @@ from dataclasses import dataclass
 
 from gssgd.comm.traffic import Traffic, phase
 
-__all__ = ["RecursiveDoublingPlan", "recursive_doubling", "recursive_doubling_plan"]
+__all__ = ["RecursiveDoublingPlan", "chunk_bounds", "halving_doubling",
+           "halving_doubling_schedule", "recursive_doubling", "recursive_doubling_plan"]
 
 
 @dataclass(frozen=True)
@@ -88,3 +97,59 @@ def _one_way(p: int, extra: range, nbytes: int, tensors: int, to_partner: bool) 
     received = [nbytes if r in receivers else 0 for r in range(p)]
     return phase(sent, received, 0, [tensors if r in senders else 0 for r in range(p)],
                  [tensors if r in receivers else 0 for r in range(p)])
+
+
+def chunk_bounds(numel: int, chunks: int) -> list[int]:
+    """Where ``numel`` elements split into ``chunks`` nearly equal pieces: ``chunks + 1``
+    offsets, piece ``j`` being ``[b[j], b[j+1])``."""
+    return [j * numel // chunks for j in range(chunks + 1)]
+
+
+def halving_doubling_schedule(rank: int, power: int) -> list[tuple[int, tuple[int, int],
+                                                                    tuple[int, int]]]:
+    """Rank ``rank``'s reduce-scatter among ``power`` ranks (a power of two), round by
+    round: ``(peer, kept, given)``, the chunk ranges ``[lo, hi)`` it keeps and sends. The
+    all-gather runs the same rounds backwards, sending ``kept`` and receiving ``given``."""
+    out, lo, hi, half = [], 0, power, power // 2
+    while half >= 1:
+        mid = (lo + hi) // 2
+        lower = rank & half == 0
+        kept, given = ((lo, mid), (mid, hi)) if lower else ((mid, hi), (lo, mid))
+        out.append((rank ^ half, kept, given))
+        lo, hi = kept
+        half //= 2
+    return out
+
+
+def halving_doubling(nbytes: int, world_size: int, itemsize: int = 4) -> Traffic:
+    """Recursive halving and doubling of an ``nbytes`` payload of ``itemsize``-byte
+    elements (:func:`halving_doubling_schedule`): per round each rank sends one message of
+    the chunks it gives (reduce-scatter) or keeps (all-gather); ``2 log2 P2`` rounds; the
+    ranks past ``P2`` fold in and get the result as in :func:`recursive_doubling`."""
+    p = world_size
+    plan = recursive_doubling_plan(0, p)
+    power = plan.power
+    if p == 1 or nbytes == 0:
+        return Traffic.none(p)
+    bounds = [b * itemsize for b in chunk_bounds(nbytes // itemsize, power)]
+
+    def size(r: tuple[int, int]) -> int:
+        return bounds[r[1]] - bounds[r[0]]
+
+    schedules = [halving_doubling_schedule(r, power) for r in range(power)]
+    rounds = len(schedules[0])
+    out = Traffic.none(p)
+    order = [*range(rounds), *reversed(range(rounds))]
+    for step, i in enumerate(order):
+        gather = step >= rounds  # the all-gather sends what it kept
+        sent = [size(schedules[r][i][1 if gather else 2]) if r < power else 0 for r in range(p)]
+        received = [size(schedules[r][i][2 if gather else 1]) if r < power else 0
+                    for r in range(p)]
+        ones = [1 if r < power else 0 for r in range(p)]
+        out = out + phase(sent, received, 1, ones, ones)
+    if p == power:
+        return out
+    extra = range(power, p)
+    return (out + _one_way(p, extra, nbytes, 1, to_partner=True)
+            + _one_way(p, extra, nbytes, 1, to_partner=False)
+            + Traffic((0,) * p, (0,) * p, 2, 0, (0,) * p, (0,) * p, 0))

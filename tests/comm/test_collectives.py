@@ -12,6 +12,7 @@ from gssgd.comm import (
     Communicator,
     allgather,
     gloo_ring_segments,
+    halving_doubling,
     recursive_doubling,
     recursive_doubling_plan,
     ring_allreduce,
@@ -39,6 +40,11 @@ def _collectives(rank: int, world_size: int, group: dist.ProcessGroup | None = N
     x = torch.full((6,), float(rank + 1))
     out = {"rd": comm.allreduce_recursive_doubling(x)}
     out["rd_stats"] = comm.take_stats()
+    # halving and doubling: distinct integers per rank and element (sums exact in any
+    # order), 23 elements (chunks of unequal size at every P)
+    y = torch.arange(23, dtype=torch.float32) * 10 + rank
+    out["hd"] = comm.allreduce_halving_doubling(y)
+    out["hd_stats"] = comm.take_stats()
     out["backend"] = comm.allreduce_backend(x.clone())
     out["backend_stats"] = comm.take_stats()
     out["allgather"] = comm.allgather_backend(x[:2])
@@ -72,6 +78,12 @@ def test_collectives_sum_and_count(world_size: int) -> None:
         assert torch.equal(res["rd"], torch.full((6,), total))
         assert torch.equal(res["backend"], torch.full((6,), total))
         assert torch.equal(res["star"], torch.ones(3))
+        want = torch.arange(23, dtype=torch.float32) * 10 * world_size + sum(range(world_size))
+        assert torch.equal(res["hd"], want)
+        hd, h = halving_doubling(23 * 4, world_size), res["hd_stats"]
+        assert (h.bytes_sent, h.bytes_received, h.rounds) == (hd.sent[r], hd.received[r], hd.rounds)
+        assert (h.messages, h.messages_received) == (hd.messages[r], hd.messages_received[r])
+        assert hd.rounds == 2 * (power.bit_length() - 1) + (2 if world_size != power else 0)
         s = res["rd_stats"]
         rounds = power.bit_length() - 1
         if r >= power:  # folded: sends once, receives the result once
@@ -124,3 +136,15 @@ def test_allgather_forwards_the_other_ranks_blocks() -> None:
     assert t.messages == t.messages_received == (30,) * 16
     assert (t.rounds, t.critical_bytes, t.critical_headers) == (15, 60, 90)
     assert allgather(4, 1) == allgather(0, 1)
+
+
+@pytest.mark.parametrize("world_size", [2, 4, 8, 16])
+def test_halving_doubling_sends_about_the_rings_bytes(world_size: int) -> None:
+    """Each rank sends ``2 n (P-1)/P`` bytes (to a chunk's rounding) in ``2 log2 P`` rounds,
+    where recursive doubling sends ``n log2 P``."""
+    n = 4 * 1_000_003
+    hd = halving_doubling(n, world_size)
+    ideal = 2 * (world_size - 1) * n / world_size
+    assert all(abs(s - ideal) <= 4 * world_size for s in hd.sent)
+    assert hd.rounds == 2 * (world_size.bit_length() - 1)
+    assert max(hd.sent) < recursive_doubling(n, world_size).sent[0] or world_size <= 4
