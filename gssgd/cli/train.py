@@ -15,6 +15,7 @@ import dataclasses
 from typing import Any
 
 from gssgd.aggregators.feedback import FEEDBACKS
+from gssgd.aggregators.gs_options import ALLREDUCES
 from gssgd.aggregators.options import PAYLOAD_DTYPES
 from gssgd.amp import AMP_DTYPES
 from gssgd.cli.errors import run_command
@@ -314,10 +315,11 @@ def _sketch_flags(agg: argparse._ArgumentGroup) -> None:
                      "d/8; from 16 workers 8)")
     agg.add_argument("--exact", action=argparse.BooleanOptionalAction, default=None,
                      help=f"{_applies('exact')}: fetch exact sums of the candidates (default --exact)")
-    agg.add_argument("--allreduce", choices=("recursive_doubling", "backend"), default=None,
+    agg.add_argument("--allreduce", choices=ALLREDUCES, default=None,
                      help=f"{_applies('allreduce')}: how sketches are summed (default "
                      "backend, whose ring bytes do not grow with P; recursive_doubling takes "
-                     "log2 P rounds, fewer messages on fast links)")
+                     "log2 P rounds, fewer messages on fast links; halving_doubling the "
+                     "ring's bytes in 2 log2 P rounds)")
     agg.add_argument("--table-dtype", choices=tuple(PAYLOAD_DTYPES), default=None,
                      help=f"{_applies('table_dtype')}: dtype of the sketch tables on the wire "
                      "(default float16, half float32's bytes; streamed gs: float32)")
