@@ -120,7 +120,7 @@ GLOO_POWERSGD_NOTE = (
     "PyTorch's hook issues its P and Q all-reduces from future callbacks, which gloo runs "
     "on its own threads, so with several buckets the ranks would issue collectives in "
     "different orders (gloo: \"Received data size doesn't match expected size\"); on NCCL "
-    "the callbacks run in order and the hook overlaps the backward as PyTorch wrote it."
+    "the hook is registered as PyTorch wrote it, overlapping the backward."
 )
 
 
