@@ -17,6 +17,7 @@ bytes each way, the same fold-in and result for the ranks past ``P2``
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 from gssgd.comm.traffic import Traffic, phase
@@ -150,6 +151,6 @@ def halving_doubling(nbytes: int, world_size: int, itemsize: int = 4) -> Traffic
     if p == power:
         return out
     extra = range(power, p)
-    return (out + _one_way(p, extra, nbytes, 1, to_partner=True)
-            + _one_way(p, extra, nbytes, 1, to_partner=False)
-            + Traffic((0,) * p, (0,) * p, 2, 0, (0,) * p, (0,) * p, 0))
+    fold = (_one_way(p, extra, nbytes, 1, to_partner=True)
+            + _one_way(p, extra, nbytes, 1, to_partner=False))
+    return out + dataclasses.replace(fold, rounds=2)  # the fold-in's and the result's
