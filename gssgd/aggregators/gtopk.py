@@ -157,66 +157,66 @@ class GlobalTopk(Aggregator):
         with self._timed("compress"):
             accumulated = self._error_compensated(grad)
             own_pos = topk_indices(accumulated.abs(), k)
-            own_idx = own_pos.to(index_dtype(self.d))
-            merged = [own_idx, accumulated[own_pos]]
-            own_alive = torch.ones(k, dtype=torch.bool, device=grad.device)
+            own = [own_pos.to(index_dtype(self.d)), accumulated[own_pos]]
 
-        if self.options.exchange == "tree":
-            return self._tree_step(accumulated, own_pos, merged, k)
+        tree = self.options.exchange == "tree"
+        merged, own_alive = self._tree_exchange(own, k) if tree else self._doubling(own, k)
+        with self._timed("decompress"):
+            final_idx, final_vals = merged[0].to(torch.int64), merged[1]
+            update = torch.zeros_like(accumulated)  # in the residual's dtype
+            update[final_idx] = final_vals / self.world_size
+            if tree:  # the authors' rule: delivered where the index is in the final list
+                own_alive = present_in(final_idx, self.d)[own_pos]
+            self.feedback.keep(accumulated, own_pos[own_alive])
+        return self._finish(update)
+
+    def _doubling(self, own: list[torch.Tensor], k: int
+                  ) -> tuple[list[torch.Tensor], torch.Tensor]:
+        """Steps 3-4 by recursive doubling: the final list, and which of this rank's k
+        contributions survived every merge it took part in."""
+        merged, own_pos = own, own[0].to(torch.int64)
+        own_alive = torch.ones(k, dtype=torch.bool, device=own_pos.device)
         plan = recursive_doubling_plan(self.rank, self.world_size)
         self.comm.count_rounds(plan.rounds)
         if plan.fold_into is not None:
             # An extra rank: fold in, then receive the final list and what of ours survived.
             self.comm.send(merged, plan.fold_into)
             *merged, alive_u8 = self.comm.recv([*merged, own_alive.to(torch.uint8)], plan.fold_into)
-            own_alive = alive_u8.bool()
-        else:
-            # whose contributions this rank tracks: its own, and a folded-in rank's
-            tracked, alive = [own_pos], [own_alive]
-            kept = torch.zeros(self.d, dtype=torch.bool, device=grad.device)  # one mask a step
-            if plan.folded_from is not None:
-                folded = self.comm.recv(merged, plan.folded_from)
-                tracked.append(folded[0].to(torch.int64))
-                alive.append(torch.ones(folded[0].numel(), dtype=torch.bool, device=grad.device))
-                merged = merge_topk(merged, folded, k, self.d)
-                _cut_dropped(kept, merged[0], tracked, alive)
-            for peer in plan.partners:
-                merged = merge_topk(merged, self.comm.exchange(merged, peer), k, self.d)
-                _cut_dropped(kept, merged[0], tracked, alive)
-            if plan.folded_from is not None:
-                self.comm.send([*merged, alive[1].to(torch.uint8)], plan.folded_from)
+            return merged, alive_u8.bool()
+        # whose contributions this rank tracks: its own, and a folded-in rank's
+        tracked, alive = [own_pos], [own_alive]
+        kept = torch.zeros(self.d, dtype=torch.bool, device=own_pos.device)  # one mask a step
+        if plan.folded_from is not None:
+            folded = self.comm.recv(merged, plan.folded_from)
+            tracked.append(folded[0].to(torch.int64))
+            alive.append(torch.ones(folded[0].numel(), dtype=torch.bool, device=own_pos.device))
+            merged = merge_topk(merged, folded, k, self.d)
+            _cut_dropped(kept, merged[0], tracked, alive)
+        for peer in plan.partners:
+            merged = merge_topk(merged, self.comm.exchange(merged, peer), k, self.d)
+            _cut_dropped(kept, merged[0], tracked, alive)
+        if plan.folded_from is not None:
+            self.comm.send([*merged, alive[1].to(torch.uint8)], plan.folded_from)
+        return merged, own_alive
 
-        with self._timed("decompress"):
-            final_idx, final_vals = merged[0].to(torch.int64), merged[1]
-            update = torch.zeros_like(accumulated)  # in the residual's dtype
-            update[final_idx] = final_vals / self.world_size
-            self.feedback.keep(accumulated, own_pos[own_alive])
-        return self._finish(update)
-
-    def _tree_step(self, accumulated: torch.Tensor, own_pos: torch.Tensor,
-                   own: list[torch.Tensor], k: int) -> torch.Tensor:
-        """Steps 3-5 with ``exchange="tree"`` (the authors' pattern, see the module doc)."""
-        device, host = accumulated.device, torch.device("cpu")
+    def _tree_exchange(self, own: list[torch.Tensor], k: int
+                       ) -> tuple[list[torch.Tensor], None]:
+        """Step 3 with ``exchange="tree"`` (the authors' pattern, see the module doc): the
+        final list (who contributed is decided against it, by their rule)."""
+        device, host = own[0].device, torch.device("cpu")
         plan = tree_plan(self.rank, self.world_size)
         self.comm.count_rounds(plan.rounds)
-        like = own  # this rank's (index, value) list: every list has its shapes
         with self._timed("compress"):  # the selection goes to the host, as theirs
             merged = [t.to(host) for t in own]
         for child in plan.children:  # the reduce: merge what each child sends, on the host
-            theirs = [t.to(host) for t in self.comm.recv(like, child)]
+            theirs = [t.to(host) for t in self.comm.recv(own, child)]
             with self._timed("compress"):
                 merged = merge_topk(merged, theirs, k, self.d)
         if plan.parent is not None:
             self.comm.send([t.to(device) for t in merged], plan.parent)
-            merged = self.comm.recv(like, plan.parent)  # the final list, down the tree
+            merged = self.comm.recv(own, plan.parent)  # the final list, down the tree
         else:
             merged = [t.to(device) for t in merged]
         for child in reversed(plan.children):  # the broadcast: the largest subtree first
             self.comm.send(merged, child)
-        with self._timed("decompress"):
-            final_idx, final_vals = merged[0].to(torch.int64), merged[1]
-            update = torch.zeros_like(accumulated)  # in the residual's dtype
-            update[final_idx] = final_vals / self.world_size
-            delivered = present_in(final_idx, self.d)[own_pos]  # the authors' included_indexes
-            self.feedback.keep(accumulated, own_pos[delivered])
-        return self._finish(update)
+        return merged, None
