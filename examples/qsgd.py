@@ -3,7 +3,7 @@
 
 What a new method needs, and nothing else: an options dataclass (its own fields are new
 settings, validated here), an ``Aggregator`` subclass whose ``step`` shows compression,
-communication and error feedback in order, a ``traffic`` formula for the cost model, and one
+communication and error feedback in order, a ``message_traffic`` formula for the cost model, and one
 ``register_method`` call. The error-feedback rule comes from gssgd: a quantiser approximates
 every coordinate instead of delivering some exactly, so its residual is the difference
 ``e = a - Q(a)`` (:class:`~gssgd.aggregators.feedback.QuantisedFeedback`, Karimireddy et
@@ -113,7 +113,7 @@ class QSGD(Aggregator):
         self.generator = torch.Generator().manual_seed(self.options.seed + self.rank)
 
     @classmethod
-    def traffic(
+    def message_traffic(
         cls, d: int, k: int, options: QSGDOptions, world_size: int, *, step: int | None = None
     ) -> Traffic:
         """The non-finite flag, then all-gathers of d int8 levels and of one float32 norm."""

@@ -6,7 +6,7 @@ error-compensated gradient at those coordinates (k numbers) and keeps the rest i
 residual. It is a weak compressor (random coordinates carry little of the gradient's mass)
 and exists to show what a new method needs: an options dataclass, an ``Aggregator``
 subclass whose ``step`` shows compression, communication and error feedback in order, a
-``traffic`` formula for the cost model, and one ``register_method`` call.
+``message_traffic`` formula for the cost model, and one ``register_method`` call.
 
 Use it (docs/extending.md walks through every line)::
 
@@ -59,7 +59,7 @@ class RandomK(Aggregator):
     options: RandomKOptions
 
     @classmethod
-    def traffic(
+    def message_traffic(
         cls, d: int, k: int, options: RandomKOptions, world_size: int, *, step: int | None = None
     ) -> Traffic:
         """The non-finite flag, then a ring all-reduce of k float32 values (at every step)."""

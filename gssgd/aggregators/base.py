@@ -3,7 +3,11 @@ the recording of each step's statistics (:class:`~gssgd.aggregators.stats.StepSt
 
 The algorithms themselves live one per module; each one's ``step`` shows its compression,
 communication and error feedback in order. The error feedback is a rule object the options
-choose (:mod:`gssgd.aggregators.feedback`); this base only supplies the bookkeeping.
+choose (:mod:`gssgd.aggregators.feedback`); this base only supplies the bookkeeping, and
+the one step every sparse method shares: a density warm-up step whose own message would
+send more than dense's all-reduce goes as that all-reduce instead
+(:meth:`Aggregator.sends_dense_at`, :meth:`Aggregator._dense_warmup_step`), so no warm-up
+step costs more than an uncompressed step.
 """
 
 from __future__ import annotations
@@ -19,13 +23,14 @@ from typing import Any, ClassVar
 import torch
 import torch.distributed as dist
 
+from gssgd._select import topk_indices
 from gssgd.aggregators.options import CommonOptions
 from gssgd.aggregators.schedule import DensityWarmup
 from gssgd.aggregators.stats import StepStats
-from gssgd.comm import CONTROL_BYTES, Communicator, Traffic, allgather
+from gssgd.comm import CONTROL_BYTES, Communicator, Traffic, allgather, ring_allreduce
 from gssgd.sketch import HashCache
 
-__all__ = ["Aggregator", "all_finite", "index_dtype", "state_dtype"]
+__all__ = ["Aggregator", "all_finite", "flagged_allreduce", "index_dtype", "state_dtype"]
 
 
 def index_dtype(d: int) -> torch.dtype:
@@ -47,6 +52,13 @@ def all_finite(x: torch.Tensor) -> bool:
     """Whether every element is finite: one sum (any NaN/Inf makes it non-finite), and the
     exact element-wise check only when the sum is not finite (it may just have overflowed)."""
     return bool(torch.isfinite(x.sum())) or bool(torch.isfinite(x).all())
+
+
+def flagged_allreduce(d: int, world_size: int, itemsize: int = 4) -> Traffic:
+    """A ring all-reduce of ``d`` values and the ranks' ``P`` non-finite flags riding at its
+    end: dense's step, and a density warm-up step sent dense
+    (:meth:`Aggregator.sends_dense_at`)."""
+    return ring_allreduce((d + world_size) * itemsize, world_size, itemsize)
 
 
 def _field_hash(value: object) -> int:
@@ -128,13 +140,10 @@ class Aggregator:
     ) -> Traffic:
         """What one step after the first moves on ``world_size`` ranks, without running it.
 
-        The message pattern of ``step`` as :mod:`gssgd.comm` formulas, control messages
-        included (every step starts with the all-gather of a 4-byte non-finite flag:
-        :meth:`control_traffic`); values are counted as float32. Payload bytes are what
-        each rank's process puts on the wire, data a ring forwards for others included. It
-        must equal what
-        ``last_stats`` reports (tests check this for every method), and the cost model reads
-        it. A subclass that does not override it cannot be predicted by the cost model.
+        The method's own message (:meth:`message_traffic`), or, for a density warm-up step
+        whose message would send more than dense's all-reduce, that all-reduce
+        (:meth:`sends_dense_at`). It must equal what ``last_stats`` reports (tests check
+        this for every method), and the cost model reads it.
 
         ``step`` is the 0-based aggregation step: during a density warm-up it fixes the
         step's k (:meth:`k_at_step`) and, for the sketching methods, its larger sketch; None
@@ -145,10 +154,47 @@ class Aggregator:
         Raises:
             NotImplementedError: the method does not describe its traffic.
         """
+        if cls.sends_dense_at(d, k, options, world_size, step):
+            return flagged_allreduce(d, world_size)
+        return cls.message_traffic(d, k, options, world_size, step=step)
+
+    @classmethod
+    def message_traffic(
+        cls, d: int, k: int, options: CommonOptions, world_size: int, *, step: int | None = None
+    ) -> Traffic:
+        """What one step of the method's own message pattern moves on ``world_size`` ranks:
+        the override a method writes (:meth:`traffic` adds the dense warm-up step).
+
+        As :mod:`gssgd.comm` formulas, control messages included (a step that does not
+        carry the ranks' non-finite flags in its payload starts with their all-gather:
+        :meth:`control_traffic`); values are counted as float32. Payload bytes are what
+        each rank's process puts on the wire, data a ring forwards for others included.
+        ``step`` as :meth:`traffic`'s. A subclass that does not override it (or
+        :meth:`traffic`) cannot be predicted by the cost model.
+
+        Raises:
+            NotImplementedError: the method does not describe its traffic.
+        """
         raise NotImplementedError(
             f"{cls.__name__} does not describe its traffic; override the classmethod "
-            "traffic(d, k, options, world_size, *, step=None) to let the cost model predict it."
+            "message_traffic(d, k, options, world_size, *, step=None) to let the cost model "
+            "predict it."
         )
+
+    @classmethod
+    def sends_dense_at(cls, d: int, k: int, options: CommonOptions, world_size: int,
+                       step: int | None) -> bool:
+        """Whether aggregation step ``step`` is a density warm-up step whose own message
+        would put more bytes on the busiest rank's wire than dense's all-reduce of the ``d``
+        values (:func:`flagged_allreduce`), so that it goes as that all-reduce
+        (:meth:`_dense_warmup_step`). A warm-up from 25 % sends ``P`` ranks' large k:
+        local Top-k's all-gather costs more than dense from ``k_t > d / P`` on, Sketched-SGD's
+        server replies sooner still. Steady steps (``k_t = k``) always send the method's
+        message: what they cost is the method's own answer."""
+        if step is None or world_size < 2 or cls.k_at_step(d, k, options, step) == k:
+            return False
+        own = cls.message_traffic(d, k, options, world_size, step=step)
+        return max(own.sent) > max(flagged_allreduce(d, world_size).sent)
 
     @classmethod
     def option_names(cls) -> tuple[str, ...]:
@@ -262,6 +308,79 @@ class Aggregator:
         """The ranks whose flag is set in the last ``P`` values of a summed payload that
         carried :meth:`_flag_slots`."""
         return [r for r, flag in enumerate(summed[-self.world_size:].tolist()) if flag]
+
+    # ---------------------------------------------------------------- a warm-up step sent dense
+    def _sends_dense_now(self) -> bool:
+        """Whether the step about to run is a warm-up step sent dense (:meth:`sends_dense_at`
+        of this aggregator's next step)."""
+        return self.sends_dense_at(self.d, self.k, self.options, self.world_size, self.steps)
+
+    def _dense_warmup_step(self, grad: torch.Tensor) -> torch.Tensor:
+        """A density warm-up step sent as dense's all-reduce (:meth:`sends_dense_at`).
+
+        Steps (per rank p):
+            1. Accumulate ``a_p`` as the method does (its error-feedback rule).
+            2. Contribute: the d-long vector of what the method's message would carry,
+               :meth:`_warmup_contribution` (local and global Top-k: ``a_p``'s own top
+               ``k_t``, zeros elsewhere; the sketching methods: all of ``a_p``, whose sketch
+               and exact round sum every coordinate), the ranks' non-finite flags riding at
+               its end (:meth:`_flag_slots`), as dense sends them.
+            3. All-reduce it with the backend's ring: dense's bytes and rounds, no more.
+            4. Select from the sum (:meth:`_warmup_selection`: everything delivered for
+               local Top-k; the top ``k_t`` of the exact sum for gTop-k and the sketching
+               methods, which their merges and sketches approximate), update = those sums
+               / P; error feedback keeps what was not delivered: a coordinate of ``a_p`` is
+               delivered when it was contributed and selected.
+
+        Local Top-k's update is the sparse step's own (only the summation order differs);
+        gTop-k's and the sketching methods' is the exact answer their step approximates.
+        The rule's state is compensated before the flags are known, so a step some rank
+        skips puts it back as it was.
+        """
+        self._start(grad)
+        saved = self.feedback.state_dict()
+        d, k, world = self.d, self.step_k, self.world_size
+        with self._timed("compress"):
+            accumulated = self._error_compensated(grad)
+            own = self._warmup_contribution(accumulated, k)
+            payload = accumulated.new_zeros(d + world)
+            if own is None:
+                payload[:d] = accumulated
+            else:
+                payload[own] = accumulated[own]
+            payload[d:] = self._flag_slots(grad, payload.dtype)
+        summed = self.comm.allreduce_backend(payload)
+        skipped = self._guard(grad, self._flags_of(summed))
+        if skipped is not None:
+            self.feedback.load_state_dict(saved)
+            return skipped
+        with self._timed("decompress"):
+            total = summed[:d]
+            chosen = self._warmup_selection(total, k)
+            update = torch.zeros_like(accumulated)  # in the residual's dtype
+            if chosen is None:  # every contributed coordinate
+                update.copy_(total).div_(world)
+                delivered = own if own is not None else torch.arange(d, device=grad.device)
+            else:
+                update[chosen] = total[chosen] / world
+                if own is None:
+                    delivered = chosen
+                else:  # contributed and selected
+                    selected = torch.zeros(d, dtype=torch.bool, device=grad.device)
+                    selected[chosen] = True
+                    delivered = own[selected[own]]
+            self.feedback.keep(accumulated, delivered)
+        return self._finish(update)
+
+    def _warmup_contribution(self, accumulated: torch.Tensor, k: int) -> torch.Tensor | None:
+        """The coordinates of ``a_p`` a warm-up step sent dense contributes: here its own
+        top ``k`` (what a sparse method's message carries); None: all of them."""
+        return topk_indices(accumulated.abs(), k)
+
+    def _warmup_selection(self, total: torch.Tensor, k: int) -> torch.Tensor | None:
+        """The coordinates of the all-reduced contributions ``total`` that a warm-up step sent
+        dense delivers: here None, every one (local Top-k: the sum of the ranks' lists)."""
+        return None
 
     def nonfinite_step(self, grad: torch.Tensor, bad_ranks: list[int]) -> torch.Tensor:
         """Apply the ``nonfinite`` policy to a step whose gradient is not finite on

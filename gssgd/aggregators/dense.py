@@ -16,9 +16,9 @@ from dataclasses import dataclass
 import torch
 
 from gssgd._validate import bad_value
-from gssgd.aggregators.base import Aggregator
+from gssgd.aggregators.base import Aggregator, flagged_allreduce
 from gssgd.aggregators.options import PAYLOAD_DTYPES, CommonOptions
-from gssgd.comm import Traffic, ring_allreduce
+from gssgd.comm import Traffic
 
 __all__ = ["DenseAllReduce", "DenseOptions"]
 
@@ -57,13 +57,12 @@ class DenseAllReduce(Aggregator):
     options: DenseOptions
 
     @classmethod
-    def traffic(
+    def message_traffic(
         cls, d: int, k: int, options: DenseOptions, world_size: int, *, step: int | None = None
     ) -> Traffic:
         """A ring all-reduce of the ``d`` payload values and the ranks' ``P`` non-finite
         flags, the same at every step."""
-        size = options.dtype.itemsize
-        return ring_allreduce((d + world_size) * size, world_size, size)
+        return flagged_allreduce(d, world_size, options.dtype.itemsize)
 
     def step(self, grad: torch.Tensor) -> torch.Tensor:
         self._start(grad)

@@ -78,7 +78,7 @@ class GlobalSketchSGD(SketchingAggregator):
     options: GSOptions
 
     @classmethod
-    def traffic(
+    def message_traffic(
         cls, d: int, k: int, options: GSOptions, world_size: int, *, step: int | None = None
     ) -> Traffic:
         """The table all-reduce (``rows * cols`` entries of ``table_dtype``), then, with
@@ -226,6 +226,8 @@ class GlobalSketchSGD(SketchingAggregator):
             return self._widened(summed, table.dtype)
 
     def step(self, grad: torch.Tensor) -> torch.Tensor:
+        if self._sends_dense_now():  # a warm-up step that would cost more than dense
+            return self._dense_warmup_step(grad)
         skipped = self._begin(grad)
         if skipped is not None:
             return skipped
@@ -281,6 +283,11 @@ class GlobalSketchSGD(SketchingAggregator):
         groups = coords.to(torch.int64) // chunk
         sizes = torch.bincount(groups, minlength=-(-self.d // chunk))
         return grouped_topk_indices(scores, groups, shares(total, sizes))
+
+    def _warmup_selection(self, total: torch.Tensor, k: int) -> torch.Tensor:
+        """A warm-up step sent dense delivers the top ``k`` of the exact global sum (with
+        ``chunk``: each chunk its share), what the sketch and exact round recover."""
+        return self._largest(total.abs(), None, k)
 
     def _recover_and_update(
         self, accumulated: torch.Tensor, summed: Any, k: int, num_candidates: int,

@@ -133,7 +133,7 @@ class GlobalTopk(Aggregator):
     options: GlobalTopkOptions
 
     @classmethod
-    def traffic(
+    def message_traffic(
         cls, d: int, k: int, options: GlobalTopkOptions, world_size: int, *,
         step: int | None = None
     ) -> Traffic:
@@ -150,6 +150,8 @@ class GlobalTopk(Aggregator):
             pair, world_size, k, tensors=2, result_tensors=3)
 
     def step(self, grad: torch.Tensor) -> torch.Tensor:
+        if self._sends_dense_now():  # a warm-up step that would cost more than dense
+            return self._dense_warmup_step(grad)
         skipped = self._begin(grad)
         if skipped is not None:
             return skipped
@@ -169,6 +171,11 @@ class GlobalTopk(Aggregator):
                 own_alive = present_in(final_idx, self.d)[own_pos]
             self.feedback.keep(accumulated, own_pos[own_alive])
         return self._finish(update)
+
+    def _warmup_selection(self, total: torch.Tensor, k: int) -> torch.Tensor:
+        """A warm-up step sent dense delivers the top ``k`` of the summed local lists: the
+        global top-k that the merges approximate."""
+        return topk_indices(total.abs(), k)
 
     def _doubling(self, own: list[torch.Tensor], k: int
                   ) -> tuple[list[torch.Tensor], torch.Tensor]:

@@ -71,7 +71,7 @@ class PowerSGD(Aggregator):
     options: PowerSGDOptions
 
     @classmethod
-    def traffic(
+    def message_traffic(
         cls, d: int, k: int, options: PowerSGDOptions, world_size: int, *,
         step: int | None = None,
     ) -> Traffic:

@@ -13,7 +13,9 @@ warm-up's bytes follow it (a sketching method's warm-up sketch grows with ``k_t 
 :meth:`~gssgd.aggregators.sketching.SketchedOptions.warmup_shape`). Every rank computes the
 same k from the same integers and floats.
 
-Bytes sent during the warm-up are counted like any others (they are simply larger).
+Bytes sent during the warm-up are counted like any others (they are simply larger), and a
+step whose message would cost more than dense's all-reduce goes as that all-reduce
+(:meth:`~gssgd.aggregators.base.Aggregator.sends_dense_at`).
 """
 
 from __future__ import annotations

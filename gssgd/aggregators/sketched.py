@@ -49,7 +49,7 @@ class SketchedSGD(SketchingAggregator):
     options: SketchedOptions
 
     @classmethod
-    def traffic(
+    def message_traffic(
         cls, d: int, k: int, options: SketchedOptions, world_size: int, *, step: int | None = None
     ) -> Traffic:
         """Four star phases through rank 0: sketches in, candidate indices out, candidate
@@ -71,6 +71,8 @@ class SketchedSGD(SketchingAggregator):
         )
 
     def step(self, grad: torch.Tensor) -> torch.Tensor:
+        if self._sends_dense_now():  # a warm-up step that would cost more than dense
+            return self._dense_warmup_step(grad)
         skipped = self._begin(grad)
         if skipped is not None:
             return skipped

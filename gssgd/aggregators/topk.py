@@ -133,7 +133,7 @@ class LocalTopk(Aggregator):
     options: TopkOptions
 
     @classmethod
-    def traffic(
+    def message_traffic(
         cls, d: int, k: int, options: TopkOptions, world_size: int, *, step: int | None = None
     ) -> Traffic:
         """An all-gather of k indices, then one of k values (the step's k: see
@@ -147,6 +147,8 @@ class LocalTopk(Aggregator):
         )
 
     def step(self, grad: torch.Tensor) -> torch.Tensor:
+        if self._sends_dense_now():  # a warm-up step that would cost more than dense
+            return self._dense_warmup_step(grad)
         skipped = self._begin(grad)
         if skipped is not None:
             return skipped

@@ -153,6 +153,15 @@ class StreamingGS(GlobalSketchSGD):
         self.sizes = list(sizes)
         region_columns(self.sizes, options.cols)  # a clear error before any collective
         super().__init__(d, k, options, group)
+        dense = [t for t in range(self.options.warmup_steps)
+                 if self.sends_dense_at(d, k, self.options, self.world_size, t)]
+        if dense:  # its regions go out as the buckets arrive: it cannot switch to dense's
+            raise ValueError(
+                f"warmup_density={self.options.warmup_density} is too high for streaming gs at "
+                f"{self.world_size} workers: the first {len(dense)} warm-up steps' sketches "
+                "would send more than a dense all-reduce, which whole-model gs sends instead "
+                "but a stream cannot switch to. Lower warmup_density, or use overlap='none'."
+            )
         self._it: _Iteration | None = None
         self.last_overlap = OverlapStats()
 

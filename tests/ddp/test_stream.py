@@ -359,3 +359,29 @@ def test_a_nan_on_one_rank_is_seen_by_every_rank_from_the_last_regions_flags() -
     for r, res in enumerate(ranks):
         assert res["iteration"] == scen.START + 1, (r, res)
         assert "rank(s) [1]" in res["error"], (r, res["error"])
+
+
+def _stream_with_warmup(rank: int, world_size: int, warmup_density: float) -> str:
+    from gssgd.aggregators import build_options
+    from gssgd.aggregators.sizing import streaming_options
+    from gssgd.ddp import StreamingGS
+
+    d, k = 4000, 40
+    given = streaming_options(d, k, {"warmup_steps": 4, "warmup_density": warmup_density})
+    _, k, options = build_options("gs", d, 0.01, **given)
+    StreamingGS([2000, 2000], d, k, options)
+    return "built"
+
+
+@pytest.mark.parametrize(("density", "error"), [(0.25, None), (1.0, "warmup_density=1.0")])
+def test_a_stream_refuses_a_warm_up_it_could_not_send_within_dense(density: float,
+                                                                   error: str | None) -> None:
+    """Whole-model gs sends a warm-up step that would cost more than dense as dense's
+    all-reduce; a stream sends its regions as the buckets arrive and cannot switch, so it
+    refuses such a warm-up, naming the value and the way out."""
+    out = run_workers(2, _stream_with_warmup, density)
+    for r in out:
+        if error is None:
+            assert r == "built"
+        else:
+            assert error in r["__error__"] and "overlap='none'" in r["__error__"]
