@@ -20,7 +20,8 @@ import torch.distributed as dist
 import gssgd
 from gssgd.cli.main import main
 from gssgd.comm import ring_allreduce
-from gssgd.costmodel import CostModel, method_spec, traffic
+from gssgd.costmodel import method_spec, traffic
+from gssgd.costmodel.devices import get_device
 from gssgd.methods import (
     BENCH_VARIANTS,
     METHODS,
@@ -128,9 +129,10 @@ def test_a_registered_method_reaches_every_layer(randomk) -> None:
     spec = method_spec("randomk", 10_000, density=0.01)
     flag, ring = (4 - 1) * 4, ring_allreduce(4 * 100, 4)  # the flag's all-gather, k floats
     assert spec.k == 100 and traffic(spec, 4).sent[0] == flag + ring.sent[0]
-    # no calibration of its own yet: the cost model uses topk's compute constant
-    model = CostModel.default()
-    assert model.gamma_of(spec) == model.gamma["topk"]
+    # no calibration of its own yet: the cost model uses topk's compute law
+    cpu = get_device("cpu")
+    assert cpu.compression_seconds(spec) == cpu.compression_seconds(
+        method_spec("topk", 10_000, density=0.01))
     assert parse_methods("gs,randomk") == ("gs", "randomk")
     with pytest.raises(ValueError, match="seed=-1 is invalid"):
         gssgd.make_aggregator("randomk", 100, seed=-1)

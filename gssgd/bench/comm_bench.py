@@ -36,17 +36,16 @@ from gssgd.bench.comm_config import CommBenchConfig
 from gssgd.bench.comm_summary import run_meta, summarize
 from gssgd.bench.netns import EmulatedCluster, have_root
 from gssgd.bench.workers import namespaces_or_loopback, run_ranks
-from gssgd.costmodel import CostModel
+from gssgd.costmodel import emulated_step_seconds
 
 __all__ = ["run_comm_bench"]
 
 
 def _estimates(cfg: CommBenchConfig) -> tuple[float, float]:
-    """(whole-run timeout, collective timeout) in seconds, from the default cost model,
-    with compute slowed by the workers sharing the cores."""
-    model = CostModel.default()
+    """(whole-run timeout, collective timeout) in seconds, from the step model's time on
+    this machine's emulated links, with compute slowed by the workers sharing the cores."""
     share = max(1.0, cfg.workers * cfg.threads / (os.cpu_count() or 1))
-    step_s = [model.predict(s, cfg.workers, cfg.link_bps, share).total for s in cfg.specs]
+    step_s = [emulated_step_seconds(s, cfg.workers, cfg.link_bps, share) for s in cfg.specs]
     run_s = (cfg.warmup + cfg.repeats) * sum(step_s) + 2.0 * share * len(step_s)  # + setup
     whole = cfg.timeout_s if cfg.timeout_s is not None else 120.0 + 5.0 * run_s
     collective = max(60.0, 20.0 * max(step_s))

@@ -8,7 +8,7 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-__all__ = ["fmt_bytes", "fmt_rate", "fmt_seconds", "link_label", "method_names",
+__all__ = ["fmt_bytes", "fmt_seconds", "link_label", "method_names",
            "render_table"]
 
 
@@ -33,14 +33,6 @@ def fmt_bytes(n: float | None) -> str:
         if n >= size:
             return f"{n / size:.3g} {unit}"
     return f"{n:.0f} B"
-
-
-def fmt_rate(bps: float) -> str:
-    """A link rate in bits per second as its flag writes it: ``100mbit``, ``2.5gbit``."""
-    for unit, size in (("gbit", 1e9), ("mbit", 1e6), ("kbit", 1e3)):
-        if bps >= size:
-            return f"{bps / size:g}{unit}"
-    return f"{bps:g}bit"
 
 
 def render_table(header: Sequence[str], rows: Sequence[Sequence[str]], left: int = 1) -> str:

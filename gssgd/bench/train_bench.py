@@ -81,11 +81,11 @@ def _model_size(cfg: TrainBenchConfig) -> tuple[int, str]:
 
 
 def _timeout(cfg: TrainBenchConfig, method: str, d: int, link_bps: int | None) -> float:
-    """A method's limit: generous, from the default cost model's time per step at the
-    link's rate plus an allowance for compute and evaluation (it only catches stalls)."""
+    """A method's limit: generous, from the step model's time per step on this machine's
+    emulated link plus an allowance for compute and evaluation (it only catches stalls)."""
     if cfg.timeout_s is not None:
         return cfg.timeout_s
-    from gssgd.costmodel import VARIANTS, CostModel, method_spec
+    from gssgd.costmodel import VARIANTS, emulated_step_seconds, method_spec
 
     tcfg = cfg.configs[method]
     share = max(1.0, cfg.workers * tcfg.threads / (os.cpu_count() or 1))
@@ -96,7 +96,7 @@ def _timeout(cfg: TrainBenchConfig, method: str, d: int, link_bps: int | None) -
         spec = method_spec(method if method in VARIANTS else "dense", d, opt("density"),
                            k=opt("k"), cols=opt("cols"), candidates=opt("candidates"),
                            **sizes)  # fmt: skip
-        comm = CostModel.default().predict(spec, cfg.workers, link_bps, share).total
+        comm = emulated_step_seconds(spec, cfg.workers, link_bps, share)
     except ValueError:
         comm = 1.0
     evaluations = tcfg.steps // tcfg.eval_every + 1 if tcfg.eval_every else 1

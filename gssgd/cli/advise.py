@@ -29,10 +29,10 @@ from gssgd.costmodel.architectures import (
     model_family,
     model_shapes,
 )
-from gssgd.costmodel.check import margin_of
 from gssgd.costmodel.cluster import Link, parse_latency, parse_link
 from gssgd.costmodel.devices import DEVICE_NAMES, cpu_fwdbwd_seconds, device_record, get_device
 from gssgd.costmodel.evidence import Study, study_from_summaries
+from gssgd.costmodel.fit import margin_of
 from gssgd.methods import parse_methods
 from gssgd.recipes import SPARSE_WARMUP_STEPS
 from gssgd.study.advised import study_spec
@@ -67,7 +67,7 @@ examples:
       --workers 8 --link 1gbit --study-spec my-study.toml
   gssgd advise --calibrate studies/cost_model/grid/comm_*
 
-the step model (gssgd.costmodel.cluster, fitted in gssgd.costmodel.check):
+the step model (gssgd.costmodel.cluster, fitted in gssgd.costmodel.fit):
   step = fwd+bwd + compression + latency * rounds + bytes / (efficiency * rate) - hidden
   rounds and bytes are each method's own traffic formula; the efficiency of each collective
   pattern is fitted on this machine's emulated links, where its held-out error is measured
@@ -272,7 +272,7 @@ def _run(args: argparse.Namespace) -> None:
 def _calibrate(args: argparse.Namespace) -> None:
     """Fit on the runs, check holding out runs, worker counts and sizes, write fit.json."""
     from gssgd.costmodel import store
-    from gssgd.costmodel.check import calibration_record
+    from gssgd.costmodel.fit import calibration_record
 
     runs = [Path(r) for r in args.calibrate]
     missing = [str(r) for r in runs if not (r / "results.json").exists()]

@@ -1,4 +1,4 @@
-"""``gssgd bench``: communication benchmarks and the cost model fitted to them.
+"""``gssgd bench``: communication, device and training benchmarks.
 
 The group only wires its subcommands, one module each (``add_parser(sub)`` registers the
 subcommand's parser, ``run(args)`` runs it and returns the exit status through
@@ -10,8 +10,6 @@ subcommand's parser, ``run(args)`` runs it and returns the exit status through
   constants of the cost model;
 * ``gssgd bench kernels`` (:mod:`gssgd.cli.bench_kernels`): time the Triton kernels against
   the torch path they replace;
-* ``gssgd bench model`` (:mod:`gssgd.cli.bench_model`): fit the cost model to ``bench comm``
-  results and predict larger clusters;
 * ``gssgd bench train`` (:mod:`gssgd.cli.bench_train`): train every method on the same
   emulated links.
 
@@ -24,7 +22,7 @@ from __future__ import annotations
 import argparse
 from types import ModuleType
 
-from gssgd.cli import bench_comm, bench_device, bench_kernels, bench_model, bench_train
+from gssgd.cli import bench_comm, bench_device, bench_kernels, bench_train
 
 __all__ = ["SUBCOMMANDS", "add_parser", "run"]
 
@@ -33,12 +31,12 @@ SUBCOMMANDS: dict[str, ModuleType] = {
     "comm": bench_comm,
     "device": bench_device,
     "kernels": bench_kernels,
-    "model": bench_model,
     "train": bench_train,
 }
 
 DESCRIPTION = """\
-Communication benchmarks and their cost model:
+Communication, device and training benchmarks (the step model they feed is fitted by
+`gssgd advise --calibrate` on bench comm runs):
 
   gssgd bench comm    time one aggregation step of every method on P local workers, on
                       loopback or on emulated rate-limited links (network namespaces;
@@ -47,9 +45,6 @@ Communication benchmarks and their cost model:
                       (top-k, sketching, PowerSGD's products, forward + backward)
   gssgd bench kernels time the Triton kernels (sketch, recovery, query, gather, top-k)
                       against the torch path, with CUDA events, and check their output
-  gssgd bench model   fit alpha*rounds + beta*bytes + gamma*d to bench comm results,
-                      report its error on every measured point, and predict the time
-                      per step for P = 2..1024 and d up to 1e9 at 0.1 to 100 Gbit/s
   gssgd bench train   train the same model once per method on the same emulated links
                       and report samples/s, compute vs overhead per step, bytes, final
                       accuracy and time to a target accuracy, with gs's ratios

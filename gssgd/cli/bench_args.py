@@ -19,7 +19,6 @@ __all__ = [
     "link",
     "listing",
     "method_list",
-    "rates",
     "seconds",
 ]
 
@@ -88,22 +87,6 @@ def link(text: str) -> str:
     return text.strip().lower()
 
 
-def rates(text: str) -> tuple[int, ...]:
-    """Comma-separated link rates in bit/s (``none`` is not a rate here)."""
-    from gssgd.costmodel.link_rate import parse_link_rate
-
-    out = []
-    for part in text.split(","):
-        try:
-            rate = parse_link_rate(part)
-        except ValueError as exc:
-            raise argparse.ArgumentTypeError(str(exc)) from None
-        if rate is None:
-            raise argparse.ArgumentTypeError("--rates takes link rates such as 1gbit, not 'none'")
-        out.append(rate)
-    return tuple(out)
-
-
 def check_methods(text: str | Iterable[str], valid: Iterable[str]) -> tuple[str, ...]:
     """A method list checked by :func:`gssgd.methods.parse_methods` against ``valid``; a
     name given twice is refused, not merged (a benchmark runs each method once).
@@ -138,7 +121,7 @@ def method_list(valid: Callable[[], Iterable[str]]) -> Callable[[str], tuple[str
 
 
 def benchmark_methods() -> Callable[[str], tuple[str, ...]]:
-    """``--methods`` of ``bench comm`` and ``bench model``: registered benchmark methods
+    """``--methods`` of ``bench comm``: registered benchmark methods
     (aggregator methods and their variants, :data:`gssgd.costmodel.VARIANTS`)."""
     return method_list(lambda: VARIANTS)
 

@@ -2,7 +2,7 @@
 
 * the **step** (compute + communication on the user's cluster) of every candidate, from the
   one step model (:func:`gssgd.costmodel.cluster.predict_step` with the device's constants
-  and the network fitted in :mod:`gssgd.costmodel.check`, whose held-out error is what the
+  and the network fitted in :mod:`gssgd.costmodel.fit`, whose held-out error is what the
   report prints);
 * the **steps to dense's target**, only from a study of the model's family
   (:mod:`gssgd.costmodel.evidence`): the package's, or the user's own ``gssgd study``
@@ -11,7 +11,7 @@
 The candidates are every benchmark method and variant (dense, dense16, topk, gtopk,
 sketched, gs and its variants, PowerSGD at ranks 1, 2 and 4), gs streamed by the DDP hook,
 and local steps (DiLoCo: dense outer steps every H = 10, 30 or 100 steps), less
-:data:`gssgd.costmodel.check.ADVISE_EXCLUDES`. PowerSGD's message depends on the layer
+:data:`gssgd.costmodel.fit.ADVISE_EXCLUDES`. PowerSGD's message depends on the layer
 shapes: a model's own or an architecture family's at the given size
 (:func:`gssgd.costmodel.architectures.layer_shapes`).
 
@@ -20,7 +20,7 @@ target (at every worker count it ran them at) only: each one's time to the targe
 step times dense's steps times its measured steps ratio. Dense is the simplest; dense16 the
 next. A candidate is picked over the simpler one only when it is faster by more than its
 **margin**: the step model's held-out communication error for its method family
-(:func:`gssgd.costmodel.check.margin_of`) times the communication's share of its
+(:func:`gssgd.costmodel.fit.margin_of`) times the communication's share of its
 predicted step, plus the evidence's distance penalty
 (:attr:`gssgd.costmodel.evidence.Evidence.penalty`); otherwise the simpler one is picked,
 "within the model's error". A candidate measured short of the target, or not measured, is
@@ -45,7 +45,6 @@ import torch
 
 from gssgd.costmodel import store
 from gssgd.costmodel.candidates import Candidate, pick
-from gssgd.costmodel.check import ADVISE_EXCLUDES, margin_of
 from gssgd.costmodel.cluster import (
     Link,
     StepTime,
@@ -55,6 +54,7 @@ from gssgd.costmodel.cluster import (
 )
 from gssgd.costmodel.devices import Device
 from gssgd.costmodel.evidence import Study, evidence_for, row_key, study_for
+from gssgd.costmodel.fit import ADVISE_EXCLUDES, fitted_network, margin_of
 from gssgd.costmodel.method_specs import VARIANTS, method_spec
 from gssgd.costmodel.network import Network
 from gssgd.methods import get_variant
@@ -138,16 +138,11 @@ def parse_workers(text: str | int) -> int:
 
 def held_out_error() -> dict[str, Any]:
     """The step model's held-out check as ``gssgd advise --calibrate`` measured it
-    (``fit.json``; :func:`gssgd.costmodel.check.held_out`): by run, by worker count and
+    (``fit.json``; :func:`gssgd.costmodel.fit.held_out`): by run, by worker count and
     by vector size, each with its median and largest ``|relative error|`` overall, per
     method and per family; and what the runs covered (``validated_on``)."""
     fit = store.load("fit.json")
     return {**fit["held_out"], "validated_on": fit["validated_on"]}
-
-
-def fitted_network() -> Network:
-    """The network the step model predicts with (``fit.json``)."""
-    return Network.from_dict(store.load("fit.json")["network"])
 
 
 def candidate_methods() -> tuple[str, ...]:

@@ -38,7 +38,7 @@ class Candidate:
     #: local steps: H inner steps between outer steps (None: a per-step method)
     local_steps: int | None = None
     #: the step model's held-out communication error for its family
-    #: (:func:`~gssgd.costmodel.check.margin_of`)
+    #: (:func:`~gssgd.costmodel.fit.margin_of`)
     comm_error: float = 0.0
 
     @property

@@ -1,6 +1,6 @@
 """The cost model: one training step of a method, split into compute, communication and
 the communication hidden behind the backward pass. The same model is fitted on this
-machine's emulated links and checked there on held-out runs (:mod:`gssgd.costmodel.check`),
+machine's emulated links and checked there on held-out runs (:mod:`gssgd.costmodel.fit`),
 and predicts a cluster for ``gssgd advise``.
 
 One step of ``spec`` on ``P`` workers joined by links of rate ``R`` and latency ``a``, on
@@ -24,7 +24,7 @@ sharing a core (1 on a cluster)::
 * ``pattern``: the collective the bulk traffic uses, read from that same formula
   (:func:`~gssgd.costmodel.network.pattern_of`).
 * ``net``: the pattern efficiencies fitted on this machine's emulated links
-  (:func:`gssgd.costmodel.check.fit_model`), the same on this machine's runs (with each
+  (:func:`gssgd.costmodel.fit.fit_model`), the same on this machine's runs (with each
   run's probed latency as ``a``) and on a cluster (with ``--latency``); its other terms
   are 0 there.
 * Overlap (:func:`overlap_of`), the documented assumption: a method that sends every

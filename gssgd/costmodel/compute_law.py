@@ -5,7 +5,7 @@ caches near the cores, one of 25M (100 MB) streams from memory, so the same pass
 more per element as ``d`` grows. :class:`ComputeLaw` states that as a line in log-log,
 ``gamma * (d / COMPUTE_REF_D) ** slope``, and :func:`fit_compute_law` fits it by least squares
 to measured ``(d, seconds per element per core)`` points. The cost model's held-out check
-(:mod:`gssgd.costmodel.check`) fits one per method on ``gssgd bench comm`` runs, and
+(:mod:`gssgd.costmodel.fit`) fits one per method on ``gssgd bench comm`` runs, and
 ``gssgd advise --device cpu`` (:mod:`gssgd.costmodel.devices`) predicts with the laws of that
 fit (stored in ``gssgd/costmodel/data/fit.json``).
 """

@@ -17,7 +17,7 @@ bytes through a :class:`Network`:
   ``8 / (efficiency * rate)``; the slower of the two counts), per worker sharing a core.
 
 :func:`gssgd.costmodel.advice.fitted_network` is the network fitted on this machine's
-emulated links (:mod:`gssgd.costmodel.check`, stored in ``gssgd/costmodel/data/fit.json``):
+emulated links (:mod:`gssgd.costmodel.fit`, stored in ``gssgd/costmodel/data/fit.json``):
 its pattern efficiencies and nothing else, the network ``gssgd advise`` predicts a cluster
 with and the one its held-out error is measured for. The other terms stay for a network
 that has them (the old model's reports, tests).

@@ -3,7 +3,7 @@ commands which measure them write, and the package loads (no measured figure liv
 Python module).
 
 * ``fit.json``: the model fitted on this machine's emulated links and its held-out error
-  (``gssgd advise --calibrate RUNS...``, :mod:`gssgd.costmodel.check`).
+  (``gssgd advise --calibrate RUNS...``, :mod:`gssgd.costmodel.fit`).
 * ``devices.json``: each device's compute constants and where they come from (``gssgd bench
   device``; datasheet ratios for the devices derived from a measured one).
 * ``evidence/*.json``: one study each, the steps (or final loss) each method needed to

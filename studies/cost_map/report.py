@@ -31,16 +31,17 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository r
 from gssgd.costmodel import store  # noqa: E402
 from gssgd.costmodel.advice import advise  # noqa: E402
 from gssgd.costmodel.architectures import architecture_of, family_of, layer_shapes  # noqa: E402
-from gssgd.costmodel.check import (  # noqa: E402
+from gssgd.costmodel.cluster import Link, StepTime  # noqa: E402
+from gssgd.costmodel.devices import device_record, get_device  # noqa: E402
+from gssgd.costmodel.fit import (  # noqa: E402
     ADVISE_EXCLUDES,
+    error_summary,
     held_out_errors,
+    load_measurements,
     rated,
     recommendation_check,
     rounded,
 )
-from gssgd.costmodel.cluster import Link, StepTime  # noqa: E402
-from gssgd.costmodel.devices import device_record, get_device  # noqa: E402
-from gssgd.costmodel.fit import error_summary, load_measurements  # noqa: E402
 from studies._lib.report import figure, markdown_table, save_png  # noqa: E402
 
 #: The models of the map: name -> (parameters, architecture, fwd+bwd seconds or None).

@@ -99,15 +99,6 @@ def test_loopback_run_writes_results_whose_bytes_match_the_formulas(loopback_run
     assert "gs speed-up" in (loopback_run / "table.txt").read_text()
 
 
-def test_model_calibrates_on_a_bench_comm_run_and_reports_its_error(loopback_run, tmp_path):
-    assert _cli(["bench", "model", "--calibrate", str(loopback_run), "--out", str(tmp_path)]) == 0
-    saved = json.loads((tmp_path / "model.json").read_text())
-    assert saved["model"]["source"].startswith("calibrated on")
-    assert len(saved["calibration_errors"]) == len(VARIANTS)
-    assert saved["calibration_summary"]["n"] == len(VARIANTS)
-    assert (tmp_path / "model_fit.png").exists()
-
-
 @needs_root
 def test_namespace_run_on_100mbit_links_runs_and_tears_down(tmp_path):
     cfg = CommBenchConfig(

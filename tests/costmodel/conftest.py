@@ -9,8 +9,7 @@ from pathlib import Path
 import pytest
 
 from gssgd.costmodel import store
-from gssgd.costmodel.check import ErrorRow, held_out_errors, rated
-from gssgd.costmodel.fit import load_measurements
+from gssgd.costmodel.fit import ErrorRow, held_out_errors, load_measurements, rated
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -27,11 +27,10 @@ from gssgd.costmodel.advice import (
     pick,
 )
 from gssgd.costmodel.architectures import layer_shapes
-from gssgd.costmodel.check import HOLD_OUTS, held_out, margin_of, rated
 from gssgd.costmodel.cluster import Link, predict_step
 from gssgd.costmodel.devices import get_device
 from gssgd.costmodel.evidence import Study
-from gssgd.costmodel.fit import load_measurements
+from gssgd.costmodel.fit import HOLD_OUTS, held_out, load_measurements, margin_of, rated
 from gssgd.costmodel.method_specs import traffic
 from gssgd.ddp import HookState
 from gssgd.recipes import SPARSE_WARMUP_STEPS

@@ -182,10 +182,10 @@ def test_a_refit_whose_floats_differ_in_their_last_digits_writes_the_same_fit(
     import dataclasses
 
     from gssgd.cli.main import main
-    from gssgd.costmodel import check
+    from gssgd.costmodel import fit as fitting
     from gssgd.costmodel.compute_law import ComputeLaw
 
-    real = check.fit_model
+    real = fitting.fit_model
     ulps = 1 + 4 * 2.0**-52
 
     def nudged(measurements):
@@ -198,7 +198,7 @@ def test_a_refit_whose_floats_differ_in_their_last_digits_writes_the_same_fit(
                          for k, law in model.compute.items()}
         return model
 
-    monkeypatch.setattr(check, "fit_model", nudged)
+    monkeypatch.setattr(fitting, "fit_model", nudged)
     fit = ROOT / "gssgd/costmodel/data/fit.json"
     monkeypatch.chdir(ROOT)
     runs = json.loads(fit.read_text())["runs"]
