@@ -21,14 +21,7 @@ from gssgd.costmodel.advice import (
     parse_params,
     parse_workers,
 )
-from gssgd.costmodel.architectures import (
-    ARCHITECTURES,
-    architecture_of,
-    family_of,
-    layer_shapes,
-    model_family,
-    model_shapes,
-)
+from gssgd.costmodel.architectures import ARCHITECTURES, architecture_of, family_of, layer_shapes
 from gssgd.costmodel.cluster import Link, parse_latency, parse_link
 from gssgd.costmodel.devices import DEVICE_NAMES, cpu_fwdbwd_seconds, device_record, get_device
 from gssgd.costmodel.evidence import Study, study_from_summaries
@@ -175,12 +168,24 @@ def _count(flag: str, text: str | None, low: int) -> int | None:
     return value
 
 
+def _architecture(args: argparse.Namespace) -> str | None:
+    """The architecture whose study's evidence applies: a shipped model's own (the trainer
+    names it), or ``--arch``'s."""
+    if args.model is not None:
+        from gssgd.train.models import architecture_of as model_architecture
+
+        return model_architecture(args.model)
+    return architecture_of(args.arch)
+
+
 def _model(args: argparse.Namespace) -> tuple[int, tuple[tuple[int, ...], ...], str]:
     """The model's parameters, layer shapes and family, from --model (and --dataset) or
-    --params/--arch (its architecture: :func:`architecture_of` the same flags)."""
+    --params/--arch. A model's shapes and family come from the trainer, which builds it."""
     if args.model is not None:
         if args.arch is not None:
             raise ValueError("--arch goes with --params; a --model has its own shapes")
+        from gssgd.train.models import model_family, model_shapes
+
         shapes = model_shapes(args.model, args.dataset)
         return (sum(math.prod(s) for s in shapes), shapes,
                 model_family(args.model, args.dataset))
@@ -197,7 +202,7 @@ def _model(args: argparse.Namespace) -> tuple[int, tuple[tuple[int, ...], ...], 
             "evidence applies; e.g. --params 25.6M --arch resnet"
         )
     params = parse_params(args.params)
-    return params, layer_shapes(args.arch, params), family_of(arch=args.arch)
+    return params, layer_shapes(args.arch, params), family_of(args.arch)
 
 
 def _user_study(dirs: list[str], family: str, architecture: str | None) -> Study:
@@ -238,7 +243,7 @@ def _run(args: argparse.Namespace) -> None:
         methods = parse_methods(args.methods, valid=candidate_methods())
     density = _number("--density", args.density, 1e-9, 1, "--density 0.001")
     assert density is not None
-    architecture = architecture_of(model=args.model, arch=args.arch)
+    architecture = _architecture(args)
     study: Study | None | str = "package"
     if args.evidence is not None:
         study = _user_study(args.evidence, family, architecture)

@@ -363,7 +363,7 @@ def advise(
             message; None: one near-square matrix, which flatters PowerSGD).
         family: the model's family (:data:`gssgd.costmodel.evidence.FAMILIES`).
         architecture: the model's architecture (``"lstm"``, ``"transformer"``, ...;
-            :func:`gssgd.costmodel.architectures.architecture_of`): within the family, the
+            :func:`gssgd.train.models.architecture_of` for a shipped model): within the family, the
             study of the same architecture where one was measured (None: the family's).
         fwdbwd_s: measured forward + backward seconds of one worker's batch (None: the
             device's per-parameter estimate).

@@ -31,21 +31,13 @@ Example:
 from __future__ import annotations
 
 import math
-from typing import Any
 
-__all__ = ["ARCHITECTURES", "LANGUAGE_MODELS", "MODEL_ARCHITECTURES", "architecture_of",
-           "family_of", "layer_shapes", "model_data", "model_family", "model_shapes"]
+__all__ = ["ARCHITECTURES", "architecture_of", "family_of", "layer_shapes"]
 
 Shape = tuple[int, ...]
 
 #: The families ``advise --arch`` knows.
 ARCHITECTURES: tuple[str, ...] = ("transformer", "resnet")
-#: The shipped language models (``gssgd.train.models.TEXT_MODELS``, named here so that
-#: ``advise`` need not import torch to know a family).
-LANGUAGE_MODELS: tuple[str, ...] = ("lm", "gpt", "gpt-s")
-#: Stand-in data of the shipped models for their shapes: MNIST-shaped images (1x28x28, 10
-#: classes) for image models, a 65-character vocabulary (Shakespeare's) for text models.
-_STANDIN_VOCAB = 65
 
 #: GPT-2 (small, medium, large, XL) and GPT-3 (XL, 2.7B, 6.7B, 13B, 175B): (layers, width).
 _TRANSFORMERS: tuple[tuple[int, int], ...] = (
@@ -140,85 +132,13 @@ def layer_shapes(arch: str, params: int) -> tuple[Shape, ...]:
     return tuple(shapes) + (((rest,),) if rest else ())
 
 
-#: The architecture of each shipped model, as a study's evidence names its model's: within
-#: a family, ``advise`` reads the study of the same architecture where there is one (a
-#: character GPT's evidence for a transformer, the character LSTM's for ``--model lm``).
-MODEL_ARCHITECTURES: dict[str, str] = {
-    "mlp": "mlp", "cnn": "cnn", "resnet": "resnet", "wresnet": "resnet", "lm": "lstm",
-    "gpt": "transformer", "gpt-s": "transformer",
-}
-
-
-def architecture_of(model: str | None = None, arch: str | None = None) -> str | None:
-    """The architecture (:data:`MODEL_ARCHITECTURES`) of a shipped model, or the family
-    ``arch`` itself (``"transformer"``, ``"resnet"``); None where neither is given."""
-    if model is not None:
-        return MODEL_ARCHITECTURES.get(model, model)
+def architecture_of(arch: str | None) -> str | None:
+    """The architecture a study's evidence is matched by, for ``--arch`` (a shipped model's
+    own is :func:`gssgd.train.models.architecture_of`, which the caller hands in)."""
     return arch
 
 
-def family_of(model: str | None = None, arch: str | None = None) -> str:
+def family_of(arch: str | None) -> str:
     """The family (``"image"`` or ``"language"``, :data:`gssgd.costmodel.evidence.FAMILIES`)
-    of a shipped model or an architecture family."""
-    if model is not None:
-        return "language" if model in LANGUAGE_MODELS else "image"
-    return "language" if arch == "transformer" else "image"
-
-
-def model_shapes(name: str, dataset: str | None = None) -> tuple[Shape, ...]:
-    """The parameter shapes of the model ``name`` in model order: a shipped model
-    (``gssgd train --model``) or the user's ``MODULE:FUNCTION``, built on ``dataset``
-    (loaded as ``gssgd train --dataset`` loads it) or, without one, on stand-in data
-    (MNIST-shaped images, or a 65-character vocabulary for a shipped text model).
-
-    Raises:
-        ValueError: an unknown model (the message lists them), or one that cannot be built
-            on that data.
-    """
-    data = model_data(name, dataset)
-    from gssgd.train.models import build_model
-
-    return tuple(tuple(p.shape) for p in build_model(name, data).parameters())
-
-
-def model_data(name: str, dataset: str | None = None) -> Any:
-    """The data ``name`` is built on for its shapes (see :func:`model_shapes`).
-
-    Raises:
-        ValueError: an unknown shipped model (the message lists them).
-    """
-    import torch
-
-    from gssgd.train.data_types import ImageData, TextData
-    from gssgd.train.models import MODELS
-    from gssgd.train.user_code import is_user_code
-
-    if not is_user_code(name) and name not in MODELS:
-        raise ValueError(
-            f"unknown model {name!r}; shipped models are {', '.join(MODELS)}, or give your "
-            "own as MODULE:FUNCTION (with --dataset where it needs its data), or --params N "
-            "with --arch"
-        )
-    if dataset is not None:
-        from gssgd.train.data import load_dataset
-
-        return load_dataset(dataset)
-    if name in LANGUAGE_MODELS:
-        ids = torch.arange(200) % _STANDIN_VOCAB
-        chars = [chr(32 + i) for i in range(_STANDIN_VOCAB)]
-        return TextData(train=ids, test=ids, vocab=chars, name="stand-in")
-    x, y = torch.zeros(2, 1, 28, 28), torch.arange(2)
-    return ImageData(x_train=x, y_train=y, x_test=x, y_test=y, num_classes=10,
-                     name="stand-in")
-
-
-def model_family(name: str, dataset: str | None = None) -> str:
-    """The family of a shipped model, or of the user's by the data it is built on (text:
-    ``"language"``; else ``"image"``)."""
-    from gssgd.train.user_code import is_user_code
-
-    if not is_user_code(name):
-        return family_of(model=name)
-    from gssgd.train.data_types import TextData
-
-    return "language" if isinstance(model_data(name, dataset), TextData) else "image"
+    of an architecture family (a model's own is :func:`gssgd.train.models.model_family`)."""
+    return "language" if arch in ("transformer", "lstm") else "image"

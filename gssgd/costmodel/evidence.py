@@ -69,7 +69,7 @@ class Study:
         source: the summary it was written from.
         supersedes: the studies this one replaces (advise reads this one instead).
         architecture: the model's architecture (``"lstm"``, ``"transformer"``, ``"cnn"``;
-            :data:`gssgd.costmodel.architectures.MODEL_ARCHITECTURES`; "" where unsaid).
+            :data:`gssgd.train.models.MODEL_ARCHITECTURES`; "" where unsaid).
         d: P -> the study model's parameter count there.
         caveats: what weakens the study's evidence, in words (printed with it).
     """

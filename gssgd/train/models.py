@@ -49,7 +49,8 @@ from gssgd.train.resnet_parts import BasicBlock as BasicBlock  # still importabl
 from gssgd.train.resnet_parts import resnet_trunk
 from gssgd.train.user_code import is_user_code, load_function
 
-__all__ = ["MODELS", "TEXT_MODELS", "build_model", "default_model"]
+__all__ = ["MODELS", "MODEL_ARCHITECTURES", "TEXT_MODELS", "architecture_of", "build_model",
+           "default_model", "model_data", "model_family", "model_shapes"]
 
 MODELS: tuple[str, ...] = ("mlp", "cnn", "resnet", "lm", "wresnet", "gpt", "gpt-s")
 """The model names :func:`build_model` accepts."""
@@ -58,6 +59,16 @@ _IMAGE_MODELS = ("mlp", "cnn", "resnet", "wresnet")
 #: ``gpt-s``: a 600-step run at 16 simulated workers fits minutes on the 2-core machine.
 SMALL_GPT = {"d_model": 128, "layers": 2, "heads": 4, "context": 128}
 TEXT_MODELS: tuple[str, ...] = ("lm", "gpt", "gpt-s")
+#: The architecture of each shipped model, as a study's evidence names its model's: within
+#: a family, ``gssgd advise`` reads the study of the same architecture where there is one
+#: (a character GPT's evidence for a transformer, the character LSTM's for ``--model lm``).
+MODEL_ARCHITECTURES: dict[str, str] = {
+    "mlp": "mlp", "cnn": "cnn", "resnet": "resnet", "wresnet": "resnet", "lm": "lstm",
+    "gpt": "transformer", "gpt-s": "transformer",
+}
+#: Stand-in data of the shipped models for their shapes: MNIST-shaped images (1x28x28, 10
+#: classes) for image models, a 65-character vocabulary (Shakespeare's) for text models.
+_STANDIN_VOCAB = 65
 
 
 class MLP(nn.Module):
@@ -227,3 +238,59 @@ def _build_image_model(name: str, data: ImageData) -> nn.Module:
             f"{data.name!r} has {height}x{width}; use --model resnet or --model mlp"
         )
     return SmallCNN(channels, height, width, data.num_classes)
+
+
+# --------------------------------------------------------------------------- what the cost model is handed
+
+
+def architecture_of(model: str) -> str:
+    """The architecture of a shipped model (:data:`MODEL_ARCHITECTURES`), or the name itself
+    for the user's ``MODULE:FUNCTION`` (no study matches it: its family's evidence)."""
+    return MODEL_ARCHITECTURES.get(model, model)
+
+
+def model_shapes(name: str, dataset: str | None = None) -> tuple[tuple[int, ...], ...]:
+    """The parameter shapes of the model ``name`` in model order, which ``gssgd advise
+    --model`` hands the cost model: a shipped model (``gssgd train --model``) or the user's
+    ``MODULE:FUNCTION``, built on ``dataset`` (loaded as ``gssgd train --dataset`` loads it)
+    or, without one, on stand-in data (MNIST-shaped images, or a 65-character vocabulary
+    for a shipped text model).
+
+    Raises:
+        ValueError: an unknown model (the message lists them), or one that cannot be built
+            on that data.
+    """
+    return tuple(tuple(p.shape) for p in build_model(name, model_data(name, dataset)).parameters())
+
+
+def model_data(name: str, dataset: str | None = None) -> ImageData | TextData:
+    """The data ``name`` is built on for its shapes (see :func:`model_shapes`).
+
+    Raises:
+        ValueError: an unknown shipped model (the message lists them).
+    """
+    if not is_user_code(name) and name not in MODELS:
+        raise ValueError(
+            f"unknown model {name!r}; shipped models are {', '.join(MODELS)}, or give your "
+            "own as MODULE:FUNCTION (with --dataset where it needs its data), or --params N "
+            "with --arch"
+        )
+    if dataset is not None:
+        from gssgd.train.data import load_dataset
+
+        return load_dataset(dataset)
+    if name in TEXT_MODELS:
+        ids = torch.arange(200) % _STANDIN_VOCAB
+        chars = [chr(32 + i) for i in range(_STANDIN_VOCAB)]
+        return TextData(train=ids, test=ids, vocab=chars, name="stand-in")
+    x, y = torch.zeros(2, 1, 28, 28), torch.arange(2)
+    return ImageData(x_train=x, y_train=y, x_test=x, y_test=y, num_classes=10,
+                     name="stand-in")
+
+
+def model_family(name: str, dataset: str | None = None) -> str:
+    """The family of a shipped model (a text model: ``"language"``; else ``"image"``), or of
+    the user's by the data it is built on."""
+    if not is_user_code(name):
+        return "language" if name in TEXT_MODELS else "image"
+    return "language" if isinstance(model_data(name, dataset), TextData) else "image"

@@ -102,7 +102,7 @@ def run_map(out: Path) -> dict:
             for p in WORKERS:
                 a = advise(params=params, workers=p, link=Link(rate, LATENCY_S), device=device,
                            density=DENSITY, fwdbwd_s=fwdbwd, shapes=shapes,
-                           family=family_of(arch=arch), architecture=architecture_of(arch=arch))
+                           family=family_of(arch), architecture=architecture_of(arch))
                 n = a.run_steps
                 dense = next(c for c in a.candidates if c.name == "dense")
                 measured = a.best_measured

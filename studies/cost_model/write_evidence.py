@@ -114,8 +114,8 @@ def language_study(summary: dict[str, Any]) -> dict[str, Any]:
     """The language family's evidence from the local-steps study's summary: the per-step
     runs (``<method>@<density>``, with gs under its shape at that P) and DiLoCo's
     (``diloco-h<H>``), with DiLoCo's rule."""
-    from gssgd.costmodel.architectures import model_shapes
     from gssgd.costmodel.evidence import row_key
+    from gssgd.train.models import model_shapes
 
     lstm_d = sum(math.prod(s) for s in model_shapes("lm"))  # advise --model lm's d
     rows: dict[str, dict[str, dict[str, Any]]] = {}

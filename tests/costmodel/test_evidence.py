@@ -271,14 +271,15 @@ def test_advise_reads_the_study_of_the_models_architecture_first(monkeypatch) ->
 
 
 def test_the_evidence_files_name_their_models_architecture() -> None:
-    from gssgd.costmodel.architectures import MODEL_ARCHITECTURES, architecture_of
+    from gssgd.costmodel.architectures import architecture_of
+    from gssgd.train.models import MODEL_ARCHITECTURES
+    from gssgd.train.models import architecture_of as model_architecture
 
     for study in studies():
         assert study.architecture in set(MODEL_ARCHITECTURES.values()), study.name
-    assert architecture_of(model="lm") == "lstm" and architecture_of(model="gpt-s") == (
-        "transformer")
-    assert architecture_of(arch="transformer") == "transformer"
-    assert study_for("language", architecture_of(model="lm")).architecture == "lstm"
+    assert model_architecture("lm") == "lstm" and model_architecture("gpt-s") == "transformer"
+    assert architecture_of("transformer") == "transformer"
+    assert study_for("language", model_architecture("lm")).architecture == "lstm"
 
 
 def test_a_summary_whose_bests_sit_at_an_edge_of_the_rates_tried_carries_a_caveat() -> None:
