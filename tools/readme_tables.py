@@ -35,7 +35,7 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-from gssgd.cli.compare import ACCURACY_MARGIN  # noqa: E402
+from gssgd.study.curves import ACCURACY  # noqa: E402
 from studies._lib.report import busier_bytes, markdown_table, splice_markdown  # noqa: E402
 
 README = ROOT / "README.md"
@@ -123,7 +123,7 @@ def fair_rows(dataset: str, summary: dict[str, Any]) -> list[list[str]]:
         if best is None:
             closest = max((n for n in table if not n.startswith("dense")),
                           key=lambda n: table[n]["accuracy"])
-            target = table[dense_name]["accuracy"] - ACCURACY_MARGIN
+            target = ACCURACY.target(table[dense_name]["accuracy"])
             winner = (f"none reached {100 * target:.2f} % in 400 steps (closest: "
                       f"{level_label(closest)}, {100 * table[closest]['accuracy']:.2f} %)")
             gs_cell = "not reached"

@@ -19,6 +19,7 @@ from typing import Any
 from gssgd.cli.errors import run_command
 from gssgd.cli.train import Formatter, add_training_flags, settings_from_args
 from gssgd.methods import METHODS, parse_methods
+from gssgd.study.curves import ACCURACY, LOSS, first_reaching
 from gssgd.train.config import TrainConfig
 from gssgd.train.data import TextData, load_dataset
 from gssgd.train.launch import is_user_error
@@ -211,36 +212,32 @@ def _compare(args: argparse.Namespace) -> int:
     return 0 if ok else 1
 
 
-#: How close to dense's final figure a method must come for "bytes to target": within 0.5
-#: point of accuracy, or within 3 % of the test loss (text).
-ACCURACY_MARGIN, LOSS_MARGIN = 0.005, 1.03
-
-
 def add_bytes_to_target(
     results: dict[str, dict[str, Any]], curves: dict[str, list[dict[str, Any]]], text: bool
 ) -> None:
     """Add ``bytes_to_target`` (the bytes the busiest worker's link had carried, in its
-    busier direction (:func:`busier_bytes`), at the first evaluation within 0.5 point of the
-    dense run's final accuracy, or 3 % of its loss; None: never) and ``target``, in place.
-    The dense reference is ``dense`` (else ``ddp-allreduce``)."""
+    busier direction (:func:`busier_bytes`), at the first evaluation that reaches the dense
+    run's final figure by the studies' rule: within 0.5 point of its accuracy, or 3 % of its
+    loss (:data:`gssgd.study.curves.ACCURACY`, :data:`~gssgd.study.curves.LOSS`); None:
+    never) and ``target``, in place. The dense reference is ``dense`` (else
+    ``ddp-allreduce``)."""
     ref = "dense" if "dense" in curves else "ddp-allreduce" if "ddp-allreduce" in curves else None
     if ref is None:
         return
-    key = "final_test_loss" if text else "final_test_accuracy"
-    final = results[ref].get(key)
+    metric = LOSS if text else ACCURACY
+    final = results[ref].get(f"final_test_{metric.key}")
     if final is None:
         return
-    target = final * LOSS_MARGIN if text else final - ACCURACY_MARGIN
     for method, records in curves.items():
-        reached, carried = None, 0.0
+        evals, carried = [], 0.0
         for r in records:
             carried += busier_bytes(r)
-            value = r.get("test_loss" if text else "test_accuracy")
-            if value is not None and (value <= target if text else value >= target):
-                reached = carried
-                break
-        results[method]["target"] = target
-        results[method]["bytes_to_target"] = reached
+            value = r.get(f"test_{metric.key}")
+            if value is not None:
+                evals.append((int(r.get("step", 0)), float(value), carried))
+        hit = first_reaching(evals, metric, final)
+        results[method]["target"] = metric.target(final)
+        results[method]["bytes_to_target"] = None if hit is None else hit[2]
 
 
 def table(results: dict[str, dict[str, Any]], text: bool = False) -> str:

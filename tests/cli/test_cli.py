@@ -234,3 +234,27 @@ def test_compare_trains_every_method_with_adamw_when_told(
         assert (config["optimizer"], config["lr"], config["weight_decay"]) == ("adamw", 0.001, 0.01)
     table = capsys.readouterr().out
     assert table.count("adamw lr 0.001") == 2 and "vs dense" in table
+
+
+def test_compare_counts_bytes_to_the_studies_target() -> None:
+    """``bytes_to_target`` is the busiest link's bytes at the first evaluation that reaches
+    dense's final figure by the studies' rule (gssgd.study.curves: 0.5 point of accuracy,
+    3 % of loss): a value exactly on the target reaches it, one just short does not."""
+    from gssgd.cli.compare import add_bytes_to_target
+
+    def curve(values: list[float], key: str) -> list[dict]:
+        return [{"step": 10 * i, key: v, "bytes_sent_max": 100.0, "bytes_received_max": 50.0}
+                for i, v in enumerate(values)]
+
+    results = {m: {"final_test_accuracy": 0.98} for m in ("dense", "gs", "topk")}
+    curves = {"dense": curve([0.9, 0.98], "test_accuracy"),
+              "gs": curve([0.97, 0.975, 0.99], "test_accuracy"),  # 0.975 = 0.98 - 0.005
+              "topk": curve([0.9, 0.9749], "test_accuracy")}
+    add_bytes_to_target(results, curves, text=False)
+    assert results["gs"]["bytes_to_target"] == 200.0 and results["gs"]["target"] == 0.975
+    assert results["dense"]["bytes_to_target"] == 200.0
+    assert results["topk"]["bytes_to_target"] is None
+    text = {m: {"final_test_loss": 2.0} for m in ("dense", "gs")}
+    add_bytes_to_target(text, {"dense": curve([2.0], "test_loss"),
+                               "gs": curve([2.5, 2.06, 2.0], "test_loss")}, text=True)
+    assert text["gs"]["bytes_to_target"] == 200.0 and text["gs"]["target"] == 2.0 * 1.03
