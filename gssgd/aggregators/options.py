@@ -3,7 +3,7 @@ of the payload dtypes.
 
 Each method's own options dataclass lives beside its aggregator (``TopkOptions`` in
 :mod:`~gssgd.aggregators.topk`, ``SketchedOptions`` in :mod:`~gssgd.aggregators.sketching`,
-``GSOptions`` in :mod:`~gssgd.aggregators.gs_options`, ...). Each checks its values in
+``GSOptions`` in :mod:`~gssgd.aggregators.gs`, ...). Each checks its values in
 ``__post_init__`` and raises a ``ValueError`` that names the option, the value, the valid
 range and the fix (:func:`gssgd._validate.bad_value`), before any collective runs.
 """

@@ -15,7 +15,7 @@ import dataclasses
 from typing import Any
 
 from gssgd.aggregators.feedback import FEEDBACKS
-from gssgd.aggregators.gs_options import ALLREDUCES
+from gssgd.aggregators.gs import ALLREDUCES
 from gssgd.aggregators.options import PAYLOAD_DTYPES
 from gssgd.amp import AMP_DTYPES
 from gssgd.cli.errors import run_command

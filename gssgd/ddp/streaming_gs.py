@@ -69,8 +69,7 @@ import torch
 import torch.distributed as dist
 
 from gssgd.aggregators.base import state_dtype
-from gssgd.aggregators.gs import GlobalSketchSGD
-from gssgd.aggregators.gs_options import GSOptions
+from gssgd.aggregators.gs import GlobalSketchSGD, GSOptions
 from gssgd.comm import Traffic, recursive_doubling, ring_allreduce
 from gssgd.ddp.overlap import OverlapStats, log_overlap
 from gssgd.sketch.partitioned import PartitionedSketch, region_columns

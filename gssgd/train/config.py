@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from gssgd.aggregators.lowrank import DEFAULT_POWERSGD_RANK as _DEFAULT_RANK
+from gssgd.aggregators.powersgd import DEFAULT_POWERSGD_RANK as _DEFAULT_RANK
 from gssgd.amp import AMP_DTYPES
 from gssgd.ddp import HookSettings
 from gssgd.lr_schedule import LR_SCHEDULES, LrSchedule

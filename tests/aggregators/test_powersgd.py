@@ -14,8 +14,7 @@ from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as torch_p
 
 import gssgd
 from gssgd.aggregators import build_options
-from gssgd.aggregators.lowrank import default_shapes, orthogonalize_, plan_lowrank
-from gssgd.aggregators.powersgd import PowerSGD
+from gssgd.aggregators.powersgd import PowerSGD, default_shapes, orthogonalize_, plan_lowrank
 from gssgd.comm import ring_allreduce, ring_allreduce_bytes
 from gssgd.ddp import HookState
 from gssgd.simulated import SimulatedWorld
