@@ -26,9 +26,8 @@ Nothing is kept in module state.
 Modules, from the bottom up:
 
 * :mod:`gssgd.sketch.hashing`: the hashes and the :class:`HashCache` that keeps them.
-* :mod:`gssgd.sketch.estimates`: the median of the rows, and the ranking of estimates.
-* :mod:`gssgd.sketch.heavy_hitters`: recovery of the ``k`` heaviest coordinates.
-* :mod:`gssgd.sketch.count_sketch`: :class:`CountSketch`, the table and its queries.
+* :mod:`gssgd.sketch.count_sketch`: :class:`CountSketch`, the table, its queries (the median
+  of the rows) and the recovery of the ``k`` heaviest coordinates.
 * :mod:`gssgd.sketch.partitioned`: a sketch whose table is cut into one region per piece
   of the vector (streaming gs).
 
@@ -43,11 +42,10 @@ Example:
 
 from __future__ import annotations
 
-from gssgd.sketch.count_sketch import CountSketch
-from gssgd.sketch.estimates import median_of_rows
+from gssgd.sketch.count_sketch import CountSketch, median_of_rows
 from gssgd.sketch.hashing import HashCache, hash_cache_bytes, sketch_hash_params
 
 __all__ = ["CountSketch", "HashCache", "hash_cache_bytes", "median_of_rows", "sketch_hash_params"]
 
-# The class's public home (what pickles and the API reference name), as before the split.
+# The class's public home (what pickles and the API reference name).
 CountSketch.__module__ = __name__
