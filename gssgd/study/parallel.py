@@ -19,7 +19,7 @@ only the wall-clock time changes.
 
 Dying together: a worker process dies with the study (Linux's parent-death signal; a
 whole search also checks its parent between runs), and so do the ranks a real-process run
-starts in it (:func:`~gssgd.train.leave.die_with_launcher`), so a killed study leaves no
+starts in it (:func:`~gssgd.train.launch.die_with_launcher`), so a killed study leaves no
 orphan training into the folders a resumed study will use. A study that fails in one
 worker stops the others (their cut runs train again from the start on resume, as any
 killed run does).
@@ -53,7 +53,7 @@ from gssgd.study.search import (
 )
 from gssgd.study.spec import MethodSpace, StudySpec
 from gssgd.study.trials import finished, read_outcome
-from gssgd.train.leave import die_with_parent
+from gssgd.train.launch import die_with_parent
 
 __all__ = ["check_jobs", "run_planned", "search_methods"]
 

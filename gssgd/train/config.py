@@ -15,11 +15,14 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+import torch
+
 from gssgd.aggregators.powersgd import DEFAULT_POWERSGD_RANK as _DEFAULT_RANK
 from gssgd.amp import AMP_DTYPES
 from gssgd.ddp import HookSettings
 from gssgd.lr_schedule import LR_SCHEDULES, LrSchedule
 from gssgd.methods import METHODS, get_method, renamed_hint
+from gssgd.optim import FrozenVarianceAdamW
 from gssgd.recipes import max_skips_for, warmup_steps_recipe
 from gssgd.train.checks import (
     apply_frozen_variance,
@@ -47,7 +50,8 @@ from gssgd.train.method_settings import (
 from gssgd.train.models import MODELS, TEXT_MODELS, build_model, default_model
 from gssgd.train.user_code import is_user_code
 
-__all__ = ["DEFAULT_POWERSGD_RANK", "DEFAULT_START_ITER", "DEFAULT_WORKERS", "TrainConfig"]
+__all__ = ["DEFAULT_POWERSGD_RANK", "DEFAULT_START_ITER", "DEFAULT_WORKERS", "TrainConfig",
+           "make_optimizer"]
 
 #: Workers spawned when neither ``--workers`` nor torchrun says how many.
 DEFAULT_WORKERS = 4
@@ -343,3 +347,24 @@ def check_user_code(model: str | None, dataset: str) -> None:
     data = load_dataset(dataset)
     with torch.random.fork_rng(devices=[]):
         build_model(model or default_model(data), data)
+
+
+def make_optimizer(model: torch.nn.Module, cfg: TrainConfig) -> torch.optim.Optimizer:
+    """The run's optimizer over ``model``: SGD with ``cfg``'s lr, momentum and weight decay,
+    AdamW with its lr, betas and (decoupled) weight decay, or with ``freeze_variance_after``
+    :class:`~gssgd.optim.FrozenVarianceAdamW` (the same, its variance frozen after that
+    many steps, or kept moving: ``cfg.adam_variance``)."""
+    if cfg.freeze_variance_after:
+        assert cfg.adam_variance is not None  # TrainConfig fills it in with the recipe
+        return FrozenVarianceAdamW(model.parameters(), lr=cfg.lr, betas=cfg.betas,
+                                   weight_decay=cfg.weight_decay,
+                                   freeze_step=cfg.freeze_variance_after,
+                                   variance=cfg.adam_variance,
+                                   unseen=cfg.adam_unseen or "moving")
+    if cfg.optimizer == "adamw":
+        return torch.optim.AdamW(
+            model.parameters(), lr=cfg.lr, betas=cfg.betas, weight_decay=cfg.weight_decay
+        )
+    return torch.optim.SGD(
+        model.parameters(), lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay
+    )

@@ -44,7 +44,7 @@ from gssgd.methods import METHODS
 from gssgd.optim import FrozenVarianceAdamW
 from gssgd.train import checkpoint
 from gssgd.train.collectives import agree_on_loss, collective_failure, gather_bytes
-from gssgd.train.config import TrainConfig
+from gssgd.train.config import TrainConfig, make_optimizer
 from gssgd.train.data import ImageData, TextData, load_dataset
 from gssgd.train.launch import Worker, WorkerFailed, launch
 from gssgd.train.method_settings import import_plugins
@@ -62,7 +62,7 @@ from gssgd.train.metrics import (
     write_json,
 )
 from gssgd.train.models import build_model
-from gssgd.train.objective import batch_loss, evaluation_sums, make_optimizer, train_batch
+from gssgd.train.objective import batch_loss, evaluation_sums, train_batch
 from gssgd.train.progress import progress_bar as _progress_bar
 from gssgd.train.progress import say as _say
 from gssgd.train.rundir import prepare

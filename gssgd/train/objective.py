@@ -12,11 +12,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from gssgd.optim import FrozenVarianceAdamW
 from gssgd.train.config import TrainConfig
 from gssgd.train.data import ImageData, TextData, batch_indices, lm_batch
 
-__all__ = ["TEXT_EVAL_WINDOWS", "batch_loss", "evaluation_sums", "make_optimizer", "train_batch"]
+__all__ = ["TEXT_EVAL_WINDOWS", "batch_loss", "evaluation_sums", "train_batch"]
 
 #: Test windows of a text evaluation (drawn once from the test split, shared by ranks).
 TEXT_EVAL_WINDOWS = 512
@@ -37,27 +36,6 @@ def train_batch(
         idx = batch_indices(step, rank, world_size, cfg.batch_size, len(data.y_train), cfg.seed)
         x, y = data.x_train[idx], data.y_train[idx]
     return x.to(device), y.to(device)
-
-
-def make_optimizer(model: nn.Module, cfg: TrainConfig) -> torch.optim.Optimizer:
-    """The run's optimizer over ``model``: SGD with ``cfg``'s lr, momentum and weight decay,
-    AdamW with its lr, betas and (decoupled) weight decay, or with ``freeze_variance_after``
-    :class:`~gssgd.optim.FrozenVarianceAdamW` (the same, its variance frozen after that
-    many steps, or kept moving: ``cfg.adam_variance``)."""
-    if cfg.freeze_variance_after:
-        assert cfg.adam_variance is not None  # TrainConfig fills it in with the recipe
-        return FrozenVarianceAdamW(model.parameters(), lr=cfg.lr, betas=cfg.betas,
-                                   weight_decay=cfg.weight_decay,
-                                   freeze_step=cfg.freeze_variance_after,
-                                   variance=cfg.adam_variance,
-                                   unseen=cfg.adam_unseen or "moving")
-    if cfg.optimizer == "adamw":
-        return torch.optim.AdamW(
-            model.parameters(), lr=cfg.lr, betas=cfg.betas, weight_decay=cfg.weight_decay
-        )
-    return torch.optim.SGD(
-        model.parameters(), lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay
-    )
 
 
 def batch_loss(logits: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, int, int]:

@@ -48,7 +48,7 @@ from gssgd.ddp import HookState, comm_hook
 from gssgd.ddp.recipe import pair_adamw
 from gssgd.optim import FrozenVarianceAdamW
 from gssgd.simulated import SimulatedWorld, gloo_ring_reduce
-from gssgd.train.config import TrainConfig
+from gssgd.train.config import TrainConfig, make_optimizer
 from gssgd.train.data import load_dataset
 from gssgd.train.ddp_buckets import DDPBuckets, SimulatedBucket
 from gssgd.train.method_settings import import_plugins
@@ -66,7 +66,7 @@ from gssgd.train.metrics import (
     write_json,
 )
 from gssgd.train.models import build_model
-from gssgd.train.objective import batch_loss, evaluation_sums, make_optimizer, train_batch
+from gssgd.train.objective import batch_loss, evaluation_sums, train_batch
 from gssgd.train.sync import hook_step_stats, local_step_stats, local_steps_for
 
 __all__ = ["simulate_training"]

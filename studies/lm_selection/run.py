@@ -47,10 +47,10 @@ sys.path.insert(0, str(ROOT))
 
 from gssgd.aggregators import make_aggregator  # noqa: E402
 from gssgd.simulated import SimulatedWorld  # noqa: E402
-from gssgd.train.config import TrainConfig  # noqa: E402
+from gssgd.train.config import TrainConfig, make_optimizer  # noqa: E402
 from gssgd.train.data import load_dataset  # noqa: E402
 from gssgd.train.models import build_model  # noqa: E402
-from gssgd.train.objective import batch_loss, make_optimizer, train_batch  # noqa: E402
+from gssgd.train.objective import batch_loss, train_batch  # noqa: E402
 
 METHODS = ("gs", "gtopk", "topk")
 

@@ -1,4 +1,4 @@
-"""A worker dies with its launcher (:mod:`gssgd.train.leave`): a study's worker processes
+"""A worker dies with its launcher (:mod:`gssgd.train.launch`): a study's worker processes
 by the parent-death signal, every spawned rank by it and by a watch of its launcher (a
 fork server may outlive the launcher), so a killed launcher leaves no rank training into
 a folder a resumed run will use."""
@@ -44,7 +44,7 @@ def _alive(pid: int) -> bool:
 
 
 def test_a_process_whose_parent_is_gone_ends_at_once() -> None:
-    code = ("from gssgd.train.leave import die_with_parent\n"
+    code = ("from gssgd.train.launch import die_with_parent\n"
             "die_with_parent(parent=-1)\nprint('still here')")
     done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True,
                           text=True, timeout=120, env={**os.environ, "PYTHONPATH": str(ROOT)})

@@ -16,6 +16,7 @@ from gssgd.comm import ring_allreduce_bytes
 from gssgd.optim import FrozenVarianceAdamW
 from gssgd.recipes import ADAMW_FREEZE_STEPS
 from gssgd.train.checkpoint import CHECKPOINT_DIR, CheckpointError, resolve_checkpoint
+from gssgd.train.config import make_optimizer
 from gssgd.train.launch import WorkerFailed, launch
 from gssgd.train.loop import (
     STATUS_COMPLETED,
@@ -26,7 +27,6 @@ from gssgd.train.loop import (
 )
 from gssgd.train.method_settings import settings_for
 from gssgd.train.metrics import read_metrics
-from gssgd.train.objective import make_optimizer
 from gssgd.train.sync import builtin_hook_bytes
 from tests.train.test_resume_methods import train_all
 
