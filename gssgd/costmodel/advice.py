@@ -67,6 +67,7 @@ __all__ = [
     "Candidate",
     "advise",
     "candidate_methods",
+    "cluster_network",
     "fitted_network",
     "held_out_error",
     "pick",
@@ -143,6 +144,14 @@ def held_out_error() -> dict[str, Any]:
     method and per family; and what the runs covered (``validated_on``)."""
     fit = store.load("fit.json")
     return {**fit["held_out"], "validated_on": fit["validated_on"]}
+
+
+def cluster_network(device: Device) -> Network:
+    """The network ``advise`` predicts ``device``'s cluster with: the fitted one as it was
+    measured for this machine's CPU (gloo, its efficiencies), else as a GPU cluster's
+    (:meth:`~gssgd.costmodel.network.Network.for_cluster`)."""
+    net = fitted_network()
+    return net if device.name == "cpu" else net.for_cluster()
 
 
 def candidate_methods() -> tuple[str, ...]:
@@ -371,7 +380,7 @@ def advise(
         warmup_steps: the density warm-up of the methods that take one; None: ``gssgd
             train``'s default (100 steps for a sparse method), 0: none.
         run_steps: the run length dense needs to its target (>= 1).
-        network: the network's constants (default: :func:`fitted_network`).
+        network: the network's constants (default: :func:`cluster_network` of ``device``).
         study: the evidence: ``"package"`` (default: :func:`~gssgd.costmodel.evidence.
             study_for` the family and architecture), a user's ``Study``, or None.
 
@@ -382,7 +391,7 @@ def advise(
         if value is not None and (isinstance(value, bool) or not isinstance(value, int)
                                   or value < low):  # fmt: skip
             raise ValueError(f"{label}={value!r} must be an integer >= {low}")
-    net = fitted_network() if network is None else network
+    net = cluster_network(device) if network is None else network
     evidence = study_for(family, architecture) if study == "package" else study
     assert not isinstance(evidence, str)
     held = held_out_error()

@@ -242,7 +242,7 @@ def communication_seconds(
     waiting = max(0.0, compute_share - 1.0)  # others on the partner's core
     latency = ((link.latency_s + network.round_s) * t.rounds
                + network.driven_round_s * waiting * rounds.driven * scale)
-    volume = t.critical_bytes + t.header_bytes
+    volume = t.critical_bytes + (t.header_bytes if network.headers else 0)
     software = compute_share * network.software_s_per_byte * volume
     if link.rate_bps is None:
         return latency, software

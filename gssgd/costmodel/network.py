@@ -14,20 +14,27 @@ bytes through a :class:`Network`:
 * ``burst_credit``: the share of a ``tc tbf`` bucket each round sends at memory speed
   after an idle moment (emulated links only);
 * ``software_s_per_byte``: seconds per byte the software stack needs (the wire is
-  ``8 / (efficiency * rate)``; the slower of the two counts), per worker sharing a core.
+  ``8 / (efficiency * rate)``; the slower of the two counts), per worker sharing a core;
+* ``headers``: whether each message carries gloo's 48-byte preambles (this machine's gloo;
+  NCCL's messages on a GPU cluster have none).
+
+A GPU cluster is predicted with :meth:`Network.for_cluster`: no gloo preambles, no token
+bucket, and one link efficiency for every pattern (the ring's fitted one) unless a cluster
+measurement says otherwise: the lower efficiencies fitted here for recursive doubling and
+the all-gather have no established cause and are not carried to NCCL.
 
 :func:`gssgd.costmodel.advice.fitted_network` is the network fitted on this machine's
 emulated links (:mod:`gssgd.costmodel.fit`, stored in ``gssgd/costmodel/data/fit.json``):
-its pattern efficiencies and nothing else, the network ``gssgd advise`` predicts a cluster
-with and the one its held-out error is measured for. The other terms stay for a network
-that has them (the old model's reports, tests).
+its pattern efficiencies and nothing else, the one its held-out error is measured for; its
+:meth:`~Network.for_cluster` is what ``gssgd advise`` predicts a GPU cluster with. The other
+terms stay for a network that has them (tests).
 """
 
 from __future__ import annotations
 
 import functools
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from gssgd.comm import Traffic
@@ -141,6 +148,7 @@ class Network:
         driven_round_s: extra seconds per driven round and worker sharing a core.
         burst_credit: share of a tbf bucket each round sends free.
         software_s_per_byte: software seconds per byte and worker sharing a core.
+        headers: charge gloo's 48-byte preambles (``Traffic.header_bytes``) on the wire.
         source: where the constants come from.
     """
 
@@ -150,18 +158,29 @@ class Network:
     driven_round_s: float = 0.0
     burst_credit: float = 0.0
     software_s_per_byte: float = 0.0
+    headers: bool = True
     source: str = ""
 
     def eta(self, pattern: str) -> float:
         """The efficiency of ``pattern``."""
         return self.efficiency.get(pattern, self.default_efficiency)
 
+    def for_cluster(self) -> Network:
+        """These constants as a GPU cluster's (NCCL): every pattern at the ring's efficiency,
+        no gloo preambles, no token bucket credit (see the module doc)."""
+        ring = self.eta("ring")
+        return replace(self, efficiency={}, default_efficiency=ring, headers=False,
+                       burst_credit=0.0,
+                       source=f"{self.source}; as a GPU cluster: one efficiency ({ring:g}, the "
+                              "ring's) for every pattern, no gloo headers")
+
     def as_dict(self) -> dict[str, Any]:
         """A JSON-ready record (what ``fit.json`` stores under ``network``)."""
         return {"efficiency": dict(self.efficiency),
                 "default_efficiency": self.default_efficiency, "round_s": self.round_s,
                 "driven_round_s": self.driven_round_s, "burst_credit": self.burst_credit,
-                "software_s_per_byte": self.software_s_per_byte, "source": self.source}
+                "software_s_per_byte": self.software_s_per_byte, "headers": self.headers,
+                "source": self.source}
 
     @classmethod
     def from_dict(cls, record: Mapping[str, Any]) -> Network:

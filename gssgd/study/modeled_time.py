@@ -47,7 +47,7 @@ def modeled_step(method: str, d: int, workers: int, settings: dict[str, Any]) ->
     A method the cost model does not price (not an aggregator) is priced as dense's
     collective, which only its latency term and compression compute depend on.
     """
-    from gssgd.costmodel.advice import fitted_network
+    from gssgd.costmodel.advice import cluster_network
     from gssgd.costmodel.cluster import Link, predict_step
     from gssgd.costmodel.devices import get_device
     from gssgd.costmodel.method_specs import method_spec
@@ -57,7 +57,8 @@ def modeled_step(method: str, d: int, workers: int, settings: dict[str, Any]) ->
         spec = method_spec(method, d, density if isinstance(density, float) else None)
     except ValueError:
         spec = method_spec("dense", d)
-    network, device = fitted_network(), get_device(DEVICE)
+    device = get_device(DEVICE)
+    network = cluster_network(device)
     every = settings.get("local_steps") or 1
     fixed, per_byte = {}, {}
     for name, rate in LINKS.items():

@@ -20,6 +20,7 @@ from gssgd.costmodel.advice import (
     DEFAULT_RUN_STEPS,
     advise,
     candidate_methods,
+    cluster_network,
     fitted_network,
     held_out_error,
     parse_params,
@@ -399,7 +400,8 @@ def test_streamed_gs_is_a_candidate_that_hides_its_table_all_reduce() -> None:
     assert (spec.cols, spec.candidates, spec.table_bytes, spec.prefilter) == (
         40 * spec.k, 32, 4, 0)
     ring = predict_step(dataclasses.replace(spec, name="gs-backend"), 8, link,
-                        get_device("h200"), fitted_network(), overlap="none")
+                        get_device("h200"), cluster_network(get_device("h200")),
+                        overlap="none")
     assert stream.step.overlap == "table" and ring.overlap == "none"
     assert stream.step.communication == pytest.approx(ring.communication)
     assert 0 < stream.step.hidden < stream.step.communication

@@ -363,3 +363,25 @@ def test_compute_law_recovers_a_known_slope_and_is_flat_at_one_size() -> None:
     assert flat.slope == 0.0 and flat.gamma == pytest.approx(4e-9)  # the geometric mean
     with pytest.raises(ValueError, match="positive"):
         fit_compute_law([(10**6, 0.0)])
+
+
+def test_a_gpu_cluster_is_predicted_with_one_efficiency_and_no_gloo_headers() -> None:
+    """advise predicts a GPU cluster with the fitted network as NCCL's: every pattern at the
+    ring's efficiency, no 48-byte gloo preambles, no token bucket; the CPU keeps the fit."""
+    from gssgd.costmodel.advice import cluster_network, fitted_network
+
+    fitted = fitted_network()
+    cluster = cluster_network(get_device("h200"))
+    assert cluster_network(get_device("cpu")) == fitted and fitted.headers
+    ring = fitted.eta("ring")
+    assert fitted.eta("recursive_doubling") < ring  # what the emulated links measured
+    assert {cluster.eta(p) for p in ("ring", "recursive_doubling", "allgather", "star")} == {ring}
+    assert not cluster.headers and cluster.burst_credit == 0.0
+    spec = method_spec("gtopk", 10**6, 0.001)
+    t = traffic(spec, 64)
+    link = Link(10**9, 0.0)
+    for net, headers in ((fitted, t.header_bytes), (cluster, 0)):
+        step = predict_step(spec, 64, link, get_device("h200"), net, fwdbwd_s=0.0,
+                            overlap="none")
+        wire = 8.0 * (t.critical_bytes + headers) / (net.eta("recursive_doubling") * 10**9)
+        assert step.bandwidth == pytest.approx(wire)

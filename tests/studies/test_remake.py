@@ -243,3 +243,10 @@ def test_the_lr_grid_readme_quotes_its_cells_summaries() -> None:
     readme = (STUDIES / "lr_grid" / "README.md").read_text()
     for summary in sorted((STUDIES / "lr_grid" / "results").glob("*/summary.md")):
         assert summary.read_text().strip() in readme, summary.parent.name
+
+
+def test_the_paper_claim_is_remade_from_the_cost_model() -> None:
+    """studies/paper_claim/report.py: the claim's table by the step model, byte for byte."""
+    from studies.paper_claim import report as paper_claim
+
+    assert paper_claim.report() == (STUDIES / "paper_claim/results/claim.md").read_text()
