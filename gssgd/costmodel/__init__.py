@@ -32,11 +32,11 @@ topk           ``(P-1) k(I+V)`` each way [#]_          ``(P-1) k(I+V)`` (all-gat
 gtopk          ``L k(I+V)`` each way (+fold-in)        ``(L [+2]) k(I+V)`` (recursive doubling)
 sketched       worker ``S + C*V`` / ``C*I + k(I+V)``   ``(P-1)(S + C*I + C*V + k(I+V))``: the
                server ``(P-1)`` times the reverse     server's link, phase after phase
-gs             ``L (S + C*V)`` each way (+fold-in)     ``(L [+2]) (S + C*V)``; no indices
-gs-backend     ring of ``S`` and of ``C*V``            ``2(P-1)/P (S + C*V)``
-gs-estimate    as gs without ``C*V``                   ``(L [+2]) S``
+gs             ring of ``S`` and of ``C*V`` (16-bit S)  ``2(P-1)/P (S + C*V)``; no indices
+gs-rd          ``L (S + C*V)`` each way (+fold-in)     ``(L [+2]) (S + C*V)`` (float32 S)
+gs-hd          as the ring, in ``2 L`` rounds (+2)      ``2(P-1)/P (S + C*V)``
+gs-estimate    as gs without ``C*V``                   ``2(P-1)/P S``
 gs-small       as gs with a quarter of the columns     as gs
-gs-half        as gs, table entries in 16 bits        as gs
 =============  =====================================  =========================================
 
 .. [#] On average over the ranks: gloo cuts the buffer into segments, and each rank sends
