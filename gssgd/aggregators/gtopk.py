@@ -33,7 +33,7 @@ import torch
 
 from gssgd._select import topk_indices
 from gssgd._validate import bad_value
-from gssgd.aggregators.base import Aggregator, index_dtype
+from gssgd.aggregators.base import Aggregator, index_dtype, present_in
 from gssgd.aggregators.topk import TopkOptions
 from gssgd.comm import (
     Traffic,
@@ -85,16 +85,6 @@ def merge_topk(mine: list[torch.Tensor], theirs: list[torch.Tensor], k: int,
         summed.index_add_(0, slot, all_vals)
     keep = topk_indices(summed.abs(), min(k, union.numel()))
     return [union[keep].to(mine[0].dtype), summed[keep]]
-
-
-def present_in(indices: torch.Tensor, d: int, *more: torch.Tensor) -> torch.Tensor:
-    """A d-long mask, True at ``indices`` (and at each of ``more``): the union of index
-    lists in one scatter, and ``mask[other]`` what ``torch.isin(other, indices)`` answers
-    by sorting (10-20x slower on CPU for the long lists of a dense warm-up step)."""
-    mask = torch.zeros(d, dtype=torch.bool, device=indices.device)
-    for found in (indices, *more):
-        mask[found.to(torch.int64)] = True
-    return mask
 
 
 def _cut_dropped(kept: torch.Tensor, merged_idx: torch.Tensor, tracked: list[torch.Tensor],
@@ -171,11 +161,6 @@ class GlobalTopk(Aggregator):
                 own_alive = present_in(final_idx, self.d)[own_pos]
             self.feedback.keep(accumulated, own_pos[own_alive])
         return self._finish(update)
-
-    def _warmup_selection(self, total: torch.Tensor, k: int) -> torch.Tensor:
-        """A warm-up step sent dense delivers the top ``k`` of the summed local lists: the
-        global top-k that the merges approximate."""
-        return topk_indices(total.abs(), k)
 
     def _doubling(self, own: list[torch.Tensor], k: int
                   ) -> tuple[list[torch.Tensor], torch.Tensor]:

@@ -19,7 +19,7 @@ from typing import Any, ClassVar
 
 import torch
 
-from gssgd._select import keep_largest, topk_indices
+from gssgd._select import keep_largest
 from gssgd._validate import bad_value, is_int
 from gssgd.aggregators.base import Aggregator
 from gssgd.aggregators.feedback import SKETCH_RULES, ErrorFeedback
@@ -239,11 +239,6 @@ class SketchingAggregator(Aggregator):
         """A warm-up step sent dense contributes all of ``a_p``: its sketch and exact round
         would have summed every coordinate (a pre-filter only narrows what is sketched)."""
         return None
-
-    def _warmup_selection(self, total: torch.Tensor, k: int) -> torch.Tensor:
-        """A warm-up step sent dense delivers the top ``k`` of the exact global sum, what the
-        sketch's recovery and exact round approximate."""
-        return topk_indices(total.abs(), k)
 
     def _prefiltered(self, accumulated: torch.Tensor, k: int) -> torch.Tensor:
         """Sketching methods: what this rank sketches: ``a_p``, or with ``prefilter`` f >= 1

@@ -146,6 +146,11 @@ class LocalTopk(Aggregator):
             + allgather(k * 4, world_size)
         )
 
+    def _warmup_selection(self, total: torch.Tensor, k: int) -> None:
+        """A warm-up step sent dense delivers every contribution: the sum of the ranks' own
+        top-k lists, as the all-gather's step does."""
+        return None
+
     def step(self, grad: torch.Tensor) -> torch.Tensor:
         if self._sends_dense_now():  # a warm-up step that would cost more than dense
             return self._dense_warmup_step(grad)
