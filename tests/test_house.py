@@ -88,9 +88,9 @@ def test_no_import_circles() -> None:
 #: ``gssgd`` itself, the package's ``__init__``, only hands names on). A new top-level
 #: module or subpackage takes its place here.
 LAYERS = (
-    "_validate", "log", "kernels", "transport", "simulated", "_select", "sketch", "comm",
+    "_validate", "log", "kernels", "transport", "simulated", "selection", "sketch", "comm",
     "aggregators", "optim", "lr_schedule", "amp", "methods", "local_steps", "recipes", "ddp", "train",
-    "costmodel", "bench", "study", "gssgd", "cli",
+    "costmodel", "study", "gssgd", "cli",
 )
 
 
@@ -139,6 +139,57 @@ def test_method_names_are_listed_in_one_module() -> None:
             if len(named) >= 2:
                 lists.append(f"{path.relative_to(PACKAGE)}:{node.lineno}: {named}")
     assert not lists, f"method names listed outside gssgd/methods.py: {lists}"
+
+
+LAB = PACKAGE.parent / "lab" / "gssgd_lab"
+
+
+def _private_names(tree: ast.AST) -> set[str]:
+    """The private names a module defines: functions, classes, attributes it assigns
+    (``self._x = ...``, ``_X = ...``) and class-level fields."""
+    names = set()
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(node.name)
+        elif isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store):
+            names.add(node.attr)
+        elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
+            names.add(node.id)
+    return {n for n in names if n.startswith("_") and not n.startswith("__")}
+
+
+def test_no_module_reaches_into_another_modules_private_members() -> None:
+    """A name with a leading underscore is its module's own: no ``from m import _x``, no
+    ``obj._x`` of a member only another module defines (a method a reader can find in the
+    owner's module replaces it). The lab (lab/gssgd_lab) holds to the same rule and imports
+    no private gssgd module either."""
+    paths = sorted(PACKAGE.rglob("*.py")) + sorted(LAB.rglob("*.py"))
+    trees = {path: ast.parse(path.read_text()) for path in paths}
+    defined = {path: _private_names(tree) for path, tree in trees.items()}
+    everywhere = set().union(*defined.values())
+    reaches = []
+    for path, tree in trees.items():
+        where = path.relative_to(PACKAGE.parent)
+        in_lab = LAB in path.parents
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("gssgd"):
+                private = [a.name for a in node.names if a.name.startswith("_")
+                           and not a.name.startswith("__")]
+                if in_lab and any(p.startswith("_") for p in node.module.split(".")[1:]):
+                    private.append(node.module)
+                reaches += [f"{where}:{node.lineno}: imports {name}" for name in private]
+            elif (isinstance(node, ast.Attribute) and node.attr in everywhere
+                  and node.attr not in defined[path]
+                  and not (isinstance(node.value, ast.Name) and node.value.id in ("self", "cls"))):
+                reaches.append(f"{where}:{node.lineno}: {ast.unparse(node)}")
+    assert not reaches, "private members used outside their module: " + "; ".join(reaches)
+
+
+def test_the_wheel_never_imports_the_lab() -> None:
+    """The lab builds on the package; the package (the wheel) stands without it."""
+    found = [f"{path.relative_to(PACKAGE.parent)}" for path in sorted(PACKAGE.rglob("*.py"))
+             if "gssgd_lab" in path.read_text()]
+    assert not found, f"the wheel names the lab: {found}"
 
 
 def test_each_error_feedback_rule_has_its_own_module() -> None:

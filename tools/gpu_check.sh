@@ -22,7 +22,8 @@ DIR=${1:-${OUT:-runs/gpu_check}}
 if [[ -z "${PYTHON:-}" ]]; then
   if [[ -x .venv/bin/python ]]; then PYTHON=.venv/bin/python; else PYTHON=python3; fi
 fi
-export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+# the package and the lab from this checkout (nothing needs installing but torch and Triton)
+export PYTHONPATH="$PWD:$PWD/lab${PYTHONPATH:+:$PYTHONPATH}"
 mkdir -p "$DIR"
 STATUS="$DIR/parts.jsonl"
 : > "$STATUS"
@@ -69,7 +70,7 @@ record kernel_tests $rc $((SECONDS - start))
 
 # 2. the kernel benchmark
 start=$SECONDS
-timeout 200 "$PYTHON" -m gssgd.cli.main bench kernels --json "$DIR/bench_kernels.json" \
+timeout 200 "$PYTHON" -m gssgd_lab kernels --json "$DIR/bench_kernels.json" \
   > "$DIR/bench_kernels.txt" 2>&1
 rc=$?
 cat "$DIR/bench_kernels.txt"
@@ -79,7 +80,7 @@ record bench_kernels $rc $((SECONDS - start))
 start=$SECONDS
 timeout 90 "$PYTHON" - "$DIR" > "$DIR/step_shares.txt" 2>&1 <<'PY'
 import json, sys
-from gssgd.bench.compression_shares import compression_shares
+from gssgd_lab.compression_shares import compression_shares
 shares = compression_shares()
 json.dump(shares, open(f"{sys.argv[1]}/step_shares.json", "w"), indent=1)
 print(f"fwd+bwd {shares['fwdbwd_ms']:.2f} ms ({shares['fwdbwd_source']})")

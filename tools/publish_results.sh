@@ -13,7 +13,7 @@
 # committed summaries stay small.
 # PLOTS=0 leaves the plots behind too, TABLES=0 the table.txt (the aggregation grid's
 # cells: grid.png and studies/aggregation_grid/report.py's tables summarise them, and a
-# cell's table is gssgd.bench.comm_report.comm_table of its results.json).
+# cell's table is gssgd_lab.comm_report.comm_table of its results.json).
 set -euo pipefail
 if [ $# -ne 2 ]; then
     echo "usage: $0 RAW_DIR DEST_DIR" >&2

@@ -23,11 +23,11 @@ from typing import Any, ClassVar
 import torch
 import torch.distributed as dist
 
-from gssgd._select import topk_indices
 from gssgd.aggregators.options import CommonOptions
 from gssgd.aggregators.schedule import DensityWarmup
 from gssgd.aggregators.stats import StepStats
 from gssgd.comm import CONTROL_BYTES, Communicator, Traffic, allgather, ring_allreduce
+from gssgd.selection import topk_indices
 from gssgd.sketch import HashCache
 
 __all__ = ["Aggregator", "all_finite", "flagged_allreduce", "index_dtype", "present_in",

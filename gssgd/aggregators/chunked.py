@@ -62,7 +62,7 @@ def grouped_topk_indices(
     entries than its quota keeps them all.
 
     Steps (no sort of all the values: per group a partial top-k, as
-    :func:`gssgd._select.exact_topk_indices` does for one group):
+    :func:`gssgd.selection.exact_topk_indices` does for one group):
 
     1. Lay the values out as a table, a row per group, in position order (groups given in
        any other order are first sorted stably by group, which keeps position order within

@@ -46,7 +46,6 @@ from typing import Any, ClassVar
 
 import torch
 
-from gssgd._select import topk_indices
 from gssgd._validate import bad_value, is_int
 from gssgd.aggregators.base import index_dtype
 from gssgd.aggregators.chunked import grouped_topk_indices, shares
@@ -61,6 +60,7 @@ from gssgd.aggregators.guard import (
 )
 from gssgd.aggregators.sketching import SketchedOptions, SketchingAggregator
 from gssgd.comm import Traffic, halving_doubling, recursive_doubling, ring_allreduce
+from gssgd.selection import topk_indices
 
 log = logging.getLogger(__name__)
 #: The worker counts at which this process said gs sends more than a rival (said once).

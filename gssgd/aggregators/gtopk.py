@@ -31,7 +31,6 @@ from dataclasses import dataclass
 
 import torch
 
-from gssgd._select import topk_indices
 from gssgd._validate import bad_value
 from gssgd.aggregators.base import Aggregator, index_dtype, present_in
 from gssgd.aggregators.topk import TopkOptions
@@ -42,6 +41,7 @@ from gssgd.comm import (
     tree_plan,
     tree_reduce_broadcast,
 )
+from gssgd.selection import topk_indices
 
 __all__ = ["EXCHANGES", "GlobalTopk", "GlobalTopkOptions", "merge_topk", "present_in"]
 

@@ -31,11 +31,11 @@ from __future__ import annotations
 
 import torch
 
-from gssgd._select import topk_indices
 from gssgd.aggregators.base import index_dtype
 from gssgd.aggregators.feedback import FetchSGDFeedback
 from gssgd.aggregators.sketching import SketchedOptions, SketchingAggregator
 from gssgd.comm import Payload, Traffic, star_broadcast, star_gather
+from gssgd.selection import topk_indices
 from gssgd.sketch import CountSketch
 
 __all__ = ["SketchedSGD"]

@@ -19,13 +19,13 @@ from typing import Any, ClassVar
 
 import torch
 
-from gssgd._select import keep_largest
 from gssgd._validate import bad_value, is_int
 from gssgd.aggregators.base import Aggregator
 from gssgd.aggregators.feedback import SKETCH_RULES, ErrorFeedback
 from gssgd.aggregators.options import PAYLOAD_DTYPES
 from gssgd.aggregators.sizing import DEFAULT_ROWS, sketch_default_shape
 from gssgd.aggregators.topk import TopkOptions
+from gssgd.selection import keep_largest
 from gssgd.sketch import CountSketch, HashCache, hash_cache_bytes
 
 __all__ = ["HASH_CACHE_LIMIT", "SketchedOptions", "SketchingAggregator"]

@@ -20,12 +20,12 @@ from typing import ClassVar
 
 import torch
 
-from gssgd._select import topk_indices
 from gssgd._validate import bad_value, is_int, is_number
 from gssgd.aggregators.base import Aggregator, index_dtype
 from gssgd.aggregators.feedback import SPARSE_RULES, ErrorFeedback
 from gssgd.aggregators.options import CommonOptions
 from gssgd.comm import Traffic, allgather
+from gssgd.selection import topk_indices
 
 __all__ = ["LocalTopk", "TopkOptions"]
 

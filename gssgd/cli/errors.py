@@ -58,16 +58,15 @@ class Parser(argparse.ArgumentParser):
 def _usage_errors() -> tuple[type[BaseException], ...]:
     # Imported here: the CLI's modules load without the training stack until an error.
     from gssgd.train.checkpoint import CheckpointError
-    from gssgd.train.data_types import DatasetUnavailableError
+    from gssgd.train.data import DatasetUnavailableError
 
     return (ValueError, FileNotFoundError, CheckpointError, DatasetUnavailableError)
 
 
 def _is_run_failure(err: BaseException) -> bool:
-    from gssgd.bench.workers import WorkerError
     from gssgd.train.launch import WorkerFailed, is_user_error
 
-    return isinstance(err, (WorkerError, WorkerFailed)) or is_user_error(err)
+    return isinstance(err, WorkerFailed) or is_user_error(err)
 
 
 def exit_status(err: BaseException, failures: tuple[type[BaseException], ...] = ()) -> int | None:

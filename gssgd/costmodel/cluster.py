@@ -51,7 +51,7 @@ from dataclasses import dataclass
 
 from gssgd.comm import Traffic
 from gssgd.costmodel.devices import Device
-from gssgd.costmodel.link_rate import parse_link_rate
+from gssgd.costmodel.link_rate import format_rate, parse_link_rate
 from gssgd.costmodel.method_specs import MethodSpec, warmup_traffic
 from gssgd.costmodel.network import Network, pattern_of, rounds_of, step_traffic
 from gssgd.methods import get_method
@@ -93,7 +93,7 @@ class Link:
     burst_bytes: int = 0
 
     def __str__(self) -> str:
-        rate = "unlimited" if self.rate_bps is None else _format_rate(self.rate_bps)
+        rate = "unlimited" if self.rate_bps is None else format_rate(self.rate_bps)
         return f"{rate}, {_format_seconds(self.latency_s)} latency"
 
 
@@ -138,13 +138,6 @@ def parse_latency(text: str) -> float:
             "--latency 20us (a data-centre network) or --latency 1ms (across sites)"
         )
     return seconds
-
-
-def _format_rate(bps: int) -> str:
-    for unit, scale in (("gbit", 10**9), ("mbit", 10**6)):
-        if bps >= scale:
-            return f"{bps / scale:g}{unit}"
-    return f"{bps}bit"
 
 
 def _format_seconds(s: float) -> str:

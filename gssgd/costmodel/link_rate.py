@@ -1,18 +1,16 @@
 """Link rates: parsing a text such as ``"100mbit"`` and the tbf shape of one link.
 
-:func:`parse_link_rate` turns the ``--link`` argument into bits per second;
-:class:`LinkShape` turns a rate into the token bucket filter settings that
-:class:`gssgd.bench.emulated_cluster.EmulatedCluster` puts on every cable (see
-:mod:`gssgd.bench.netns` for the topology). It lives with the cost model, the lower of the
-two, so that both the model (which reads rates and bucket sizes) and the benchmarks (which
-shape links) import it without a circle.
+:func:`parse_link_rate` turns the ``--link`` argument into bits per second and
+:func:`format_rate` writes one back; :class:`LinkShape` turns a rate into the token bucket
+filter settings of one cable (the lab's emulated cluster, beside the package in the repository,
+puts them on every veth). The cost model reads rates and bucket sizes from here too.
 """
 
 from __future__ import annotations
 
 import re
 
-__all__ = ["LinkShape", "parse_link_rate"]
+__all__ = ["LinkShape", "format_rate", "parse_link_rate"]
 
 _LINK_FORMS = "a number and a unit, e.g. 500kbit, 100mbit, 1gbit, 2.5gbit, 10gbit, or 'none'"
 _UNITS = {"bit": 1, "kbit": 10**3, "mbit": 10**6, "gbit": 10**9, "tbit": 10**12}
@@ -67,7 +65,9 @@ def parse_link_rate(text: str | None) -> int | None:
     return bps
 
 
-def _format_rate(bps: int) -> str:
+def format_rate(bps: int) -> str:
+    """``100mbit``, ``1gbit``, ``2500mbit``: a rate in bit/s as tc and ``--link`` write it,
+    in the largest unit that holds it exactly (:func:`parse_link_rate` reads it back)."""
     for unit in ("gbit", "mbit", "kbit"):
         if bps % _UNITS[unit] == 0:
             return f"{bps // _UNITS[unit]}{unit}"
@@ -139,6 +139,6 @@ class LinkShape:
 
     def __repr__(self) -> str:
         return (
-            f"LinkShape(rate={_format_rate(self.rate_bps)}, burst={self.burst_bytes} B, "
+            f"LinkShape(rate={format_rate(self.rate_bps)}, burst={self.burst_bytes} B, "
             f"limit={self.limit_bytes} B ~ {self.latency_ms:g} ms)"
         )

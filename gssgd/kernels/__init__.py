@@ -1,6 +1,6 @@
 """Optional fused GPU kernels (Triton) for the Count Sketch and the top-k selection.
 
-The pure-torch code in :mod:`gssgd.sketch` and :mod:`gssgd._select` is the reference; these
+The pure-torch code in :mod:`gssgd.sketch` and :mod:`gssgd.selection` is the reference; these
 kernels compute the same results without the d-sized work space the torch path needs
 (hashes are computed inside the kernel from :func:`gssgd.sketch.hashing.sketch_hash_params`, never
 stored). What each one does (details in ``docs/kernels.md``):

@@ -1,7 +1,7 @@
 """Selection kernels: the threshold count/compact step of the top-k, and the gather.
 
 * :func:`at_least` = ``torch.nonzero(values >= tau).flatten()`` (what
-  :func:`gssgd._select._at_least` computes on the torch path): the survivors of the
+  :func:`gssgd.selection._at_least` computes on the torch path): the survivors of the
   sampled-threshold top-k selection, ascending, in one read of ``values`` per pass.
 * :func:`gather` = ``vec[indices]``: the exact values at the candidates.
 """

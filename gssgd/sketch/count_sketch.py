@@ -21,9 +21,9 @@ from collections.abc import Iterator
 import torch
 
 from gssgd import kernels
-from gssgd._select import topk_indices
 from gssgd._validate import is_int
-from gssgd.sketch.hashing import HashCache, _HashIndex, signed_buckets, sketch_hash_params
+from gssgd.selection import topk_indices
+from gssgd.sketch.hashing import HashCache, HashIndex, signed_buckets, sketch_hash_params
 
 __all__ = ["HASH_CHUNK", "CountSketch", "check_int", "median_of_rows", "nonfinite_as_largest"]
 
@@ -113,7 +113,7 @@ class CountSketch:
         self.table = torch.zeros(rows, cols, device=device, dtype=dtype)
         self._params = sketch_hash_params(seed, rows)
         self._hashes: HashCache | None = None  # where the cached tables live, if anywhere
-        self._index: _HashIndex | None = None  # this shape's cached tables
+        self._index: HashIndex | None = None  # this shape's cached tables
         if cache_hashes is True:
             cache_hashes = HashCache()
         if isinstance(cache_hashes, HashCache):
@@ -128,7 +128,7 @@ class CountSketch:
     def _index_key(self) -> tuple:
         return (self.d, self.rows, self.cols, self.seed, str(self.table.device))
 
-    def _build_index(self) -> _HashIndex:
+    def _build_index(self) -> HashIndex:
         """Hash all ``d`` coordinates once: the read-only tables behind ``cache_hashes``."""
         buckets = self._all_signed_buckets()
         row0 = buckets[0] % self.cols
@@ -136,9 +136,9 @@ class CountSketch:
         if self.rows == 1:  # coordinates grouped by bucket (ascending within each), and
             # where each bucket's group starts: see _heavy_hitters_one_row
             starts = torch.cumsum(occupancy, 0) - occupancy
-            return _HashIndex(buckets, None, occupancy, torch.argsort(row0, stable=True), starts)
+            return HashIndex(buckets, None, occupancy, torch.argsort(row0, stable=True), starts)
         # buckets < 2 * cols < 2^31: int32 indexes as well, at half the bytes
-        return _HashIndex(buckets, buckets.to(torch.int32), occupancy, None, None)
+        return HashIndex(buckets, buckets.to(torch.int32), occupancy, None, None)
 
     # The parts of the hash cache (None without one).
     @property
@@ -272,7 +272,7 @@ class CountSketch:
             moved = self._index.tensors()
             out._index = self._hashes.get(
                 out._index_key(),
-                lambda: _HashIndex(*(None if t is None else t.to(device) for t in moved)),
+                lambda: HashIndex(*(None if t is None else t.to(device) for t in moved)),
             )
         return out
 

@@ -21,7 +21,7 @@ from collections.abc import Callable
 
 import torch
 
-__all__ = ["HashCache", "hash_cache_bytes", "signed_buckets", "sketch_hash_params"]
+__all__ = ["HashCache", "HashIndex", "hash_cache_bytes", "signed_buckets", "sketch_hash_params"]
 
 _MASK64 = (1 << 64) - 1
 _MASK32 = 0xFFFFFFFF
@@ -82,7 +82,7 @@ def signed_buckets(idx: torch.Tensor, params: list[tuple[int, int, int, int]], c
     return torch.stack(out)
 
 
-class _HashIndex:
+class HashIndex:
     """The cached tables of one ``(d, rows, cols, seed, device)``: built once, read-only."""
 
     __slots__ = ("buckets", "buckets32", "occupancy", "by_bucket", "bucket_starts")
@@ -121,9 +121,9 @@ class HashCache:
     """
 
     def __init__(self) -> None:
-        self._indexes: dict[tuple, _HashIndex] = {}
+        self._indexes: dict[tuple, HashIndex] = {}
 
-    def get(self, key: tuple, build: Callable[[], _HashIndex]) -> _HashIndex:
+    def get(self, key: tuple, build: Callable[[], HashIndex]) -> HashIndex:
         """The tables of ``key``, built (and kept) on first use."""
         index = self._indexes.get(key)
         if index is None:

@@ -28,7 +28,7 @@ from collections.abc import Callable, Sequence
 
 import torch
 
-from gssgd._select import topk_indices
+from gssgd.selection import topk_indices
 from gssgd.sketch.count_sketch import CountSketch, nonfinite_as_largest
 
 __all__ = ["PartitionedSketch", "region_columns"]

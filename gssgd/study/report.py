@@ -6,14 +6,24 @@ a rerun of ``gssgd study --report``) writes them byte for byte the same.
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Any
 
-from gssgd.bench.formatting import fmt_bytes
 from gssgd.study.curves import Evaluation, seed_points
 from gssgd.train.plots import shrink_png
 
-__all__ = ["markdown", "plot", "value_axis"]
+__all__ = ["fmt_bytes", "markdown", "plot", "value_axis"]
+
+
+def fmt_bytes(n: float | None) -> str:
+    """Decimal units: ``812 B``, ``8.04 kB``, ``6.00 MB``, ``1.2 GB`` (``-`` for none)."""
+    if n is None or not math.isfinite(n):
+        return "-"
+    for unit, size in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if n >= size:
+            return f"{n / size:.3g} {unit}"
+    return f"{n:.0f} B"
 
 
 def _value(metric: str, v: float | None) -> str:

@@ -415,7 +415,7 @@ def _spawned(
 def is_user_error(err: BaseException) -> bool:
     """Errors whose message says it all (bad input, a lost peer): no traceback needed."""
     from gssgd.train.checkpoint import CheckpointError  # launch stays usable on its own
-    from gssgd.train.data_types import DatasetUnavailableError
+    from gssgd.train.data import DatasetUnavailableError
 
     lost_peer = isinstance(err, dist.DistError) or (
         isinstance(err, RuntimeError)

@@ -43,7 +43,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from gssgd.train.data_types import ImageData, TextData
+from gssgd.train.data import ImageData, TextData
 from gssgd.train.models_wide import CharGPT, WideResNet
 from gssgd.train.resnet_parts import BasicBlock as BasicBlock  # still importable from here
 from gssgd.train.resnet_parts import resnet_trunk

@@ -10,7 +10,7 @@ puts on ``sys.path``, as ``python -m`` would, since a console script does not).
 The contracts (``examples/user_model.py`` is a complete example):
 
 - a **dataset function** takes no argument and returns an
-  :class:`~gssgd.train.data_types.ImageData` or :class:`~gssgd.train.data_types.TextData`,
+  :class:`~gssgd.train.data.ImageData` or :class:`~gssgd.train.data.TextData`,
   a mapping with the arrays ``x_train, y_train, x_test, y_test`` (checked and normalised
   as a ``npz:PATH`` file is), or a ``str`` (a text, modelled character by character);
 - a **model function** takes the loaded data and returns an ``nn.Module`` that maps a

@@ -18,8 +18,8 @@ are configurations of the pieces here, in the order a report uses them:
    (:func:`gssgd.train.metrics.busier_bytes`, re-exported): per step after the warm-up
    (:func:`steady_bytes`) and cumulative (:func:`busier_totals`).
 6. **Write** markdown tables (:func:`markdown_table`, :func:`markdown_row`; byte counts
-   with :func:`gssgd.bench.formatting.fmt_bytes` and docs splices with
-   :func:`gssgd.bench.markdown.splice_markdown`, both re-exported) and plots
+   with :func:`gssgd.study.report.fmt_bytes` and docs splices with
+   :func:`gssgd_lab.markdown.splice_markdown`, both re-exported) and plots
    (:func:`figure`, :func:`draw_band`, :func:`save_png`, :func:`shrink_png`), and the
    ``summary.json`` / ``summary.md`` pair a study commits (:func:`write_summary`).
 
@@ -45,8 +45,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
-from gssgd.bench.formatting import fmt_bytes
-from gssgd.bench.markdown import splice_markdown
 from gssgd.study.curves import ACCURACY as ACCURACY
 from gssgd.study.curves import LOSS as LOSS
 from gssgd.study.curves import Evaluation as Evaluation
@@ -54,9 +52,11 @@ from gssgd.study.curves import Metric as Metric
 from gssgd.study.curves import busier_totals as busier_totals
 from gssgd.study.curves import first_reaching as first_reaching
 from gssgd.study.curves import reach_on_mean_curve as reach_on_mean_curve
+from gssgd.study.report import fmt_bytes
 from gssgd.train.metrics import busier_bytes, read_metrics, read_run
 from gssgd.train.plots import PNG_COLOURS as PNG_COLOURS
 from gssgd.train.plots import shrink_png as shrink_png
+from gssgd_lab.markdown import splice_markdown
 
 __all__ = [
     "ACCURACY",

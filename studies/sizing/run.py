@@ -20,7 +20,7 @@ import math
 import torch
 import torch.nn.functional as F
 
-from gssgd._select import topk_indices
+from gssgd.selection import topk_indices
 from gssgd.sketch import CountSketch
 from gssgd.train.data import ImageData, batch_indices, lm_batch, load_dataset
 from gssgd.train.models import build_model, default_model

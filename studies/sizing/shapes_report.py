@@ -19,8 +19,8 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-from gssgd.bench.formatting import fmt_bytes  # noqa: E402
 from gssgd.study.curves import ACCURACY, LOSS, Metric, curve_of, reach_on_mean_curve  # noqa: E402,I001
+from gssgd.study.report import fmt_bytes  # noqa: E402
 from studies._lib.report import markdown_table, read_metrics  # noqa: E402
 
 #: Shapes in the order the table lists them, with what each is.

@@ -8,13 +8,13 @@ import re
 import pytest
 
 from gssgd.aggregators.dense import DenseAllReduce
-from gssgd.bench.workers import WorkerError
 from gssgd.cli import bench
 from gssgd.cli.errors import CommandError, exit_status, run_command
 from gssgd.cli.main import main
 from gssgd.costmodel import VARIANTS, method_spec, traffic
 from gssgd.costmodel.devices import get_device
 from gssgd.methods import METHODS, Method, register_method, unregister_method
+from gssgd_lab.workers import WorkerError
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -90,7 +90,7 @@ def test_a_bad_method_list_exits_2_with_the_valid_names(argv, message, capsys):
     [
         (ValueError("bad"), (), 2),
         (FileNotFoundError("gone"), (), 2),
-        (WorkerError("rank 1 died"), (), 1),
+        (WorkerError("rank 1 died"), (RuntimeError,), 1),  # what the lab's commands pass
         (PermissionError("root"), (), 1),
         (RuntimeError("Connection reset by peer"), (), 1),
         (RuntimeError("no cluster"), (RuntimeError,), 1),
@@ -119,3 +119,22 @@ def test_run_command_prints_one_line_and_reraises_bugs(capsys):
     assert capsys.readouterr().err == "gssgd x: interrupted; stopped\n"
     with pytest.raises(KeyError):
         run_command("gssgd x", fail(KeyError("bug")))
+
+
+def test_the_lab_joins_bench_through_its_entry_points():
+    from gssgd_lab.cli import bench_comm, bench_kernels, bench_train
+
+    found = bench.subcommands()
+    assert found["comm"] is bench_comm and found["train"] is bench_train
+    assert found["kernels"] is bench_kernels
+
+
+def test_a_lab_command_without_the_lab_says_how_to_install_it(monkeypatch, capsys):
+    monkeypatch.setattr(bench, "subcommands", lambda: {"device": bench.bench_device})
+    assert main(["bench", "train", "--workers", "4", "--link", "1gbit"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("gssgd bench train: error: it comes with the lab")
+    assert "scripts/setup.sh --dev" in err and "Traceback" not in err
+    with pytest.raises(SystemExit) as info:  # a name that is no command at all
+        main(["bench", "trian"])
+    assert info.value.code == 2

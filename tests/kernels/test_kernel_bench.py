@@ -13,10 +13,10 @@ import pytest
 import torch
 
 from gssgd import kernels
-from gssgd.bench.kernel_bench import run_kernel_bench
-from gssgd.bench.kernel_config import H200_ANCHOR, KernelBenchConfig, Layout
-from gssgd.bench.kernel_report import format_report
 from gssgd.cli.main import main
+from gssgd_lab.kernel_bench import run_kernel_bench
+from gssgd_lab.kernel_config import H200_ANCHOR, KernelBenchConfig, Layout
+from gssgd_lab.kernel_report import format_report
 
 TINY = {"sizes": (20_000,), "layouts": (Layout(1, 40),), "repeats": 1, "warmup": 0,
         "density": 0.002, "device": "cpu"}

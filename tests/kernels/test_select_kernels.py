@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from gssgd._select import exact_topk_indices, sampled_topk_indices, topk_indices
+from gssgd.selection import exact_topk_indices, sampled_topk_indices, topk_indices
 from tests.kernels.conftest import HAVE_TRITON
 
 if HAVE_TRITON:

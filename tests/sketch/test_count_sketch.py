@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from gssgd import CountSketch
-from gssgd._select import topk_indices
+from gssgd.selection import topk_indices
 from gssgd.sketch import HashCache, hash_cache_bytes, median_of_rows, sketch_hash_params
 from tests.aggregators.reference import (
     RefSketch,

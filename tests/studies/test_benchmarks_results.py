@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from gssgd.bench.comm_report import comm_table
+from gssgd_lab.comm_report import comm_table
 
 RESULTS = Path(__file__).resolve().parents[2] / "studies" / "benchmarks" / "results"
 COMM_RUNS = sorted(p.parent.name for p in RESULTS.glob("*/results.json")

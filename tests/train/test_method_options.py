@@ -237,7 +237,7 @@ def test_values_are_read_as_the_option_field_type() -> None:
 
 
 def test_bench_train_passes_the_options_on_as_opt_flags() -> None:
-    from gssgd.bench.train_bench_config import train_flags
+    from gssgd_lab.train_bench_config import train_flags
 
     assert train_flags({"options": {"levels": 16, "exact": False}}) == [
         "--opt", "levels=16", "--opt", "exact=False"]
