@@ -38,7 +38,7 @@ momentum=beta1``, and the optimizer then follows the hook (:meth:`follow`): the 
 freezes at the hook's first compressed iteration, whatever steps a GradScaler skipped
 before it, and a step the hook skipped for a non-finite gradient moves nothing. A pair
 built by hand is checked at its first step, and a mismatch is a ``ValueError`` that names
-both values (:mod:`gssgd.ddp.recipe`). Without a hook (a loop that aggregates by itself)
+both values (:mod:`gssgd.ddp.hook`). Without a hook (a loop that aggregates by itself)
 it counts its own steps. ``gssgd train --freeze-variance-after N`` sets all three;
 ``--optimizer adamw`` does it with N = 150 for a sparse method (a tenth of a shorter run).
 """
@@ -149,12 +149,12 @@ class FrozenVarianceAdamW(torch.optim.Optimizer):
         scaler skipped also leaves iterations behind, by design). Use
         :func:`gssgd.ddp.compressed_adamw`, which
         checks that the two match before it pairs them; a hand-built pair is checked and
-        paired at its first step (:mod:`gssgd.ddp.recipe`).
+        paired at its first step (:mod:`gssgd.ddp.hook`).
 
         Args:
             hook: the hook state.
             pending: the hook's last iteration has not been stepped on yet (pairing at a
-                step, as :mod:`gssgd.ddp.recipe` does); False when pairing before training.
+                step, as :mod:`gssgd.ddp.hook` does); False when pairing before training.
 
         Returns:
             This optimizer.

@@ -116,7 +116,7 @@ def test_query_of_no_coordinates_is_empty(rows: int, cache: bool) -> None:
     sk.accumulate(torch.randn(5000, dtype=torch.float64))
     out = sk.query(torch.empty(0, dtype=torch.long))
     assert out.shape == (0,) and out.dtype == torch.float64
-    with pytest.raises(ValueError, match=r"k=0 is invalid: it must be an integer \[1, 5000\]"):
+    with pytest.raises(ValueError, match=r"k=0 is invalid: it must be an integer in \[1, 5000\]"):
         sk.heavy_hitters(0)
 
 

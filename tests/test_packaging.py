@@ -165,6 +165,20 @@ def test_py_typed_ships_with_the_package() -> None:
     assert "py.typed" in _pyproject()["tool"]["setuptools"]["package-data"]["gssgd"]
 
 
+def test_the_wheel_holds_the_library_and_the_lab_stays_beside_it() -> None:
+    from setuptools import find_packages
+
+    include = _pyproject()["tool"]["setuptools"]["packages"]["find"]["include"]
+    wheel = find_packages(where=str(ROOT), include=include)
+    assert "gssgd" in wheel and "gssgd.ddp" in wheel
+    assert not [name for name in wheel if not name.startswith("gssgd")
+                or name.startswith("gssgd_lab")]
+    lab = (ROOT / "lab" / "pyproject.toml").read_text()
+    assert 'name = "gssgd-lab"' in lab and '[project.entry-points."gssgd.bench"]' in lab
+    setup = (ROOT / "scripts" / "setup.sh").read_text()
+    assert "pip install -q --no-deps -e lab/" in setup  # --dev installs the lab
+
+
 def test_setup_script_installs_what_the_readme_commands_need() -> None:
     setup = (ROOT / "scripts" / "setup.sh").read_text()
     assert "torch==2.13.0" in setup  # the pinned CPU build

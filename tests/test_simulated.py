@@ -23,8 +23,8 @@ import torch.distributed as dist
 
 from gssgd import make_aggregator
 from gssgd.aggregators.gs import GlobalSketchSGD
-from gssgd.aggregators.sizing import MANY_WORKERS, sketch_default_shape
 from gssgd.aggregators.sketched import SketchedSGD
+from gssgd.aggregators.sketching import MANY_WORKERS, sketch_default_shape
 from gssgd.simulated import SimulatedWorld, SimulationError, gloo_ring_chunk
 from tests.aggregators.reference import default_sketch, reference_run
 from tests.aggregators.scenarios import make_grad

@@ -11,9 +11,8 @@ from typing import Any
 
 import torch.distributed as dist
 
-from gssgd.aggregators.base import Aggregator
+from gssgd.aggregators.base import Aggregator, StepStats
 from gssgd.aggregators.options import resolve_k
-from gssgd.aggregators.stats import StepStats
 from gssgd.comm import world_size_of
 from gssgd.sketch import HashCache
 

@@ -1,5 +1,5 @@
 """What every aggregator shares: the step contract, rank agreement, the non-finite guard and
-the recording of each step's statistics (:class:`~gssgd.aggregators.stats.StepStats`).
+the recording of each step's statistics (:class:`~gssgd.aggregators.base.StepStats`).
 
 The algorithms themselves live one per module; each one's ``step`` shows its compression,
 communication and error feedback in order. The error feedback is a rule object the options
@@ -17,21 +17,26 @@ import math
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import fields
+from dataclasses import dataclass, fields
 from typing import Any, ClassVar
 
 import torch
 import torch.distributed as dist
 
-from gssgd.aggregators.options import CommonOptions
-from gssgd.aggregators.schedule import DensityWarmup
-from gssgd.aggregators.stats import StepStats
+from gssgd.aggregators.options import CommonOptions, DensityWarmup
 from gssgd.comm import CONTROL_BYTES, Communicator, Traffic, allgather, ring_allreduce
 from gssgd.selection import topk_indices
 from gssgd.sketch import HashCache
 
-__all__ = ["Aggregator", "all_finite", "flagged_allreduce", "index_dtype", "present_in",
-           "state_dtype"]
+__all__ = [
+    "Aggregator",
+    "StepStats",
+    "all_finite",
+    "flagged_allreduce",
+    "index_dtype",
+    "present_in",
+    "state_dtype",
+]
 
 
 def index_dtype(d: int) -> torch.dtype:
@@ -581,3 +586,40 @@ class Aggregator:
         elif "residual" in sd:
             sd = {key: value for key, value in sd.items() if key != "residual"}
         self.feedback.load_state_dict(sd)
+
+
+@dataclass
+class StepStats:
+    """What one ``step`` cost this rank.
+
+    Attributes:
+        bytes_sent, bytes_received: payload bytes this rank's process put on the wire and
+            took off it, control messages and data forwarded for other ranks included
+            (gloo's preambles are not payload: :func:`gssgd.comm.wire_overhead`).
+        messages, messages_received: point-to-point messages this rank sent and received.
+        rounds: sequential communication steps on the critical path.
+        seconds_compress: time spent selecting/sketching before communication.
+        seconds_communicate: time inside collectives.
+        seconds_decompress: time spent after communication (recovery, update, residual).
+        k, d: coordinates sent per rank, and the vector length.
+        skipped: True when the step was skipped for a non-finite gradient.
+        delivered_fraction: for sparse methods, the share of the global accumulated mass
+            (squared l2) that this step delivered, where the method can measure it; else None.
+        audited_recall: gs-SGD on a step its collapse guard audited: the delivered share
+            of the mass exact global top-k would have delivered (the guard's bar is
+            ``min_recall``; see :mod:`gssgd.aggregators.gs`); else None.
+    """
+
+    bytes_sent: int = 0
+    bytes_received: int = 0
+    messages: int = 0
+    rounds: int = 0
+    messages_received: int = 0
+    seconds_compress: float = 0.0
+    seconds_communicate: float = 0.0
+    seconds_decompress: float = 0.0
+    k: int = 0
+    d: int = 0
+    skipped: bool = False
+    delivered_fraction: float | None = None
+    audited_recall: float | None = None

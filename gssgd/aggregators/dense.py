@@ -15,10 +15,10 @@ from dataclasses import dataclass
 
 import torch
 
-from gssgd._validate import bad_value
 from gssgd.aggregators.base import Aggregator, flagged_allreduce
 from gssgd.aggregators.options import PAYLOAD_DTYPES, CommonOptions
 from gssgd.comm import Traffic
+from gssgd.validate import bad_value
 
 __all__ = ["DenseAllReduce", "DenseOptions"]
 

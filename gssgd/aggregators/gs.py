@@ -19,13 +19,13 @@ Steps (per rank p, each step):
        2-4; the steps between run step 5 at the last sketched step's candidates (Ok-Topk's
        reuse of a selection across steps). With ``chunk`` C, steps 4 and 5 select by chunk
        of C coordinates, each chunk its share of the m*k and of the k
-       (:mod:`gssgd.aggregators.chunked`, as DeMo and SparseLoCo select).
+       (:mod:`gssgd.selection`, as DeMo and SparseLoCo select).
     6. Update: the k values / P. Error feedback: ``e_p = a_p`` with those k coordinates
        zeroed on every rank.
 
 With ``feedback="fetchsgd"`` the ranks sketch their plain gradients and keep no residual;
 steps 4-6 become FetchSGD's momentum and error accumulation on the summed table, alike on
-every rank (:mod:`gssgd.aggregators.feedback.fetchsgd`): one all-reduce of the tables per
+every rank (:mod:`gssgd.aggregators.feedback`): one all-reduce of the tables per
 step, and no guard audits (no rank holds the global accumulated vector to audit against).
 
 Communication per rank is ``O((rows*cols + m*k) * log P)``, independent of ``d``.
@@ -36,31 +36,40 @@ lets the exact round repair the sketch's mistakes at the price of m*k numbers pe
 from the sketch's norm estimate) that each step delivered; the ``guard`` option watches it
 and grows the sketch (or stops with a clear message) when it collapses to what random
 coordinates would deliver, instead of letting training silently diverge.
+
+The collapse guard (:class:`CollapseGuard`, the ``guard`` option) follows the aggregator
+in this module.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import torch
 
-from gssgd._validate import bad_value, is_int
 from gssgd.aggregators.base import index_dtype
-from gssgd.aggregators.chunked import grouped_topk_indices, shares
-from gssgd.aggregators.feedback import FetchSGDFeedback
-from gssgd.aggregators.guard import (
-    AUDITS,
-    CollapseGuard,
-    SketchCollapseError,
-    audit_interval,
-    audit_pool,
-    audit_traffic,
-)
 from gssgd.aggregators.sketching import SketchedOptions, SketchingAggregator
-from gssgd.comm import Traffic, halving_doubling, recursive_doubling, ring_allreduce
-from gssgd.selection import topk_indices
+from gssgd.comm import Traffic, allgather, halving_doubling, recursive_doubling, ring_allreduce
+from gssgd.selection import grouped_topk_indices, shares, topk_indices
+from gssgd.validate import bad_value, is_int
+
+__all__ = [
+    "ALLREDUCES",
+    "AUDITS",
+    "AUDIT_POOL",
+    "AUDIT_SHARE",
+    "CollapseGuard",
+    "GSOptions",
+    "GlobalSketchSGD",
+    "SketchCollapseError",
+    "audit_interval",
+    "audit_pool",
+    "audit_traffic",
+]
+
 
 log = logging.getLogger(__name__)
 #: The worker counts at which this process said gs sends more than a rival (said once).
@@ -86,19 +95,19 @@ class GSOptions(SketchedOptions):
         allreduce: how the sketch tables are summed: "recursive_doubling", "backend" (the
             backend's ring) or "halving_doubling" (a reduce-scatter by recursive halving and
             an all-gather by recursive doubling: the ring's bytes in 2 log2 P rounds);
-            None: by the number of workers (:func:`~gssgd.aggregators.sizing.sketch_default_shape`).
+            None: by the number of workers (:func:`~gssgd.aggregators.sketching.sketch_default_shape`).
         guard: what to do when an audit finds the sketch collapsed (see
-            :mod:`gssgd.aggregators.guard`; audits come at step 20, then spaced to add at
+            :mod:`gssgd.aggregators.gs`; audits come at step 20, then spaced to add at
             most 5 % of gs's bytes, every 200 steps or more): "grow"
             doubles ``cols`` and the ``m*k`` candidates (every
             rank alike, at most twice, up to ``d / (2 * rows)`` columns and ``d / 8``
-            candidates) and raises :class:`~gssgd.aggregators.guard.SketchCollapseError` on
+            candidates) and raises :class:`~gssgd.aggregators.gs.SketchCollapseError` on
             a further collapse; "raise" raises it at once, with a message saying what to
             change; "off" never audits.
         audit: how an audit finds the mass exact global top-k would deliver
-            (:mod:`gssgd.aggregators.guard`): "tops" (default) fetches the exact global
+            (:mod:`gssgd.aggregators.gs`): "tops" (default) fetches the exact global
             values of the union of every rank's largest coordinates, a pool of about
-            :data:`~gssgd.aggregators.guard.AUDIT_POOL` times k (a few per cent of a dense
+            :data:`~gssgd.aggregators.gs.AUDIT_POOL` times k (a few per cent of a dense
             all-reduce at low density; it estimates the best mass from below, so the
             recall from above); "dense" all-reduces the whole vector (exact, the cost of a
             dense step); "both" runs the two, decides on the dense one and logs both
@@ -113,7 +122,7 @@ class GSOptions(SketchedOptions):
             exact round (``exact=True``). A sketch the guard has grown, or a step with no
             kept set, sketches. The collapse guard audits and counts sketching steps only.
         chunk: C >= 1: select by chunk of C consecutive coordinates, as DeMo and SparseLoCo
-            do (:mod:`gssgd.aggregators.chunked`): the m*k candidates are shared out over
+            do (:mod:`gssgd.selection`): the m*k candidates are shared out over
             the chunks in proportion to their lengths, the k delivered in proportion to the
             candidates each holds, and each chunk takes its largest; the guard then
             measures against the exact vector's top k chosen the same way. At most k
@@ -122,7 +131,7 @@ class GSOptions(SketchedOptions):
             Needs the exact round.
 
     ``allreduce`` left None takes
-    :func:`~gssgd.aggregators.sizing.sketch_default_shape`'s value too.
+    :func:`~gssgd.aggregators.sketching.sketch_default_shape`'s value too.
     """
 
     exact: bool = True
@@ -204,8 +213,8 @@ class GlobalSketchSGD(SketchingAggregator):
         by recursive doubling or, with ``allreduce="backend"``, the ring, or with
         ``"halving_doubling"`` recursive halving and doubling. A warm-up step
         uses its own k and larger sketch. The collapse guard's audits (at step 20, then
-        every 200 steps or more: :func:`~gssgd.aggregators.guard.audit_traffic` and
-        :func:`~gssgd.aggregators.guard.audit_interval`) and its growing the sketch are
+        every 200 steps or more: :func:`~gssgd.aggregators.gs.audit_traffic` and
+        :func:`~gssgd.aggregators.gs.audit_interval`) and its growing the sketch are
         left out."""
         cols, candidates = options.shape_at(d, k, cls.k_at_step(d, k, options, step))
         return cls.control_traffic(world_size) + cls._message(
@@ -350,7 +359,7 @@ class GlobalSketchSGD(SketchingAggregator):
         if skipped is not None:
             return skipped
         k = self.step_k  # k, or more during a density warm-up
-        fetch = self.feedback if isinstance(self.feedback, FetchSGDFeedback) else None
+        fetch = self.feedback.tables  # FetchSGD's tables in sketch space, or None
         with self._timed("compress"):
             accumulated = self._error_compensated(grad)
         kept = self.kept_candidates
@@ -366,7 +375,7 @@ class GlobalSketchSGD(SketchingAggregator):
 
         if fetch is not None:
             with self._timed("decompress"):
-                chosen, values = fetch.tables.recover(summed, k)
+                chosen, values = fetch.recover(summed, k)
                 update = torch.zeros_like(accumulated)
                 update[chosen] = values / self.world_size
             return self._finish(update)
@@ -385,7 +394,7 @@ class GlobalSketchSGD(SketchingAggregator):
                  ) -> torch.Tensor:
         """Positions into ``scores`` of its ``total`` largest (ties: the lower position); with
         ``chunk`` C, each chunk of C coordinates takes its share of ``total``, in proportion
-        to how many of ``coords`` it holds (:func:`~gssgd.aggregators.chunked.shares`: all
+        to how many of ``coords`` it holds (:func:`~gssgd.selection.shares`: all
         d, its length), sorted.
 
         Args:
@@ -469,7 +478,7 @@ class GlobalSketchSGD(SketchingAggregator):
                      ) -> dict[str, tuple[torch.Tensor | None, torch.Tensor]]:
         """The exact global values an audit compares the delivery with, by audit kind:
         "dense", the whole vector all-reduced (coordinates None); "tops", every rank's
-        :func:`~gssgd.aggregators.guard.audit_pool` largest coordinates all-gathered, and
+        :func:`~gssgd.aggregators.gs.audit_pool` largest coordinates all-gathered, and
         the exact sums at their union (sorted, the same on every rank) all-reduced."""
         kinds = ("dense", "tops") if self.options.audit == "both" else (self.options.audit,)
         pools: dict[str, tuple[torch.Tensor | None, torch.Tensor]] = {}
@@ -542,3 +551,97 @@ class GlobalSketchSGD(SketchingAggregator):
         self.guard.load_state_dict(sd.get("guard", {}))
         kept = sd.get("kept_candidates")
         self.kept_candidates = None if kept is None else kept.clone()
+
+
+#: What ``GSOptions.audit`` takes.
+AUDITS: tuple[str, ...] = ("tops", "dense", "both")
+#: The "tops" audit's pool over all ranks, in multiples of k (at most ``d / 16``).
+AUDIT_POOL = 16
+
+#: The most of a method's own traffic that later audits may add, on average.
+AUDIT_SHARE = 0.05
+#: Later audits never come more often than this (compressed steps).
+MIN_AUDIT_EVERY = 200
+
+
+def audit_pool(d: int, k: int, world_size: int) -> int:
+    """How many of its largest coordinates each rank puts in a "tops" audit's pool:
+    ``ceil(min(AUDIT_POOL * k, d / 16) / P)``, at least 1."""
+    pool = min(AUDIT_POOL * k, max(k, d // 16))
+    return max(1, min(d, -(-pool // world_size)))
+
+
+def audit_traffic(kind: str, d: int, k: int, world_size: int) -> Traffic:
+    """What one audit moves (the most: a "tops" pool's union may be smaller): a dense
+    all-reduce of d float32 values, or the all-gather of every rank's pool indices and the
+    all-reduce of the values at their union; "both" moves the two."""
+    dense = ring_allreduce(d * 4, world_size)
+    share = audit_pool(d, k, world_size)
+    tops = allgather(share * index_dtype(d).itemsize, world_size) + ring_allreduce(
+        min(d, share * world_size) * 4, world_size)
+    return {"dense": dense, "tops": tops, "both": dense + tops}[kind]
+
+
+def audit_interval(audit_bytes: int, step_bytes: int) -> int:
+    """Steps between later audits: the fewest that keep an audit's ``audit_bytes`` (a dense
+    all-reduce) within :data:`AUDIT_SHARE` of ``step_bytes`` per step, and at least
+    :data:`MIN_AUDIT_EVERY`.
+
+    Example: the MNIST CNN (d = 80,602) at density 0.001 on 64 workers: an audit moves
+    635 kB per rank (a ring all-reduce of 322 kB), gs's many-workers step 10.4 kB, so later
+    audits come every 1,225 steps.
+    """
+    if step_bytes <= 0:
+        return MIN_AUDIT_EVERY
+    return max(MIN_AUDIT_EVERY, math.ceil(audit_bytes / (AUDIT_SHARE * step_bytes)))
+
+
+class SketchCollapseError(RuntimeError):
+    """gs-SGD's sketch collapsed and the guard could not (or was told not to) repair it.
+
+    Every rank raises it at the same step with the same message (the decision comes from
+    all-reduced values), so a trainer can stop every worker together and report it once.
+    """
+
+
+@dataclass
+class CollapseGuard:
+    """When to audit, and what counts as a collapse.
+
+    Attributes:
+        min_recall: collapse when an audit finds a recall below this.
+        first_audit: compressed steps before the first audit (after a start or a resize).
+        audit_every: compressed steps between later audits.
+        since_start: compressed steps since the start or the last resize.
+        last_recall: the most recent audit's recall (None before the first).
+    """
+
+    min_recall: float = 0.1
+    first_audit: int = 20
+    audit_every: int = 200
+    since_start: int = 0
+    last_recall: float | None = None
+
+    def due(self) -> bool:
+        """Whether this step (the ``since_start``-th) is audited."""
+        n = self.since_start
+        return n == self.first_audit or (n > self.first_audit and n % self.audit_every == 0)
+
+    def advance(self) -> None:
+        self.since_start += 1
+
+    def collapsed(self, recall: float) -> bool:
+        """Record an audit's recall; True when the sketch has collapsed."""
+        self.last_recall = recall
+        return recall < self.min_recall
+
+    def reset(self) -> None:
+        """Start afresh after the sketch was resized."""
+        self.since_start = 0
+
+    def state_dict(self) -> dict[str, float | int | None]:
+        return {"since_start": self.since_start, "last_recall": self.last_recall}
+
+    def load_state_dict(self, sd: dict) -> None:
+        self.since_start = int(sd.get("since_start", 0))
+        self.last_recall = sd.get("last_recall")

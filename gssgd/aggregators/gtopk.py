@@ -19,7 +19,7 @@ Each rank sends about 8k bytes per round for log2(P) rounds.
 ``gtopk_sparse_allreduce``): step 3 sends the list *up* a binomial tree to rank 0 in
 ``ceil(log2 P)`` rounds, each receiver merging on the host (the selection copied there from
 the device, as the authors' ``.cpu().numpy()`` does), and rank 0 broadcasts the final list
-down the same tree (:mod:`gssgd.comm.tree`); any P. Step 4 is the authors' rule: a rank's
+down the same tree (:mod:`gssgd.comm.patterns`); any P. Step 4 is the authors' rule: a rank's
 coordinate is delivered when its index is in the final list (their ``included_indexes``).
 Their per-round barrier is left out (it only adds waiting) and indices travel as integers
 (theirs as float32, exact only below 2^24).
@@ -31,7 +31,6 @@ from dataclasses import dataclass
 
 import torch
 
-from gssgd._validate import bad_value
 from gssgd.aggregators.base import Aggregator, index_dtype, present_in
 from gssgd.aggregators.topk import TopkOptions
 from gssgd.comm import (
@@ -42,6 +41,7 @@ from gssgd.comm import (
     tree_reduce_broadcast,
 )
 from gssgd.selection import topk_indices
+from gssgd.validate import bad_value
 
 __all__ = ["EXCHANGES", "GlobalTopk", "GlobalTopkOptions", "merge_topk", "present_in"]
 

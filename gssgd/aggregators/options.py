@@ -5,7 +5,10 @@ Each method's own options dataclass lives beside its aggregator (``TopkOptions``
 :mod:`~gssgd.aggregators.topk`, ``SketchedOptions`` in :mod:`~gssgd.aggregators.sketching`,
 ``GSOptions`` in :mod:`~gssgd.aggregators.gs`, ...). Each checks its values in
 ``__post_init__`` and raises a ``ValueError`` that names the option, the value, the valid
-range and the fix (:func:`gssgd._validate.bad_value`), before any collective runs.
+range and the fix (:func:`gssgd.validate.bad_value`), before any collective runs.
+
+The density warm-up (DGC's exponential ramp of the density to its target,
+:class:`DensityWarmup`) is here too: every sparse method's options carry one.
 """
 
 from __future__ import annotations
@@ -16,16 +19,18 @@ from typing import ClassVar
 
 import torch
 
-from gssgd._validate import bad_value, is_int
 from gssgd.aggregators.feedback import ErrorFeedback
+from gssgd.validate import bad_value, is_int
 
 __all__ = [
     "CommonOptions",
     "DEFAULT_DENSITY",
+    "DensityWarmup",
     "NONFINITE_MODES",
     "PAYLOAD_DTYPES",
     "resolve_k",
 ]
+
 
 #: What a non-finite gradient does (``CommonOptions.nonfinite``).
 NONFINITE_MODES = ("skip", "raise", "propagate")
@@ -140,3 +145,41 @@ class CommonOptions:
             raise bad_value("feedback", name, f"it must be one of {', '.join(self.feedbacks)} "
                             "for this method", "Use 'ef' (classic error feedback).")
         return self.feedback_rules[name].from_options(self)
+
+
+@dataclass(frozen=True)
+class DensityWarmup:
+    """The k of each aggregation step under DGC's exponential density warm-up.
+
+    Attributes:
+        d: vector length.
+        k: the target count (after the warm-up).
+        steps: warm-up length in aggregation steps (0: no warm-up).
+        start_density: the density of step 0, in (0, 1].
+
+    Example:
+        >>> w = DensityWarmup(d=100_000, k=100, steps=4, start_density=0.25)
+        >>> [w.k_at(t) for t in range(6)]
+        [25000, 6287, 1581, 398, 100, 100]
+    """
+
+    d: int
+    k: int
+    steps: int
+    start_density: float
+
+    @property
+    def start_k(self) -> int:
+        """``k0``: the count of step 0 (never below the target)."""
+        return max(self.k, min(self.d, round(self.start_density * self.d)))
+
+    def k_at(self, step: int) -> int:
+        """The count of aggregation step ``step`` (0-based)."""
+        if step >= self.steps or self.start_k == self.k:
+            return self.k
+        k0 = self.start_k
+        return max(self.k, min(k0, round(k0 * (self.k / k0) ** (step / self.steps))))
+
+    def distinct_k(self) -> list[int]:
+        """Every count the schedule uses, largest first."""
+        return sorted({self.k_at(t) for t in range(self.steps + 1)}, reverse=True)

@@ -50,11 +50,11 @@ from typing import Any, ClassVar
 
 import torch
 
-from gssgd._validate import bad_value, is_int, is_number
 from gssgd.aggregators.base import Aggregator
 from gssgd.aggregators.feedback import ErrorFeedback, OneBitQuantisedFeedback, QuantisedFeedback
 from gssgd.aggregators.options import CommonOptions
 from gssgd.comm import Traffic, ring_allreduce
+from gssgd.validate import bad_value, is_int, is_number
 
 __all__ = [
     "DEFAULT_POWERSGD_RANK",

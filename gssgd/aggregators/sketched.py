@@ -22,7 +22,7 @@ bottleneck gs-SGD removes.
 
 With ``feedback="fetchsgd"`` (FetchSGD, Rothchild et al. 2020, which uses this topology) the
 ranks sketch their plain gradients and keep no residual; the server keeps the momentum and
-the error in sketch space (:mod:`gssgd.aggregators.feedback.fetchsgd`), recovers the k
+the error in sketch space (:class:`~gssgd.aggregators.feedback.SketchFeedback`), recovers the k
 largest estimates and sends (index, value) to every rank: steps 4-5's candidate rounds
 are not taken.
 """
@@ -32,7 +32,6 @@ from __future__ import annotations
 import torch
 
 from gssgd.aggregators.base import index_dtype
-from gssgd.aggregators.feedback import FetchSGDFeedback
 from gssgd.aggregators.sketching import SketchedOptions, SketchingAggregator
 from gssgd.comm import Payload, Traffic, star_broadcast, star_gather
 from gssgd.selection import topk_indices
@@ -84,7 +83,7 @@ class SketchedSGD(SketchingAggregator):
             sketch.accumulate(self._prefiltered(accumulated, k))
 
         tables = self.comm.gather_to_root([self._table_payload(sketch.table)])
-        if isinstance(self.feedback, FetchSGDFeedback):
+        if self.feedback.tables is not None:  # FetchSGD: recover through the error tables
             return self._fetch_step(sketch, tables, accumulated, k)
         candidates = torch.empty(num_candidates, dtype=index_dtype(self.d), device=grad.device)
         if is_server:
@@ -130,7 +129,7 @@ class SketchedSGD(SketchingAggregator):
     def _fetch_step(self, sketch: CountSketch, tables: list[Payload] | None,
                     accumulated: torch.Tensor, k: int) -> torch.Tensor:
         """FetchSGD's server step: sum the tables in rank order, recover from the error
-        sketch (:class:`~gssgd.aggregators.feedback.fetchsgd.SketchFeedback`, on rank 0
+        sketch (:class:`~gssgd.aggregators.feedback.SketchFeedback`, on rank 0
         only), and send the k (index, value) pairs to every rank."""
         device = accumulated.device
         final = [
@@ -140,8 +139,9 @@ class SketchedSGD(SketchingAggregator):
         if self.rank == 0:
             with self._timed("decompress"):
                 summed = self._summed_sketch(sketch, tables)
-                assert isinstance(self.feedback, FetchSGDFeedback)
-                chosen, values = self.feedback.tables.recover(summed, k)
+                error_tables = self.feedback.tables
+                assert error_tables is not None
+                chosen, values = error_tables.recover(summed, k)
                 final = [chosen.to(final[0].dtype), values]
         final_idx, final_vals = self.comm.broadcast_from_root(final)
         with self._timed("decompress"):

@@ -7,28 +7,133 @@ they have in common, so each ``step`` shows only its own communication:
 
 * :class:`SketchedOptions`: the sketch's shape (rows, columns, exact candidates, hash seed),
   its wire dtype and the local pre-filter; unset shape fields are filled by
-  :func:`~gssgd.aggregators.sizing.sketch_default_shape`.
+  :func:`~gssgd.aggregators.sketching.sketch_default_shape`.
 * :class:`SketchingAggregator`: the step's sketch (larger ones during a density warm-up),
   the pre-filtered vector it sketches, and the 16-bit table payload and its widening.
+
+The module ends with the sizing rule of every sketch (:func:`sketch_default_shape`,
+:data:`DEFAULT_ROWS`, :func:`default_candidates`, :func:`default_sketch_cols`): how many
+rows, columns and exact candidates a sketch of ``d`` coordinates and ``k`` survivors gets.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
 from typing import Any, ClassVar
 
 import torch
 
-from gssgd._validate import bad_value, is_int
 from gssgd.aggregators.base import Aggregator
 from gssgd.aggregators.feedback import SKETCH_RULES, ErrorFeedback
 from gssgd.aggregators.options import PAYLOAD_DTYPES
-from gssgd.aggregators.sizing import DEFAULT_ROWS, sketch_default_shape
 from gssgd.aggregators.topk import TopkOptions
 from gssgd.selection import keep_largest
 from gssgd.sketch import CountSketch, HashCache, hash_cache_bytes
+from gssgd.validate import bad_value, is_int
 
-__all__ = ["HASH_CACHE_LIMIT", "SketchedOptions", "SketchingAggregator"]
+__all__ = [
+    "DEFAULT_CANDIDATES",
+    "DEFAULT_ROWS",
+    "HASH_CACHE_LIMIT",
+    "MANY_WORKERS",
+    "SketchShape",
+    "SketchedOptions",
+    "SketchingAggregator",
+    "default_candidates",
+    "default_sketch_cols",
+    "sketch_default_shape",
+    "streaming_options",
+]
+
+
+#: Default rows of a sketch (odd, so the median is one of them).
+DEFAULT_ROWS = 1
+#: From this many workers on, the sketching methods take their narrower (16·k) table.
+MANY_WORKERS = 16
+#: m from :data:`MANY_WORKERS` workers on (capped at d / 8); below it :func:`default_candidates`.
+DEFAULT_CANDIDATES = 8
+
+
+def default_sketch_cols(d: int, k: int, rows: int = 1) -> int:
+    """The wide sketch width (below :data:`MANY_WORKERS` workers, and streamed gs's at any
+    P): ``40 * k`` columns, capped at ``d / (4 * rows)`` (past that a sketch cannot beat
+    sending the vector) unless that cap is below 256 columns.
+
+    One row of 40·k columns recovers as much of the exact global top-k mass, once the exact
+    candidate round repairs the estimates, as five rows of 10·k at equal bytes, for a fifth
+    of the sketching and recovery compute.
+    """
+    return max(1, min(40 * k, max(256, d // (4 * rows))))
+
+
+def default_candidates(d: int, k: int) -> int:
+    """``m`` below :data:`MANY_WORKERS` workers (and streamed gs's at any P): 32 candidates
+    per delivered coordinate, capped so ``m * k <= d / 8`` (exact candidates buy recall
+    back where a wide sketch of few tables still misses some of a flat gradient's top-k)."""
+    return max(1, min(32, d // (8 * k)))
+
+
+@dataclass(frozen=True)
+class SketchShape:
+    """The sketching methods' default sketch and wire for one (d, k, P): see
+    :func:`sketch_default_shape` (``allreduce`` is gs-SGD's only).
+
+    Attributes:
+        cols: columns of each row.
+        candidates: m, exact candidates per delivered coordinate.
+        allreduce: how gs-SGD sums tables: "recursive_doubling" or "backend" (ring).
+        table_dtype: the tables' dtype on the wire.
+        prefilter: f: each rank sketches its f·k largest coordinates; 0: all of them.
+    """
+
+    cols: int
+    candidates: int
+    allreduce: str
+    table_dtype: torch.dtype
+    prefilter: int  # 0: off
+
+    def options(self) -> dict[str, Any]:
+        """The shape as aggregator options, by field name."""
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+
+def sketch_default_shape(d: int, k: int, rows: int = DEFAULT_ROWS,
+                         world_size: int | None = None) -> SketchShape:
+    """The defaults of both sketching methods for ``d``, ``k``, ``rows`` and ``world_size``
+    workers (None: unknown, taken as fewer than :data:`MANY_WORKERS`): the one place they
+    are decided (the module doc has the rule).
+
+    * every P: each rank's 8·k largest coordinates, float16 tables, the backend's ring;
+    * below :data:`MANY_WORKERS` workers: :func:`default_sketch_cols` (40·k) columns and
+      m = :func:`default_candidates` (32);
+    * from it: 16·k columns and m = :data:`DEFAULT_CANDIDATES` (8), under the same caps (at
+      most ``d / (4 * rows)`` columns, at least 256; at most ``d / 8`` candidates).
+
+    Sketched-SGD takes the same shape (``allreduce`` aside: its tables go to a server, which
+    widens 16-bit tables and sums them in float32).
+    """
+    if world_size is None or world_size < MANY_WORKERS:
+        cols, candidates = default_sketch_cols(d, k, rows), default_candidates(d, k)
+    else:
+        cols = max(1, min(16 * k, max(256, d // (4 * rows))))
+        candidates = max(1, min(DEFAULT_CANDIDATES, d // (8 * k)))
+    return SketchShape(cols, candidates, "backend", torch.float16, prefilter=8)
+
+
+def streaming_options(d: int, k: int, given: dict[str, Any]) -> dict[str, Any]:
+    """The options streamed gs runs with, at every P: ``given`` (an option set to None
+    counts as not given) over its own shape, the small-P width and m
+    (:func:`default_sketch_cols`, :func:`default_candidates`) in float32 tables summed by
+    the backend's ring, and never a pre-filter (it sketches every coordinate, bucket by
+    bucket). A bad value is left for :func:`gssgd.aggregators.build_options` to refuse
+    with its message."""
+    chosen = {n: v for n, v in given.items() if v is not None}
+    rows = chosen.get("rows", DEFAULT_ROWS)
+    rows = rows if isinstance(rows, int) and rows > 0 else DEFAULT_ROWS
+    shape = SketchShape(default_sketch_cols(d, k, rows), default_candidates(d, k), "backend",
+                        torch.float32, 0)
+    return {**shape.options(), **chosen, "prefilter": 0}
+
 
 #: Largest hash cache (bytes) a sketching aggregator keeps by default.
 HASH_CACHE_LIMIT = 1 << 30
@@ -40,9 +145,9 @@ class SketchedOptions(TopkOptions):
 
     Attributes:
         rows: hash rows of the Count Sketch (odd).
-        cols: buckets per row, or None for :func:`~gssgd.aggregators.sizing.default_sketch_cols`.
+        cols: buckets per row, or None for :func:`~gssgd.aggregators.sketching.default_sketch_cols`.
         candidates: m; the sketch proposes m * k candidates (capped at d) whose exact
-            values are then fetched; None for :func:`~gssgd.aggregators.sizing.default_candidates`.
+            values are then fetched; None for :func:`~gssgd.aggregators.sketching.default_candidates`.
         seed: hash seed shared by all ranks.
         hash_cache: keep every coordinate's buckets in memory
             (:func:`gssgd.sketch.hash_cache_bytes`: ``16 * d`` bytes for one row,
@@ -63,7 +168,7 @@ class SketchedOptions(TopkOptions):
             Costs a local top-``f*k`` selection per step. None: by the number of workers.
 
     ``cols``, ``candidates``, ``table_dtype`` and ``prefilter`` left None take
-    :func:`~gssgd.aggregators.sizing.sketch_default_shape`'s values
+    :func:`~gssgd.aggregators.sketching.sketch_default_shape`'s values
     for the run's d, k and number of workers.
     """
 
@@ -76,7 +181,7 @@ class SketchedOptions(TopkOptions):
     prefilter: int | None = None
     feedback_rules: ClassVar[dict[str, type[ErrorFeedback]]] = SKETCH_RULES
     #: the fields :meth:`resolved` fills from the sizing rule
-    #: (:func:`~gssgd.aggregators.sizing.sketch_default_shape`) when left None
+    #: (:func:`~gssgd.aggregators.sketching.sketch_default_shape`) when left None
     shape_fields: ClassVar[tuple[str, ...]] = ("cols", "candidates", "table_dtype", "prefilter")
 
     def use_hash_cache(self, d: int) -> bool:
@@ -100,7 +205,7 @@ class SketchedOptions(TopkOptions):
 
     def resolved(self, d: int, k: int, world_size: int | None = None) -> SketchedOptions:
         """These options with every default (None) among :attr:`shape_fields` filled in
-        from :func:`~gssgd.aggregators.sizing.sketch_default_shape` for ``d``, ``k`` and
+        from :func:`~gssgd.aggregators.sketching.sketch_default_shape` for ``d``, ``k`` and
         ``world_size`` ranks (None: unknown, the small-P shape): one rule sizes both
         sketching methods."""
         shape = sketch_default_shape(d, k, self.rows, world_size)

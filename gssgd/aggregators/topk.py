@@ -20,12 +20,12 @@ from typing import ClassVar
 
 import torch
 
-from gssgd._validate import bad_value, is_int, is_number
 from gssgd.aggregators.base import Aggregator, index_dtype
 from gssgd.aggregators.feedback import SPARSE_RULES, ErrorFeedback
 from gssgd.aggregators.options import CommonOptions
 from gssgd.comm import Traffic, allgather
 from gssgd.selection import topk_indices
+from gssgd.validate import bad_value, is_int, is_number
 
 __all__ = ["LocalTopk", "TopkOptions"]
 
@@ -56,7 +56,7 @@ class TopkOptions(CommonOptions):
             False: momentum SGD exactly at density 1 (:func:`gssgd.ddp.compressed_sgd`).
         warmup_steps: density warm-up: the first ``warmup_steps`` aggregation steps send
             exponentially fewer coordinates, from ``warmup_density`` down to the target
-            (:class:`~gssgd.aggregators.schedule.DensityWarmup`); 0 = off.
+            (:class:`~gssgd.aggregators.options.DensityWarmup`); 0 = off.
         warmup_density: the density of the first warm-up step, in (0, 1] (DGC: 0.25).
         local_clip: local gradient clipping: each rank scales its gradient to an l2 norm of
             at most ``local_clip / sqrt(P)`` before it enters the residual, so the sum over

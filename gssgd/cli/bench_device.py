@@ -174,7 +174,7 @@ def measure_device(device: str | None = None, d: int = RESNET50_D, repeats: int 
     Raises:
         ValueError: ``cuda`` without a CUDA device, or bad sizes.
     """
-    from gssgd.aggregators.sizing import default_candidates, default_sketch_cols
+    from gssgd.aggregators.sketching import default_candidates, default_sketch_cols
 
     device = _checked_device(device, d, repeats, warmup)
     gen = torch.Generator(device=device).manual_seed(0)

@@ -11,22 +11,13 @@ disagree. This package is the one place every byte formula lives.
 
 Modules, from the bottom up:
 
-* :mod:`gssgd.comm.wire`: what gloo adds on the wire (:data:`HEADER_BYTES` per message and
-  direction, :func:`wire_overhead`) and the control message of every step
+* :mod:`gssgd.comm.patterns`: every message pattern as a schedule and a formula
+  (:class:`Traffic`): gloo's ring and all-gather, recursive doubling, recursive halving and
+  doubling, the star around rank 0, the binomial tree; what gloo adds on the wire
+  (:data:`HEADER_BYTES`, :func:`wire_overhead`) and the control message of every step
   (:data:`CONTROL_BYTES`).
-* :mod:`gssgd.comm.traffic`: :class:`Traffic`, what a pattern moves per rank; patterns add.
-* :mod:`gssgd.comm.ring`: gloo's ring all-reduce (:func:`ring_allreduce`, segment by
-  segment) and all-gather (:func:`allgather`).
-* :mod:`gssgd.comm.doubling`: recursive doubling's schedule
-  (:func:`recursive_doubling_plan`) and formula (:func:`recursive_doubling`), and the
-  all-reduce by recursive halving and doubling's (:func:`halving_doubling`).
-* :mod:`gssgd.comm.star`: every rank to rank 0 and back (:func:`star_gather`,
-  :func:`star_broadcast`).
-* :mod:`gssgd.comm.tree`: a binomial tree to rank 0 and back (:func:`tree_plan`,
-  :func:`tree_reduce_broadcast`).
 * :mod:`gssgd.comm.communicator`: :class:`Communicator`, the collectives that run these
   patterns and count them in :class:`CommStats`.
-* :mod:`gssgd.comm.futures`: futures for DDP communication hooks.
 
 Every name is importable from ``gssgd.comm`` itself.
 """
@@ -34,18 +25,26 @@ Every name is importable from ``gssgd.comm`` itself.
 from __future__ import annotations
 
 from gssgd.comm.communicator import CommStats, Communicator, Payload, world_size_of
-from gssgd.comm.doubling import (
+from gssgd.comm.patterns import (
+    CONTROL_BYTES,
+    GLOO_MAX_SEGMENT_BYTES,
+    HEADER_BYTES,
     RecursiveDoublingPlan,
+    Traffic,
+    TreePlan,
+    allgather,
+    gloo_ring_segments,
     halving_doubling,
     recursive_doubling,
     recursive_doubling_plan,
+    ring_allreduce,
+    ring_allreduce_bytes,
+    star_broadcast,
+    star_gather,
+    tree_plan,
+    tree_reduce_broadcast,
+    wire_overhead,
 )
-from gssgd.comm.futures import completed_future, new_future
-from gssgd.comm.ring import allgather, gloo_ring_segments, ring_allreduce, ring_allreduce_bytes
-from gssgd.comm.star import star_broadcast, star_gather
-from gssgd.comm.traffic import Traffic
-from gssgd.comm.tree import TreePlan, tree_plan, tree_reduce_broadcast
-from gssgd.comm.wire import CONTROL_BYTES, GLOO_MAX_SEGMENT_BYTES, HEADER_BYTES, wire_overhead
 
 __all__ = [
     "CONTROL_BYTES",
@@ -58,10 +57,8 @@ __all__ = [
     "Traffic",
     "TreePlan",
     "allgather",
-    "completed_future",
     "gloo_ring_segments",
     "halving_doubling",
-    "new_future",
     "recursive_doubling",
     "recursive_doubling_plan",
     "ring_allreduce",

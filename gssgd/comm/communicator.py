@@ -6,12 +6,12 @@ it under the algorithm's own message pattern, data it forwards for other ranks i
 * **point to point** (:meth:`Communicator.send`, :meth:`Communicator.recv`,
   :meth:`Communicator.exchange`): one message per tensor.
 * **recursive doubling** (:meth:`Communicator.recursive_doubling`): the schedule of
-  :mod:`gssgd.comm.doubling`.
+  :mod:`gssgd.comm.patterns`.
 * **star** (:meth:`Communicator.gather_to_root`, :meth:`Communicator.broadcast_from_root`):
   every rank talks to rank 0 alone.
 * **backend** (:meth:`Communicator.allreduce_backend`, :meth:`Communicator.allgather_backend`):
   the process group's own collective, counted with gloo's ring formulas
-  (:mod:`gssgd.comm.ring`), so what ``last_stats`` reports and what the cost model reads are
+  (:mod:`gssgd.comm.patterns`), so what ``last_stats`` reports and what the cost model reads are
   one and the same.
 
 :class:`CommStats` holds the counts: ``rounds`` (sequential steps on the algorithm's critical
@@ -30,9 +30,14 @@ from dataclasses import dataclass, fields
 import torch
 import torch.distributed as dist
 
-from gssgd.comm.doubling import chunk_bounds, halving_doubling_schedule, recursive_doubling_plan
-from gssgd.comm.ring import allgather, ring_allreduce
-from gssgd.comm.traffic import Traffic
+from gssgd.comm.patterns import (
+    Traffic,
+    allgather,
+    chunk_bounds,
+    halving_doubling_schedule,
+    recursive_doubling_plan,
+    ring_allreduce,
+)
 from gssgd.simulated import SimulatedRank
 from gssgd.transport import DistTransport, Transport
 
@@ -179,10 +184,10 @@ class Communicator:
 
         Steps: (1) a rank past the largest power of two ``P2`` sends its tensor to
         ``rank - P2``, which adds it to its own, and waits for the result; (2) the ``P2``
-        ranks split the vector into ``P2`` chunks (:func:`~gssgd.comm.doubling.chunk_bounds`)
+        ranks split the vector into ``P2`` chunks (:func:`~gssgd.comm.patterns.chunk_bounds`)
         and reduce-scatter it by recursive halving: each round a rank sends the half of its
         range it gives up to its partner and adds the partner's copy of the half it keeps
-        (:func:`~gssgd.comm.doubling.halving_doubling_schedule`), until it holds one chunk's
+        (:func:`~gssgd.comm.patterns.halving_doubling_schedule`), until it holds one chunk's
         sum; (3) an all-gather by recursive doubling sends each sum back up, so every rank
         holds the one copy of each chunk's sum; (4) partners send the result to their
         folded rank. ``2 log2 P2`` rounds (+2 with folded ranks), about ``2n(P2-1)/P2``

@@ -20,7 +20,7 @@ import torch
 from gssgd.aggregators import build_options
 from gssgd.aggregators.base import index_dtype
 from gssgd.aggregators.options import resolve_k
-from gssgd.aggregators.sizing import DEFAULT_ROWS, streaming_options
+from gssgd.aggregators.sketching import DEFAULT_ROWS, streaming_options
 from gssgd.comm import Traffic
 from gssgd.methods import BENCH_VARIANTS, get_method, get_variant
 
@@ -92,7 +92,7 @@ class MethodSpec:
         seed: the hash seed of the sketching methods.
         warmup_steps, warmup_density: the density warm-up (sparse methods; 0 steps: none):
             the first ``warmup_steps`` steps send more, from ``warmup_density`` down
-            (:class:`gssgd.aggregators.schedule.DensityWarmup`).
+            (:class:`gssgd.aggregators.options.DensityWarmup`).
         rank: PowerSGD's rank r (0 for the other methods).
         shapes: the layer shapes the vector concatenates, for a method that compresses by
             shape (PowerSGD); None for the others.
@@ -199,19 +199,19 @@ def method_spec(
         k: the count instead of ``density``.
         rows: sketch rows (odd); used by methods with a sketch.
         cols: sketch columns; None for the aggregators' default
-            (:func:`gssgd.aggregators.sizing.sketch_default_shape`). ``gs-small`` uses a
+            (:func:`gssgd.aggregators.sketching.sketch_default_shape`). ``gs-small`` uses a
             quarter of it (at least 256).
         candidates: m; the sketch proposes ``m * k`` candidates; None for the aggregators'
-            default (:func:`gssgd.aggregators.sizing.sketch_default_shape`).
+            default (:func:`gssgd.aggregators.sketching.sketch_default_shape`).
         seed: hash seed.
         warmup_steps, warmup_density: a density warm-up, for a method whose options take
             one (others ignore it): see :func:`warmup_traffic`.
         world_size: the number of workers the method's defaults are resolved for (gs's
-            shape depends on it: :func:`gssgd.aggregators.sizing.sketch_default_shape`);
+            shape depends on it: :func:`gssgd.aggregators.sketching.sketch_default_shape`);
             None: the defaults below 16 workers.
         shapes: the layer shapes, for PowerSGD (None: one near-square matrix).
         streamed: gs as the DDP hook streams it (its sizes:
-            :func:`gssgd.aggregators.sizing.streaming_options`; ``world_size`` changes none).
+            :func:`gssgd.aggregators.sketching.streaming_options`; ``world_size`` changes none).
 
     Returns:
         The spec, every size resolved as :func:`gssgd.make_aggregator` would (through

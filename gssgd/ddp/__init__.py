@@ -60,34 +60,30 @@ and compresses at once, so its resumed run is bitwise the uninterrupted one.
 Modules (each imports only those above it in this list):
 
 * :mod:`~gssgd.ddp.settings`: :class:`HookSettings`, validated; the ``overlap=`` values.
-* :mod:`~gssgd.ddp.stats`: :class:`RunningTotals`, what the hook sent in all.
-* :mod:`~gssgd.ddp.overlap`, :mod:`~gssgd.ddp.streaming_gs`: streaming gs
-  (``overlap="stream"``): its overlap record, its algorithm and aggregator.
-* :mod:`~gssgd.ddp.core`: :class:`~gssgd.ddp.core.HookCore`, the runtime trunk every mode
-  shares (aggregators, layouts, statistics, waiting buckets, the dense warm-up) and the
-  compressing modes: per bucket, over the whole model, streaming gs.
-* :mod:`~gssgd.ddp.recipe`: the optimizer step pre-hook: the recipe warnings of
-  :func:`gssgd.recipes.recipe_advice`, and the check that pairs a hand-built
-  :class:`~gssgd.optim.FrozenVarianceAdamW` with its hook.
-* :mod:`~gssgd.ddp.state`: :class:`HookState`, the public state (construction, binding,
-  checkpoints, the scaler, the routing of a bucket to its mode); :mod:`~gssgd.ddp.every_rank`: every rank's state in one.
-* :mod:`~gssgd.ddp.hook`: :func:`comm_hook`, which routes each bucket to its mode.
-* :mod:`~gssgd.ddp.paired`: :class:`PairedRun`, an optimizer and its hook built together;
-  :mod:`~gssgd.ddp.adamw` and :mod:`~gssgd.ddp.sgd`: :func:`compressed_adamw` (1-bit
-  Adam's recipe, its values matched) and :func:`compressed_sgd` (the momentum where the
-  method needs it).
+* :mod:`~gssgd.ddp.streaming_gs`: streaming gs (``overlap="stream"``): its algorithm, its
+  aggregator and its overlap record.
+* :mod:`~gssgd.ddp.hook`: the hook itself, in PyTorch's ``powerSGD_hook.py`` shape: what an
+  iteration cost, the futures, :class:`~gssgd.ddp.hook.HookCore` (the runtime every mode
+  shares and the modes: per bucket, over the whole model, streaming gs), the optimizer step
+  pre-hook that pairs a hand-built :class:`~gssgd.optim.FrozenVarianceAdamW` and warns about
+  bad recipes, :class:`HookState` and :func:`comm_hook`.
+* :mod:`~gssgd.ddp.paired`: an optimizer and its hook built together:
+  :class:`PairedRun`, :func:`compressed_sgd` (the momentum where the method needs it),
+  :func:`compressed_adamw` (1-bit Adam's recipe, its values matched), and
+  :class:`EveryRankHookState` (every rank's state in one, for tools that save once).
 """
 
-from gssgd.ddp.adamw import CompressedAdamW, compressed_adamw
-from gssgd.ddp.every_rank import EveryRankHookState
-from gssgd.ddp.hook import comm_hook
-from gssgd.ddp.overlap import OVERLAP_LOG_ENV, OverlapStats
-from gssgd.ddp.paired import PairedRun
+from gssgd.ddp.hook import HookState, RunningTotals, comm_hook
+from gssgd.ddp.paired import (
+    CompressedAdamW,
+    CompressedSGD,
+    EveryRankHookState,
+    PairedRun,
+    compressed_adamw,
+    compressed_sgd,
+)
 from gssgd.ddp.settings import OVERLAP_MODES, STREAMING_METHODS, HookSettings, check_overlap
-from gssgd.ddp.sgd import CompressedSGD, compressed_sgd
-from gssgd.ddp.state import HookState
-from gssgd.ddp.stats import RunningTotals
-from gssgd.ddp.streaming_gs import StreamingGS, stream_traffic
+from gssgd.ddp.streaming_gs import OVERLAP_LOG_ENV, OverlapStats, StreamingGS, stream_traffic
 from gssgd.recipes import momentum_placement
 
 __all__ = [

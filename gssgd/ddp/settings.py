@@ -6,9 +6,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from gssgd._validate import is_int
 from gssgd.aggregators import AGGREGATORS, build_options, canonical_options
 from gssgd.aggregators.feedback import SKETCH_RULES
+from gssgd.validate import is_int
 
 __all__ = [
     "OVERLAP_MODES", "STREAMING_METHODS", "HookSettings", "check_overlap",

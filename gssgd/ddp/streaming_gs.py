@@ -32,7 +32,7 @@ The aggregator (:class:`StreamingGS`, steps 1-2, here) knows nothing of DDP:
 :meth:`StreamingGS.add_bucket` sketches each bucket into its own region of a
 :class:`~gssgd.sketch.partitioned.PartitionedSketch` and starts that region's all-reduce;
 :meth:`StreamingGS.finish` waits for them, recovers the top ``k`` over the whole table and
-returns the update. :meth:`~gssgd.ddp.core.HookCore.stream_step` feeds it DDP's buckets on
+returns the update. :meth:`~gssgd.ddp.hook.HookCore.stream_step` feeds it DDP's buckets on
 the runtime trunk of the hook state. :func:`stream_traffic` is its message pattern as
 :mod:`gssgd.comm` formulas. ``overlap=`` is validated with the other settings
 (:func:`gssgd.ddp.settings.check_overlap`).
@@ -56,13 +56,17 @@ Differences from whole-model gs, by design:
 
 The time the last bucket waits for the regions is the communication backward did not
 hide; :attr:`StreamingGS.last_overlap` reports it per iteration
-(:class:`~gssgd.ddp.overlap.OverlapStats`), with when each bucket arrived and each region's
-all-reduce started.
+(:class:`OverlapStats`, at the end of this module), with when each bucket arrived and each
+region's all-reduce started; with :data:`OVERLAP_LOG_ENV` set, :func:`log_overlap` appends
+each iteration's record to a JSON-lines file per rank.
 """
 
 from __future__ import annotations
 
+import json
+import os
 import time
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import torch
@@ -71,10 +75,15 @@ import torch.distributed as dist
 from gssgd.aggregators.base import state_dtype
 from gssgd.aggregators.gs import GlobalSketchSGD, GSOptions
 from gssgd.comm import Traffic, recursive_doubling, ring_allreduce
-from gssgd.ddp.overlap import OverlapStats, log_overlap
 from gssgd.sketch.partitioned import PartitionedSketch, region_columns
 
-__all__ = ["StreamingGS", "stream_traffic"]
+__all__ = [
+    "OVERLAP_LOG_ENV",
+    "OverlapStats",
+    "StreamingGS",
+    "log_overlap",
+    "stream_traffic",
+]
 
 
 def stream_traffic(
@@ -128,7 +137,7 @@ class StreamingGS(GlobalSketchSGD):
 
     The same options, error feedback, guard, non-finite policy and statistics as
     :class:`~gssgd.aggregators.gs.GlobalSketchSGD`; only the table's layout and the
-    timing of its all-reduce differ. Driven by :meth:`~gssgd.ddp.core.HookCore.stream_step`: :meth:`add_bucket`
+    timing of its all-reduce differ. Driven by :meth:`~gssgd.ddp.hook.HookCore.stream_step`: :meth:`add_bucket`
     for each bucket in index order, then :meth:`finish`.
 
     Args:
@@ -314,3 +323,47 @@ class StreamingGS(GlobalSketchSGD):
     def abandon(self) -> None:
         """Drop an iteration in flight (a failed or abandoned backward)."""
         self._it = None
+
+
+#: When this environment variable holds a path prefix, every streamed iteration appends its
+#: :class:`OverlapStats` as a JSON line to ``PREFIX.rankR.jsonl``.
+OVERLAP_LOG_ENV = "GSSGD_OVERLAP_LOG"
+
+
+@dataclass
+class OverlapStats:
+    """How much of one iteration's region communication backward hid.
+
+    Attributes:
+        regions: region all-reduces in the iteration.
+        seconds_span: from the first region's start to the last region's completion.
+        seconds_exposed: how long the last bucket waited for the regions (not hidden).
+        bucket_ready: per bucket, in index order, when DDP handed it to the hook (it is
+            ready, and so is every bucket before it), in seconds after the first bucket.
+        region_started: per bucket, when its region's all-reduce started, in seconds after
+            the first bucket. Streaming overlaps when a region starts before the last
+            bucket is ready: ``region_started[0] < bucket_ready[-1]``.
+    """
+
+    regions: int = 0
+    seconds_span: float = 0.0
+    seconds_exposed: float = 0.0
+    bucket_ready: list[float] = field(default_factory=list)
+    region_started: list[float] = field(default_factory=list)
+
+    @property
+    def hidden_fraction(self) -> float:
+        """``1 - exposed / span`` (1.0 when nothing was sent)."""
+        if self.seconds_span <= 0:
+            return 1.0
+        return max(0.0, 1.0 - self.seconds_exposed / self.seconds_span)
+
+
+def log_overlap(stats: OverlapStats, step: int, rank: int) -> None:
+    """Append ``{"step": step, **stats}`` as a JSON line to ``PREFIX.rank{rank}.jsonl``, where
+    ``PREFIX`` is the value of :data:`OVERLAP_LOG_ENV`; nothing when it is unset or empty."""
+    prefix = os.environ.get(OVERLAP_LOG_ENV)
+    if prefix:
+        with open(f"{prefix}.rank{rank}.jsonl", "a") as f:
+            line = {"step": step, **asdict(stats)}
+            f.write(json.dumps(line) + "\n")

@@ -21,23 +21,15 @@ from collections.abc import Iterator
 import torch
 
 from gssgd import kernels
-from gssgd._validate import is_int
 from gssgd.selection import topk_indices
 from gssgd.sketch.hashing import HashCache, HashIndex, signed_buckets, sketch_hash_params
+from gssgd.validate import check_int
 
 __all__ = ["HASH_CHUNK", "CountSketch", "check_int", "median_of_rows", "nonfinite_as_largest"]
 
 #: Coordinates hashed per chunk when hashes are computed on the fly (about 20 MB of work
 #: space per row at int64, independent of d).
 HASH_CHUNK = 1 << 19
-
-
-def check_int(name: str, value: object, low: int, high: int | None, hint: str) -> None:
-    """Raise a ValueError naming ``name``, its value and the valid range unless it fits."""
-    if is_int(value) and value >= low and (high is None or value <= high):
-        return
-    rng = f"[{low}, {high}]" if high is not None else f">= {low}"
-    raise ValueError(f"{name}={value!r} is invalid: it must be an integer {rng} ({hint}).")
 
 
 def nonfinite_as_largest(magnitude: torch.Tensor) -> torch.Tensor:
@@ -98,15 +90,15 @@ class CountSketch:
         dtype: torch.dtype = torch.float32,
         cache_hashes: bool | HashCache = False,
     ) -> None:
-        check_int("d", d, 1, None, "the length of the vector to sketch")
-        check_int("rows", rows, 1, None, "an odd number such as 5")
+        check_int("d", d, 1, fix="It is the length of the vector to sketch.")
+        check_int("rows", rows, 1, fix="An odd number such as 5.")
         if rows % 2 == 0:
             raise ValueError(
                 f"rows={rows} is even; rows must be odd (1, 3, 5, ...) so that the median of "
                 f"the rows is one of them. Use rows={rows + 1}."
             )
-        check_int("cols", cols, 1, None, "for example 10 * k")
-        check_int("seed", seed, 0, None, "any non-negative integer shared by all workers")
+        check_int("cols", cols, 1, fix="For example 10 * k.")
+        check_int("seed", seed, 0, fix="Any non-negative integer shared by all workers.")
         if not dtype.is_floating_point:
             raise ValueError(f"dtype={dtype} is not a floating-point dtype; use torch.float32.")
         self.d, self.rows, self.cols, self.seed = d, rows, cols, seed
@@ -386,7 +378,7 @@ class CountSketch:
         Raises:
             ValueError: ``k`` is out of range.
         """
-        check_int("k", k, 1, self.d, "the number of heavy coordinates to recover")
+        check_int("k", k, 1, self.d, fix="It is the number of heavy coordinates to recover.")
         if not bool(torch.isfinite(self.table).all()):
             return self._rank_all(k, ordered, nonfinite_first=True)
         # Sample every stride-th coordinate, sparsely enough to be cheap yet holding a few

@@ -61,7 +61,7 @@ from typing import Any
 
 import tomllib
 
-from gssgd._validate import bad_value, is_int
+from gssgd.validate import bad_value, is_int
 
 __all__ = ["Knob", "MethodSpace", "StudySpec", "load_spec", "parse_spec"]
 

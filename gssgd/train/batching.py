@@ -11,23 +11,14 @@ import hashlib
 
 import torch
 
+from gssgd.validate import check_int
+
 __all__ = ["batch_indices", "lm_batch"]
 
 
-def _check_int(name: str, value: int, minimum: int, fix: str = "") -> None:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{name} must be an int, got {type(value).__name__} {value!r}")
-    if value < minimum:
-        raise ValueError(f"{name} must be >= {minimum}, got {value}{fix}")
-
-
 def _check_rank(rank: int, world_size: int) -> None:
-    _check_int("world_size", world_size, 1)
-    _check_int("rank", rank, 0)
-    if rank >= world_size:
-        raise ValueError(
-            f"rank must be in [0, {world_size - 1}] for world_size {world_size}, got {rank}"
-        )
+    check_int("world_size", world_size, 1)
+    check_int("rank", rank, 0, world_size - 1, f"world_size is {world_size}.")
 
 
 def batch_indices(
@@ -58,25 +49,20 @@ def batch_indices(
         int64 tensor of ``batch_size`` distinct indices in ``[0, n)``.
 
     Raises:
-        TypeError: an argument is not an int.
-        ValueError: an argument is out of range (the message says the range).
+        ValueError: an argument is not an integer in its range (the message says the range).
 
     Example::
 
         >>> batch_indices(step=0, rank=1, world_size=2, batch_size=4, n=100, seed=0).shape
         torch.Size([4])
     """
-    _check_int("step", step, 0)
+    check_int("step", step, 0)
     _check_rank(rank, world_size)
-    _check_int("batch_size", batch_size, 1)
-    _check_int("seed", seed, 0)
-    _check_int(
-        "n",
-        n,
-        world_size * batch_size,
-        f" (world_size {world_size} * batch_size "
-        f"{batch_size}); lower the batch size or the number of workers",
-    )
+    check_int("batch_size", batch_size, 1)
+    check_int("seed", seed, 0)
+    check_int("n", n, world_size * batch_size,
+              fix=f"It must hold world_size {world_size} * batch_size {batch_size}: lower the "
+              "batch size or the number of workers.")
     steps_per_epoch = (n // world_size) // batch_size
     epoch, i = divmod(step, steps_per_epoch)
     generator = torch.Generator().manual_seed(seed + epoch)
@@ -124,14 +110,14 @@ def lm_batch(
         ``targets[b, t]`` is the character after ``inputs[b, t]``.
 
     Raises:
-        TypeError: an argument is not an int.
-        ValueError: an argument is out of range, or ``data`` is not 1-D or too short.
+        ValueError: an argument is not an integer in its range, or ``data`` is not 1-D or too
+            short.
     """
-    _check_int("step", step, 0)
+    check_int("step", step, 0)
     _check_rank(rank, world_size)
-    _check_int("batch_size", batch_size, 1)
-    _check_int("seq_len", seq_len, 1)
-    _check_int("seed", seed, 0)
+    check_int("batch_size", batch_size, 1)
+    check_int("seq_len", seq_len, 1)
+    check_int("seed", seed, 0)
     if data.dim() != 1:
         raise ValueError(
             f"data must be a 1-D tensor of character ids, got shape {tuple(data.shape)}"

@@ -8,7 +8,7 @@ import warnings
 from collections.abc import Callable
 from typing import Any
 
-from gssgd._validate import bad_value, is_int, is_number
+from gssgd import validate
 from gssgd.local_steps import DILOCO_OUTER_LR, DILOCO_OUTER_MOMENTUM
 from gssgd.methods import get_method
 from gssgd.optim import UNSEEN_RULES, VARIANCES, dense_steps_for
@@ -21,6 +21,7 @@ from gssgd.train.method_settings import (
     flag_of,
     setting_applies_to,
 )
+from gssgd.validate import bad_value
 
 #: A :class:`~gssgd.train.config.TrainConfig` (not imported: the config imports this module).
 TrainConfig = Any
@@ -36,21 +37,19 @@ OPTIMIZERS: tuple[str, ...] = ("sgd", "adamw")
 
 def bad(name: str, value: object, valid: str, fix: str = "") -> ValueError:
     """The error for a TrainConfig field, named by its flag: ``--name=value is invalid:
-    valid. fix`` (:func:`gssgd._validate.bad_value`)."""
+    valid. fix`` (:func:`gssgd.validate.bad_value`)."""
     return bad_value(flag(name), value, valid, fix)
 
 
 def check_int(name: str, value: object, minimum: int) -> None:
-    """Raise :func:`bad` unless ``value`` is an integer >= ``minimum``."""
-    if not is_int(value) or value < minimum:  # type: ignore[operator]
-        raise bad(name, value, f"it must be an integer >= {minimum}")
+    """Raise unless ``value`` is an integer >= ``minimum`` (the field named by its flag)."""
+    validate.check_int(flag(name), value, minimum)
 
 
 def check_real(name: str, value: object, valid: str, ok: Callable[[float], bool],
                fix: str = "") -> None:
-    """Raise :func:`bad` unless ``value`` is a finite number for which ``ok`` holds."""
-    if not is_number(value) or not ok(value):  # type: ignore[arg-type]
-        raise bad(name, value, f"it must be a number {valid}", fix)
+    """Raise unless ``value`` is a finite number for which ``ok`` holds (named by its flag)."""
+    validate.check_number(flag(name), value, valid, ok, fix)
 
 
 def rank_step(name: str, value: object) -> tuple[int, int] | None:

@@ -3,7 +3,7 @@
 Why it matters: DDP does not hand a comm hook the model's gradient as one vector in model
 order. It copies each parameter's gradient into a flat *bucket* buffer and calls the hook
 once per bucket, and what the hook does with that buffer can depend on its layout. The
-hook's dense warm-up (:meth:`~gssgd.ddp.core.HookCore._allreduce_mean`) all-reduces the
+hook's dense warm-up (:meth:`~gssgd.ddp.hook.HookCore._allreduce_mean`) all-reduces the
 buffer as it is, and gloo's ring cuts it into P chunks that each sum the ranks in another
 order (:func:`~gssgd.simulated.gloo_ring_reduce`): which weights fall into which chunk
 decides the last bits of their sums. So ``gssgd train --simulate`` replays real processes

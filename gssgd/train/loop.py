@@ -37,9 +37,9 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-from gssgd.aggregators.guard import SketchCollapseError
+from gssgd.aggregators.gs import SketchCollapseError
 from gssgd.amp import AMP_DTYPES, make_scaler
-from gssgd.ddp.recipe import pair_adamw
+from gssgd.ddp.hook import pair_adamw
 from gssgd.methods import METHODS
 from gssgd.optim import FrozenVarianceAdamW
 from gssgd.train import checkpoint

@@ -23,11 +23,11 @@ from typing import Any
 
 import torch
 
-from gssgd._validate import bad_value, is_int
 from gssgd.aggregators import AGGREGATORS
 from gssgd.aggregators.options import PAYLOAD_DTYPES
 from gssgd.methods import METHODS, applies_to, get_method
 from gssgd.train.user_code import import_user_module
+from gssgd.validate import bad_value, is_int
 
 __all__ = [
     "METHOD_FLAGS",

@@ -15,7 +15,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from gssgd.ddp.every_rank import to_cpu
+from gssgd.ddp.paired import to_cpu
 from gssgd.train import checkpoint
 from gssgd.train.config import TrainConfig
 from gssgd.train.launch import Worker

@@ -11,9 +11,10 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from gssgd.aggregators import build_options
-from gssgd.aggregators.sizing import DEFAULT_ROWS
+from gssgd.aggregators.sketching import DEFAULT_ROWS
 from gssgd.costmodel import DEFAULT_METHODS, VARIANTS, MethodSpec, method_spec
 from gssgd.costmodel.architectures import layer_shapes
+from gssgd.validate import check_int
 from gssgd_lab.cluster import parse_link_rate
 
 __all__ = ["CommBenchConfig"]
@@ -61,12 +62,12 @@ class CommBenchConfig:
     specs: tuple[MethodSpec, ...] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        _check_int("workers", self.workers, 1, 254, "e.g. --workers 4")
-        _check_int("d", self.d, 1, None, "e.g. --d 1000000")
-        _check_int("repeats", self.repeats, 1, 100_000, "e.g. --repeats 10")
-        _check_int("warmup", self.warmup, 0, 100_000, "e.g. --warmup 2")
-        _check_int("threads", self.threads, 1, 1024, "e.g. --threads 1")
-        _check_int("seed", self.seed, 0, None, "e.g. --seed 0")
+        check_int("workers", self.workers, 1, 254, "For example --workers 4.")
+        check_int("d", self.d, 1, fix="For example --d 1000000.")
+        check_int("repeats", self.repeats, 1, 100_000, "For example --repeats 10.")
+        check_int("warmup", self.warmup, 0, 100_000, "For example --warmup 2.")
+        check_int("threads", self.threads, 1, 1024, "For example --threads 1.")
+        check_int("seed", self.seed, 0, fix="For example --seed 0.")
         parse_link_rate(self.link)  # raises with the valid forms
         if not self.methods:
             raise ValueError(f"methods is empty; choose among {', '.join(VARIANTS)}")
@@ -129,12 +130,3 @@ class CommBenchConfig:
         return out
 
 
-def _check_int(name: str, value: object, low: int, high: int | None, fix: str) -> None:
-    """Raise ValueError unless ``value`` is an int in ``[low, high]`` (``high`` None: no
-    upper bound); the message names the value, the valid range and ``fix``."""
-    ok = isinstance(value, int) and not isinstance(value, bool) and value >= low
-    if ok and high is not None:
-        ok = value <= high
-    if not ok:
-        valid = f"an integer >= {low}" if high is None else f"an integer in [{low}, {high}]"
-        raise ValueError(f"{name}={value!r} is invalid: it must be {valid}; {fix}")

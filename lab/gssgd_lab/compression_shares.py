@@ -6,8 +6,7 @@ from __future__ import annotations
 import torch
 
 from gssgd.aggregators.options import resolve_k
-from gssgd.aggregators.sizing import default_candidates
-from gssgd.aggregators.sketching import SketchingAggregator
+from gssgd.aggregators.sketching import SketchingAggregator, default_candidates
 from gssgd.methods import METHODS
 from gssgd.sketch import CountSketch
 from gssgd_lab.kernel_config import H200_ANCHOR, RESNET50_D, KernelBenchConfig
@@ -40,7 +39,7 @@ def compression_shares(
     Returns:
         ``{"d", "k", "fwdbwd_ms", "fwdbwd_source", "methods": {name: {"ms", "share"}}}``.
     """
-    from gssgd.aggregators.sizing import DEFAULT_ROWS, default_sketch_cols
+    from gssgd.aggregators.sketching import DEFAULT_ROWS, default_sketch_cols
     from gssgd.selection import topk_indices
 
     cfg = KernelBenchConfig(sizes=(d,), repeats=repeats, warmup=warmup, device="cuda")

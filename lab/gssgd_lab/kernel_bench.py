@@ -39,7 +39,7 @@ import torch
 
 from gssgd import kernels
 from gssgd.aggregators.options import resolve_k
-from gssgd.aggregators.sizing import default_candidates
+from gssgd.aggregators.sketching import default_candidates
 from gssgd.selection import exact_topk_indices, sampled_topk_indices
 from gssgd.sketch import CountSketch
 from gssgd_lab.kernel_config import H200_ANCHOR, TARGETS_MS, KernelBenchConfig

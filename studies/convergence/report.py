@@ -42,7 +42,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root, for studies._lib
-from gssgd.aggregators.sizing import DEFAULT_ROWS, default_candidates, default_sketch_cols  # noqa: E402
+from gssgd.aggregators.sketching import DEFAULT_ROWS, default_candidates, default_sketch_cols  # noqa: E402
 from gssgd.costmodel import MethodSpec, traffic  # noqa: E402
 from gssgd.train.config import TrainConfig  # noqa: E402
 from gssgd.train.method_settings import OPTION_FLAGS  # noqa: E402

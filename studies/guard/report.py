@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root, for studies._lib
-from gssgd.aggregators.guard import CollapseGuard  # noqa: E402
+from gssgd.aggregators.gs import CollapseGuard  # noqa: E402
 from gssgd.train.config import TrainConfig  # noqa: E402
 from studies._lib.report import (  # noqa: E402
     Run,

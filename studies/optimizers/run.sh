@@ -57,7 +57,7 @@ fetch_cols() {  # fetch_cols DENSITY: FetchSGD's columns for 5 rows at gs's numb
   .venv/bin/python - "$density" "$MODEL" <<'PY'
 import sys
 from gssgd.aggregators.options import resolve_k
-from gssgd.aggregators.sizing import default_candidates, default_sketch_cols
+from gssgd.aggregators.sketching import default_candidates, default_sketch_cols
 from gssgd.train.data import load_dataset
 from gssgd.train.models import build_model
 model = "gpt" if sys.argv[2] == "gpt" else "lm"

@@ -8,7 +8,7 @@ import torch
 import torch.distributed as dist
 
 import gssgd
-from gssgd.aggregators.guard import CollapseGuard
+from gssgd.aggregators.gs import CollapseGuard
 from tests.dist_utils import error_report
 
 D = 3000

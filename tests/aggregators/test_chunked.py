@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from gssgd.aggregators import build_options
-from gssgd.aggregators.chunked import grouped_topk_indices, shares
 from gssgd.ddp import HookState
+from gssgd.selection import grouped_topk_indices, shares
 from tests.aggregators.reference import ref_chunked_topk, ref_shares
 
 

@@ -22,7 +22,7 @@ import torch
 
 import gssgd
 from gssgd.aggregators import build_options
-from gssgd.aggregators.schedule import DensityWarmup
+from gssgd.aggregators.options import DensityWarmup
 from gssgd.costmodel.method_specs import method_spec, traffic, warmup_traffic
 from tests.dist_utils import raise_worker_errors, run_each, run_workers
 

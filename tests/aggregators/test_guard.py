@@ -95,7 +95,7 @@ def test_grow_gives_up_after_two_doublings_with_advice() -> None:
 def test_later_audits_stay_within_five_percent_of_the_step_bytes() -> None:
     """An audit is a dense all-reduce: spaced by a byte budget, never closer than 200 steps.
     gs's many-workers step is small, so its later audits come thousands of steps apart."""
-    from gssgd.aggregators.guard import AUDIT_SHARE, audit_interval
+    from gssgd.aggregators.gs import AUDIT_SHARE, audit_interval
     from gssgd.comm import ring_allreduce_bytes
 
     audit = ring_allreduce_bytes(80_602 * 4, 64)  # the MNIST CNN on 64 workers

@@ -9,7 +9,7 @@ import torch
 import gssgd
 from gssgd.aggregators import build_options
 from gssgd.aggregators.options import resolve_k
-from gssgd.aggregators.sizing import default_sketch_cols
+from gssgd.aggregators.sketching import default_sketch_cols
 
 BAD = [
     ("nope", {}, "unknown method 'nope'; valid methods: dense, topk, gtopk, sketched, gs"),

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from gssgd.aggregators.stats import StepStats
-from gssgd.ddp.stats import IterationStats
+from gssgd.aggregators.base import StepStats
+from gssgd.ddp.hook import IterationStats
 
 
 def test_bytes_add_up_the_fraction_is_weighted_and_the_audit_is_the_worst_bucket() -> None:

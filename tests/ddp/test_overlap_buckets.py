@@ -1,5 +1,5 @@
 """``overlap="buckets"``: per-bucket hooks that return futures a thread completes while the
-backward pass goes on (gssgd.ddp.core.HookCore.overlapped_bucket_step), against the synchronous
+backward pass goes on (gssgd.ddp.hook.HookCore.overlapped_bucket_step), against the synchronous
 path, on real gloo processes: P = 3, >= 8 buckets, every rank's backward delayed at
 random, 50 steps, every per-bucket method."""
 

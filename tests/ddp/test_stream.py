@@ -1,4 +1,4 @@
-"""Streaming gs in the DDP hook (gssgd.ddp.core.HookCore.stream_step) and its partitioned table.
+"""Streaming gs in the DDP hook (gssgd.ddp.hook.HookCore.stream_step) and its partitioned table.
 
 Real gloo processes at P = 3 and 4 (a non-power of two among them) over several DDP bucket
 layouts, bitwise against tests/ddp/stream_scenarios.PartitionedReference; the layout rules and
@@ -363,7 +363,7 @@ def test_a_nan_on_one_rank_is_seen_by_every_rank_from_the_last_regions_flags() -
 
 def _stream_with_warmup(rank: int, world_size: int, warmup_density: float) -> str:
     from gssgd.aggregators import build_options
-    from gssgd.aggregators.sizing import streaming_options
+    from gssgd.aggregators.sketching import streaming_options
     from gssgd.ddp import StreamingGS
 
     d, k = 4000, 40

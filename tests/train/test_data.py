@@ -385,13 +385,15 @@ def test_batch_indices_leaves_global_rng_alone() -> None:
 @pytest.mark.parametrize(
     ("kwargs", "error", "message"),
     [
-        ({"rank": 2}, ValueError, r"rank must be in \[0, 1\] for world_size 2, got 2"),
-        ({"world_size": 0}, ValueError, r"world_size must be >= 1, got 0"),
-        ({"batch_size": 0}, ValueError, r"batch_size must be >= 1, got 0"),
-        ({"step": -1}, ValueError, r"step must be >= 0, got -1"),
-        ({"n": 15}, ValueError, r"n must be >= 16, got 15 \(world_size 2 \* batch_size 8\)"),
-        ({"seed": 1.5}, TypeError, r"seed must be an int, got float"),
-        ({"step": True}, TypeError, r"step must be an int, got bool"),
+        ({"rank": 2}, ValueError,
+         r"rank=2 is invalid: it must be an integer in \[0, 1\]. world_size is 2"),
+        ({"world_size": 0}, ValueError, r"world_size=0 is invalid: it must be an integer >= 1"),
+        ({"batch_size": 0}, ValueError, r"batch_size=0 is invalid: it must be an integer >= 1"),
+        ({"step": -1}, ValueError, r"step=-1 is invalid: it must be an integer >= 0"),
+        ({"n": 15}, ValueError, r"n=15 is invalid: it must be an integer >= 16. It must hold "
+                                r"world_size 2 \* batch_size 8"),
+        ({"seed": 1.5}, ValueError, r"seed=1.5 is invalid: it must be an integer >= 0"),
+        ({"step": True}, ValueError, r"step=True is invalid: it must be an integer >= 0"),
     ],
 )
 def test_batch_indices_rejects_bad_arguments(kwargs: dict, error: type, message: str) -> None:

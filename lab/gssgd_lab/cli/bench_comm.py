@@ -8,7 +8,7 @@ import argparse
 from collections.abc import Callable
 from pathlib import Path
 
-from gssgd.aggregators.sizing import DEFAULT_ROWS
+from gssgd.aggregators.sketching import DEFAULT_ROWS
 from gssgd.cli import bench_args
 from gssgd.cli.errors import run_command
 from gssgd.costmodel.architectures import ARCHITECTURES

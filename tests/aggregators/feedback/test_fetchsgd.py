@@ -1,4 +1,4 @@
-"""FetchSGD's sketch-space feedback (gssgd.aggregators.feedback.fetchsgd): the authors' rule.
+"""FetchSGD's sketch-space feedback (gssgd.aggregators.feedback): the authors' rule.
 
 The error sketch is zeroed in the buckets the delivered coordinates touch (the authors'
 code), not reduced by their sketch (the paper's formula, which diverges): both rules run
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from gssgd.aggregators.feedback.fetchsgd import SketchFeedback
+from gssgd.aggregators.feedback import SketchFeedback
 from gssgd.sketch import CountSketch
 
 D, ROWS, COLS, K, WORKERS, RHO, LR, STEPS = 4000, 5, 800, 40, 4, 0.9, 0.01, 300
