@@ -2,7 +2,7 @@
 
 The pure-torch code in :mod:`gssgd.sketch` and :mod:`gssgd.selection` is the reference; these
 kernels compute the same results without the d-sized work space the torch path needs
-(hashes are computed inside the kernel from :func:`gssgd.sketch.hashing.sketch_hash_params`, never
+(hashes are computed inside the kernel from :func:`gssgd.sketch.count_sketch.sketch_hash_params`, never
 stored). What each one does (details in ``docs/kernels.md``):
 
 * :func:`sketch_accumulate`: ``table += sketch(vec)``, one atomic add per coordinate and row.

@@ -1,9 +1,9 @@
-"""The Count Sketch hashes inside a Triton kernel, bit for bit those of :mod:`gssgd.sketch.hashing`.
+"""The Count Sketch hashes inside a Triton kernel, bit for bit those of :mod:`gssgd.sketch.count_sketch`.
 
-Row ``r``'s constants ``(a, b, c, e)`` come from :func:`gssgd.sketch.hashing.sketch_hash_params`
+Row ``r``'s constants ``(a, b, c, e)`` come from :func:`gssgd.sketch.count_sketch.sketch_hash_params`
 as a ``(rows, 4)`` int64 tensor (:func:`params_tensor`); the kernel reads them as unsigned
 64-bit integers, where multiplication and addition wrap mod 2^64 exactly as torch's int64
-arithmetic does in :func:`gssgd.sketch.hashing.signed_buckets`::
+arithmetic does in :func:`gssgd.sketch.count_sketch.signed_buckets`::
 
     bucket = (((a * i + b) mod 2^64) >> 32) * cols >> 32
     negative = top bit of (c * i + e) mod 2^64

@@ -50,7 +50,7 @@ def sketch_accumulate(
     Args:
         table: ``(rows, cols)`` float table, ``rows == len(params)``.
         vec: 1-D float vector on the table's device (any float dtype).
-        params: :func:`gssgd.sketch.hashing.sketch_hash_params` of the sketch.
+        params: :func:`gssgd.sketch.count_sketch.sketch_hash_params` of the sketch.
     """
     rows, cols = _check_table(table, params)
     _check_same_device(table, vec, "vec")

@@ -25,9 +25,9 @@ Nothing is kept in module state.
 
 Modules, from the bottom up:
 
-* :mod:`gssgd.sketch.hashing`: the hashes and the :class:`HashCache` that keeps them.
-* :mod:`gssgd.sketch.count_sketch`: :class:`CountSketch`, the table, its queries (the median
-  of the rows) and the recovery of the ``k`` heaviest coordinates.
+* :mod:`gssgd.sketch.count_sketch`: the hashes and the :class:`HashCache` that keeps them;
+  :class:`CountSketch`, the table, its queries (the median of the rows) and the recovery of
+  the ``k`` heaviest coordinates.
 * :mod:`gssgd.sketch.partitioned`: a sketch whose table is cut into one region per piece
   of the vector (streaming gs).
 
@@ -42,8 +42,13 @@ Example:
 
 from __future__ import annotations
 
-from gssgd.sketch.count_sketch import CountSketch, median_of_rows
-from gssgd.sketch.hashing import HashCache, hash_cache_bytes, sketch_hash_params
+from gssgd.sketch.count_sketch import (
+    CountSketch,
+    HashCache,
+    hash_cache_bytes,
+    median_of_rows,
+    sketch_hash_params,
+)
 
 __all__ = ["CountSketch", "HashCache", "hash_cache_bytes", "median_of_rows", "sketch_hash_params"]
 

@@ -6,7 +6,7 @@ of ``tests/ddp/scenarios.py`` in DDP next to a plain copy whose local gradients 
 definition (column split, per-region hashing, global top m*k, exact round, error
 feedback), independent of ``gssgd.ddp.streaming_gs`` and ``gssgd.sketch.partitioned``: its hashes
 are those of ``tests/aggregators/reference.py`` (re-implemented from the documented scheme,
-not ``gssgd.sketch.hashing``), and its sums over ranks are plain ``torch.distributed`` calls, not
+not ``gssgd.sketch.count_sketch``), and its sums over ranks are plain ``torch.distributed`` calls, not
 gssgd's ``Communicator``. They are the sums the hook makes (the backend's all-reduce of
 each region, in bucket order; the exact round by the backend's all-reduce, streaming's
 default, or added up in recursive doubling's order), so the result must agree bit for bit.

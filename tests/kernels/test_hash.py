@@ -1,11 +1,11 @@
-"""The in-kernel hashes are :func:`gssgd.sketch.hashing.signed_buckets`, bit for bit."""
+"""The in-kernel hashes are :func:`gssgd.sketch.count_sketch.signed_buckets`, bit for bit."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from gssgd.sketch.hashing import signed_buckets, sketch_hash_params
+from gssgd.sketch.count_sketch import signed_buckets, sketch_hash_params
 from tests.kernels.conftest import HAVE_TRITON
 
 if HAVE_TRITON:

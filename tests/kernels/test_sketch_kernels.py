@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from gssgd.sketch import CountSketch
-from gssgd.sketch.hashing import signed_buckets
+from gssgd.sketch.count_sketch import signed_buckets
 from tests.kernels.conftest import HAVE_TRITON
 
 if HAVE_TRITON:
