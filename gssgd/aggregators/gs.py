@@ -97,7 +97,7 @@ class GSOptions(SketchedOptions):
             an all-gather by recursive doubling: the ring's bytes in 2 log2 P rounds);
             None: by the number of workers (:func:`~gssgd.aggregators.sketching.sketch_default_shape`).
         guard: what to do when an audit finds the sketch collapsed (see
-            :mod:`gssgd.aggregators.gs`; audits come at step 20, then spaced to add at
+            :class:`CollapseGuard`; audits come at step 20, then spaced to add at
             most 5 % of gs's bytes, every 200 steps or more): "grow"
             doubles ``cols`` and the ``m*k`` candidates (every
             rank alike, at most twice, up to ``d / (2 * rows)`` columns and ``d / 8``
@@ -105,7 +105,7 @@ class GSOptions(SketchedOptions):
             a further collapse; "raise" raises it at once, with a message saying what to
             change; "off" never audits.
         audit: how an audit finds the mass exact global top-k would deliver
-            (:mod:`gssgd.aggregators.gs`): "tops" (default) fetches the exact global
+            (:class:`CollapseGuard`): "tops" (default) fetches the exact global
             values of the union of every rank's largest coordinates, a pool of about
             :data:`~gssgd.aggregators.gs.AUDIT_POOL` times k (a few per cent of a dense
             all-reduce at low density; it estimates the best mass from below, so the
