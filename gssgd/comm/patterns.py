@@ -41,6 +41,7 @@ runs these patterns and counts them with these same formulas. In the order below
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -67,6 +68,13 @@ __all__ = [
     "tree_reduce_broadcast",
     "wire_overhead",
 ]
+
+#: The formulas below are pure functions of integers returning a frozen :class:`Traffic`, so
+#: each keeps its last results: a warm-up's or a cost map's many steps ask for the same
+#: patterns again (the dense all-reduce a warm-up step is compared with, every link rate of
+#: one size and world size). At most this many results per formula (a result holds four
+#: tuples of P integers).
+FORMULA_CACHE = 512
 
 
 #: Bytes of the int32 non-finite flag every aggregator step all-gathers first.
@@ -191,6 +199,7 @@ def _round_up(n: int, multiple: int) -> int:
     return -(-n // multiple) * multiple
 
 
+@functools.lru_cache(maxsize=FORMULA_CACHE)
 def ring_allreduce(nbytes: int, world_size: int, itemsize: int = 4) -> Traffic:
     """The backend's all-reduce of ``nbytes`` in elements of ``itemsize`` bytes
     (:meth:`~gssgd.comm.Communicator.allreduce_backend`): gloo's ring, counted segment by
@@ -218,6 +227,7 @@ def ring_allreduce(nbytes: int, world_size: int, itemsize: int = 4) -> Traffic:
     return phase(sent, received, 2 * (p - 1), messages, messages_received)
 
 
+@functools.lru_cache(maxsize=FORMULA_CACHE)
 def allgather(nbytes: int, world_size: int) -> Traffic:
     """An all-gather of ``nbytes`` per rank (:meth:`~gssgd.comm.Communicator.allgather_backend`):
     gloo's ring all-gather (gloo/allgather.cc). In each of ``P-1`` steps a rank forwards one
@@ -264,6 +274,7 @@ def recursive_doubling_plan(rank: int, world_size: int) -> RecursiveDoublingPlan
     return RecursiveDoublingPlan(world_size, power, None, folded, partners)
 
 
+@functools.lru_cache(maxsize=FORMULA_CACHE)
 def recursive_doubling(
     nbytes: int, world_size: int, result_extra: int = 0, *, tensors: int = 1,
     result_tensors: int | None = None,
@@ -326,6 +337,7 @@ def halving_doubling_schedule(rank: int, power: int) -> list[tuple[int, tuple[in
     return out
 
 
+@functools.lru_cache(maxsize=FORMULA_CACHE)
 def halving_doubling(nbytes: int, world_size: int, itemsize: int = 4) -> Traffic:
     """Recursive halving and doubling of an ``nbytes`` payload of ``itemsize``-byte
     elements (:func:`halving_doubling_schedule`): per round each rank sends one message of
@@ -360,6 +372,7 @@ def halving_doubling(nbytes: int, world_size: int, itemsize: int = 4) -> Traffic
     return out + dataclasses.replace(fold, rounds=2)  # the fold-in's and the result's
 
 
+@functools.lru_cache(maxsize=FORMULA_CACHE)
 def star_gather(nbytes: int, world_size: int, tensors: int = 1) -> Traffic:
     """Every other rank sends ``nbytes`` (``tensors`` messages) to rank 0
     (:meth:`~gssgd.comm.Communicator.gather_to_root`): rank 0's link carries ``P-1`` copies.
@@ -371,6 +384,7 @@ def star_gather(nbytes: int, world_size: int, tensors: int = 1) -> Traffic:
     return phase(sent, received, 1, messages, ((p - 1) * tensors,) + (0,) * (p - 1))
 
 
+@functools.lru_cache(maxsize=FORMULA_CACHE)
 def star_broadcast(nbytes: int, world_size: int, tensors: int = 1) -> Traffic:
     """Rank 0 sends ``nbytes`` (``tensors`` messages) to every other rank, one by one
     (:meth:`~gssgd.comm.Communicator.broadcast_from_root`): a star, not a tree. One round."""
@@ -417,6 +431,7 @@ def tree_plan(rank: int, world_size: int) -> TreePlan:
     return TreePlan(world_size, depth, tuple(children), parent)
 
 
+@functools.lru_cache(maxsize=FORMULA_CACHE)
 def tree_reduce_broadcast(nbytes: int, world_size: int, *, tensors: int = 1) -> Traffic:
     """A reduce of an ``nbytes`` payload up the binomial tree, then its broadcast down
     (:func:`tree_plan`): a rank sends ``nbytes`` once up (rank 0 never) and once down to
