@@ -44,7 +44,7 @@ from gssgd.aggregators.gs import GlobalSketchSGD
 from gssgd.aggregators.gtopk import GlobalTopk
 from gssgd.aggregators.options import CommonOptions
 from gssgd.aggregators.powersgd import PowerSGD
-from gssgd.aggregators.sketched import SketchedSGD
+from gssgd.aggregators.sketched_sgd import SketchedSGD
 from gssgd.aggregators.topk import LocalTopk
 
 __all__ = [

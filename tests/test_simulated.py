@@ -23,7 +23,7 @@ import torch.distributed as dist
 
 from gssgd import make_aggregator
 from gssgd.aggregators.gs import GlobalSketchSGD
-from gssgd.aggregators.sketched import SketchedSGD
+from gssgd.aggregators.sketched_sgd import SketchedSGD
 from gssgd.aggregators.sketching import MANY_WORKERS, sketch_default_shape
 from gssgd.simulated import SimulatedWorld, SimulationError, gloo_ring_chunk
 from tests.aggregators.reference import default_sketch, reference_run

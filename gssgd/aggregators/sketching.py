@@ -1,6 +1,6 @@
 """What the sketching methods share: their options and the pieces of their ``step``.
 
-Sketched-SGD (:mod:`~gssgd.aggregators.sketched`), gs-SGD (:mod:`~gssgd.aggregators.gs`) and
+Sketched-SGD (:mod:`~gssgd.aggregators.sketched_sgd`), gs-SGD (:mod:`~gssgd.aggregators.gs`) and
 streaming gs-SGD (:mod:`gssgd.ddp.streaming_gs`) each Count-Sketch their error-compensated vector,
 send the table, and recover heavy coordinates from the summed sketch. This module holds what
 they have in common, so each ``step`` shows only its own communication:
