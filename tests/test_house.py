@@ -88,7 +88,7 @@ def test_no_import_circles() -> None:
 #: ``gssgd`` itself, the package's ``__init__``, only hands names on). A new top-level
 #: module or subpackage takes its place here.
 LAYERS = (
-    "validate", "log", "kernels", "transport", "simulated", "selection", "sketch", "comm",
+    "validate", "log", "plots", "kernels", "transport", "simulated", "selection", "sketch", "comm",
     "aggregators", "optim", "lr_schedule", "amp", "methods", "local_steps", "recipes", "ddp", "train",
     "costmodel", "study", "gssgd", "cli",
 )

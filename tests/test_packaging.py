@@ -108,7 +108,7 @@ def test_plots_without_matplotlib_name_the_install_command(
     done = _without_cli_extras(
         f"""
         from gssgd.cli.main import main
-        from gssgd.train.plots import MissingExtraError, plot_comparison
+        from gssgd.plots import MissingExtraError, plot_comparison
 
         try:
             plot_comparison({{}}, {str(tmp_path)!r})

@@ -194,7 +194,7 @@ def _compare(args: argparse.Namespace) -> int:
     add_bytes_to_target(results, curves, text)
 
     # Imported here, not above: spawned workers re-import the CLI, and need no matplotlib.
-    from gssgd.train.plots import plot_comparison
+    from gssgd.plots import plot_comparison
 
     out.mkdir(parents=True, exist_ok=True)
     write_json(out / "results.json", results)

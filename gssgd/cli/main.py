@@ -18,7 +18,7 @@ from types import ModuleType
 
 from gssgd import __version__
 from gssgd.cli.errors import USAGE, Parser
-from gssgd.train.plots import CLI_EXTRA
+from gssgd.plots import CLI_EXTRA
 
 __all__ = ["SUBCOMMANDS", "build_parser", "main", "subcommand"]
 

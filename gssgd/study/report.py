@@ -10,8 +10,8 @@ import math
 from pathlib import Path
 from typing import Any
 
+from gssgd.plots import shrink_png
 from gssgd.study.curves import Evaluation, seed_points
-from gssgd.train.plots import shrink_png
 
 __all__ = ["fmt_bytes", "markdown", "plot", "value_axis"]
 

@@ -9,17 +9,15 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from gssgd import plots
+
 __all__ = ["new_figure", "save_figure"]
 
 
 def new_figure(width: float, height: float) -> Any:
-    """A ``width`` x ``height`` inch figure at 110 dpi on an Agg canvas."""
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
-
-    fig = Figure(figsize=(width, height), dpi=110)
-    FigureCanvasAgg(fig)
-    return fig
+    """A ``width`` x ``height`` inch figure at 110 dpi on an Agg canvas
+    (:func:`gssgd.plots.new_figure`)."""
+    return plots.new_figure(width, height, dpi=110)
 
 
 def save_figure(fig: Any, path: str | Path) -> Path:

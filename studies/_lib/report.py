@@ -45,6 +45,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
+from gssgd.plots import PNG_COLOURS as PNG_COLOURS
+from gssgd.plots import shrink_png as shrink_png
 from gssgd.study.curves import ACCURACY as ACCURACY
 from gssgd.study.curves import LOSS as LOSS
 from gssgd.study.curves import Evaluation as Evaluation
@@ -54,8 +56,6 @@ from gssgd.study.curves import first_reaching as first_reaching
 from gssgd.study.curves import reach_on_mean_curve as reach_on_mean_curve
 from gssgd.study.report import fmt_bytes
 from gssgd.train.metrics import busier_bytes, read_metrics, read_run
-from gssgd.train.plots import PNG_COLOURS as PNG_COLOURS
-from gssgd.train.plots import shrink_png as shrink_png
 from gssgd_lab.markdown import splice_markdown
 
 __all__ = [

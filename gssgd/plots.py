@@ -1,4 +1,5 @@
-"""Plots of a comparison: loss and accuracy against steps and against bytes sent.
+"""Plots gssgd draws: a comparison's loss and accuracy against steps and against bytes sent
+(``gssgd compare``), and the PNG shrinking every committed plot goes through (study reports).
 
 Figures are drawn on a bare :class:`matplotlib.figure.Figure` with the Agg canvas (files
 only, no display; pyplot's global backend is left alone). Matplotlib comes with the
@@ -17,8 +18,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-__all__ = ["CLI_EXTRA", "PNG_COLOURS", "MissingExtraError", "plot_comparison", "require_matplotlib",
-           "shrink_png", "smooth"]
+__all__ = ["CLI_EXTRA", "PNG_COLOURS", "MissingExtraError", "new_figure", "plot_comparison",
+           "require_matplotlib", "shrink_png", "smooth"]
 
 #: How to install what the command line needs besides torch and numpy (tqdm, matplotlib).
 CLI_EXTRA = "pip install 'gssgd[cli]'"
@@ -42,13 +43,14 @@ def require_matplotlib() -> None:
         ) from err
 
 
-def _figure(width: float, height: float) -> Any:
-    """A Figure on the Agg canvas (no pyplot, no display)."""
+def new_figure(width: float, height: float, dpi: float | None = None) -> Any:
+    """A ``width`` x ``height`` inch Figure on the Agg canvas (no pyplot, no display), at
+    ``dpi`` (None: matplotlib's default)."""
     require_matplotlib()
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
-    fig = Figure(figsize=(width, height))
+    fig = Figure(figsize=(width, height), dpi=dpi)
     FigureCanvasAgg(fig)
     return fig
 
@@ -92,7 +94,7 @@ def plot_comparison(
         ("step", "step", "vs_step.png"),
         ("bytes_sent_total", "MB sent per worker (cumulative)", "vs_bytes.png"),
     ):
-        fig = _figure(11, 4.2)
+        fig = new_figure(11, 4.2)
         ax_loss, ax_metric = fig.subplots(1, 2)
         for method, records in runs.items():
             if not records:
