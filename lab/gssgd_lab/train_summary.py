@@ -36,10 +36,13 @@ the start of step 0 at the end of the step, evaluations excluded), that is used 
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import statistics
 from collections.abc import Mapping, Sequence
 from typing import Any
+
+from gssgd.study.curves import ACCURACY
 
 __all__ = ["ELAPSED_FIELD", "NO_SUMMARY", "summarize", "summarize_run", "time_to_target",
            "training_clock"]
@@ -81,13 +84,15 @@ def time_to_target(records: Sequence[Mapping[str, Any]], target: float) -> tuple
 
     Returns:
         ``(seconds, step)``: the training clock (:func:`training_clock`) at the end of the
-        first step whose evaluation scored ``>= target``, and that step; None if no
-        evaluation did.
+        first step whose evaluation reached ``target`` (the studies' rule,
+        :meth:`gssgd.study.curves.Metric.reaches`, with no margin: ``>= target``), and that
+        step; None if no evaluation did.
     """
+    rule = dataclasses.replace(ACCURACY, margin=0.0)
     records = sorted(records, key=lambda r: r["step"])
     for rec, seconds in zip(records, training_clock(records), strict=True):
         acc = _number(rec.get("test_accuracy"))
-        if acc is not None and acc >= target:
+        if acc is not None and rule.reaches(acc, target):
             return seconds, int(rec["step"])
     return None
 
