@@ -70,11 +70,10 @@ __all__ = [
 ]
 
 #: The formulas below are pure functions of integers returning a frozen :class:`Traffic`, so
-#: each keeps its last results: a warm-up's or a cost map's many steps ask for the same
-#: patterns again (the dense all-reduce a warm-up step is compared with, every link rate of
-#: one size and world size). At most this many results per formula (a result holds four
-#: tuples of P integers).
-FORMULA_CACHE = 512
+#: each keeps its last results: every step of a density warm-up compares its message with
+#: the same dense all-reduce (:meth:`~gssgd.aggregators.base.Aggregator.sends_dense_at`).
+#: At most this many results per formula (a result holds four tuples of P integers).
+FORMULA_CACHE = 64
 
 
 #: Bytes of the int32 non-finite flag every aggregator step all-gathers first.
