@@ -54,6 +54,7 @@ from gssgd.costmodel.devices import Device
 from gssgd.costmodel.link_rate import format_rate, parse_link_rate
 from gssgd.costmodel.method_specs import MethodSpec, warmup_traffic
 from gssgd.costmodel.network import Network, pattern_of, rounds_of, step_traffic
+from gssgd.ddp.settings import STREAMING_METHODS
 from gssgd.methods import get_method
 
 __all__ = [
@@ -166,7 +167,7 @@ def overlap_of(spec: MethodSpec, *, stream: bool = False) -> str:
     assert cls is not None
     if cls.sends_all and not cls.compresses:
         return "backward"
-    if stream and spec.aggregator == "gs":
+    if stream and spec.aggregator in STREAMING_METHODS:
         return "table"
     return "none"
 
