@@ -24,7 +24,14 @@ import torch
 import torch.distributed as dist
 
 from gssgd.aggregators.options import CommonOptions, DensityWarmup
-from gssgd.comm import CONTROL_BYTES, Communicator, Traffic, allgather, ring_allreduce
+from gssgd.comm import (
+    CONTROL_BYTES,
+    CommStats,
+    Communicator,
+    Traffic,
+    allgather,
+    ring_allreduce,
+)
 from gssgd.selection import topk_indices
 from gssgd.sketch import HashCache
 
@@ -494,15 +501,9 @@ class Aggregator:
         self.feedback.rescale(factor)
 
     def _record(self, skipped: bool, delivered_fraction: float | None = None) -> None:
-        c = self.comm.take_stats()
-        self.last_stats = StepStats(
-            bytes_sent=c.bytes_sent,
-            bytes_received=c.bytes_received,
-            messages=c.messages,
-            messages_received=c.messages_received,
-            rounds=c.rounds,
+        self.last_stats = StepStats.of_comm(
+            self.comm.take_stats(),
             seconds_compress=self._timings["compress"],
-            seconds_communicate=c.seconds,
             seconds_decompress=self._timings["decompress"],
             k=self.step_k,
             d=self.d,
@@ -623,3 +624,13 @@ class StepStats:
     skipped: bool = False
     delivered_fraction: float | None = None
     audited_recall: float | None = None
+
+    @classmethod
+    def of_comm(cls, counted: CommStats, *, timed: bool = True, **rest: Any) -> StepStats:
+        """A step's statistics from what its collectives counted (bytes, messages, rounds
+        and, when ``timed``, their seconds: an asynchronous launch times them itself) and
+        the ``rest`` of the fields."""
+        return cls(bytes_sent=counted.bytes_sent, bytes_received=counted.bytes_received,
+                   messages=counted.messages, messages_received=counted.messages_received,
+                   rounds=counted.rounds,
+                   seconds_communicate=counted.seconds if timed else 0.0, **rest)

@@ -398,17 +398,7 @@ class HookCore:
             device=buffers[0].device,
         )
         flags = self._comm.allgather_backend(bad) if self._comm.world_size > 1 else [bad]
-        counted = self._comm.take_stats()
-        self._iteration_stats().add(
-            StepStats(
-                bytes_sent=counted.bytes_sent,
-                bytes_received=counted.bytes_received,
-                messages=counted.messages,
-                messages_received=counted.messages_received,
-                rounds=counted.rounds,
-                seconds_communicate=counted.seconds,
-            )
-        )
+        self._iteration_stats().add(StepStats.of_comm(self._comm.take_stats()))
         return [r for r, flag in enumerate(flags) if int(flag)]
 
     def _iteration_stats(self) -> IterationStats:
@@ -565,19 +555,10 @@ class HookCore:
         buffer.div_(comm.world_size)  # before the sum, as DDP's own hook does (no fp16 overflow)
         start = time.perf_counter()
         fut = comm.allreduce_backend_async(buffer)
-        counted = comm.take_stats()
         totals = self._iteration_stats()
-        totals.add(
-            StepStats(
-                bytes_sent=counted.bytes_sent,
-                bytes_received=counted.bytes_received,
-                messages=counted.messages,
-                messages_received=counted.messages_received,
-                rounds=counted.rounds,
-                k=buffer.numel(),
-                d=buffer.numel(),
-            )
-        )
+        # its seconds are timed by ``done`` below, when the all-reduce has finished
+        totals.add(StepStats.of_comm(comm.take_stats(), timed=False,
+                                     k=buffer.numel(), d=buffer.numel()))
 
         def done(fut: torch.futures.Future[torch.Tensor]) -> torch.Tensor:
             totals.total.seconds_communicate += time.perf_counter() - start
