@@ -30,6 +30,7 @@ from gssgd.comm import (
     Communicator,
     Traffic,
     allgather,
+    completed_future,
     ring_allreduce,
 )
 from gssgd.selection import topk_indices
@@ -127,6 +128,10 @@ class Aggregator:
     #: payload has ``P`` more values: :meth:`_flag_slots`, :meth:`_flags_of`), so no
     #: control all-gather starts its step; False: :meth:`_begin` all-gathers the flags.
     flags_ride: ClassVar[bool] = False
+    #: True for a method whose :meth:`start_step` returns as soon as its one collective is
+    #: started (dense): a DDP hook returns that future and the backward goes on. False:
+    #: :meth:`start_step` runs the whole step first (a hook overlaps it on a thread instead).
+    starts_async: ClassVar[bool] = False
 
     def __init__(
         self,
@@ -157,6 +162,12 @@ class Aggregator:
     # ---------------------------------------------------------------- contract
     def step(self, grad: torch.Tensor) -> torch.Tensor:  # pragma: no cover - abstract
         raise NotImplementedError
+
+    def start_step(self, grad: torch.Tensor) -> torch.futures.Future[torch.Tensor]:
+        """:meth:`step` as a future of its update. Here the step runs before the future is
+        returned; a method with one collective (:attr:`starts_async`) returns as soon as it
+        is started and finishes the step when it completes."""
+        return completed_future(self.step(grad))
 
     @classmethod
     def traffic(

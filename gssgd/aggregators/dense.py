@@ -11,13 +11,15 @@ Steps (per rank, each step):
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 
 from gssgd.aggregators.base import Aggregator, flagged_allreduce
 from gssgd.aggregators.options import PAYLOAD_DTYPES, CommonOptions
-from gssgd.comm import Traffic
+from gssgd.comm import Traffic, chain
 from gssgd.validate import bad_value
 
 __all__ = ["DenseAllReduce", "DenseOptions"]
@@ -52,6 +54,7 @@ class DenseAllReduce(Aggregator):
     Options = DenseOptions
     has_residual = False
     flags_ride = True
+    starts_async = True
     sends_all = True
     compresses = False
     options: DenseOptions
@@ -65,6 +68,22 @@ class DenseAllReduce(Aggregator):
         return flagged_allreduce(d, world_size, options.dtype.itemsize)
 
     def step(self, grad: torch.Tensor) -> torch.Tensor:
+        summed, finish = self._launch(grad)
+        return finish(summed.wait())
+
+    def start_step(self, grad: torch.Tensor) -> torch.futures.Future[torch.Tensor]:
+        """The step as a future that completes when the all-reduce has (:attr:`starts_async`:
+        it returns as soon as the all-reduce is started, as DDP's own hook does); bitwise
+        :meth:`step`'s update. The rest of the step runs in the future's callback (on the
+        backend's thread under gloo); an error there fails the returned future."""
+        summed, finish = self._launch(grad)
+        return chain(summed, finish, grad.device)
+
+    def _launch(
+        self, grad: torch.Tensor
+    ) -> tuple[torch.futures.Future[torch.Tensor], Callable[[torch.Tensor], torch.Tensor]]:
+        """Start the step's all-reduce; return its future and what turns the summed payload
+        into the update (steps 1-2, then 3)."""
         self._start(grad)
         d, low_precision = self.d, self.options.dtype != torch.float32
         with self._timed("compress"):
@@ -75,13 +94,19 @@ class DenseAllReduce(Aggregator):
                 payload[:d] = grad / self.world_size
             else:
                 payload[:d] = grad
-        summed = self.comm.allreduce_backend(payload)
-        skipped = self._guard(grad, self._flags_of(summed))
-        if skipped is not None:
-            return skipped
-        with self._timed("decompress"):
-            if low_precision:
-                update = summed[:d].to(grad.dtype)
-            else:
-                update = summed[:d].div_(self.world_size).to(grad.dtype)
-        return self._finish(update)
+        started = time.perf_counter()
+        summed = self.comm.allreduce_backend_async(payload)
+
+        def finish(summed: torch.Tensor) -> torch.Tensor:
+            self.comm.stats.seconds += time.perf_counter() - started
+            skipped = self._guard(grad, self._flags_of(summed))
+            if skipped is not None:
+                return skipped
+            with self._timed("decompress"):
+                if low_precision:
+                    update = summed[:d].to(grad.dtype)
+                else:
+                    update = summed[:d].div_(self.world_size).to(grad.dtype)
+            return self._finish(update)
+
+        return summed, finish

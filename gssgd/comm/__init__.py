@@ -24,7 +24,15 @@ Every name is importable from ``gssgd.comm`` itself.
 
 from __future__ import annotations
 
-from gssgd.comm.communicator import CommStats, Communicator, Payload, world_size_of
+from gssgd.comm.communicator import (
+    CommStats,
+    Communicator,
+    Payload,
+    chain,
+    completed_future,
+    new_future,
+    world_size_of,
+)
 from gssgd.comm.patterns import (
     CONTROL_BYTES,
     GLOO_MAX_SEGMENT_BYTES,
@@ -57,8 +65,11 @@ __all__ = [
     "Traffic",
     "TreePlan",
     "allgather",
+    "chain",
+    "completed_future",
     "gloo_ring_segments",
     "halving_doubling",
+    "new_future",
     "recursive_doubling",
     "recursive_doubling_plan",
     "ring_allreduce",

@@ -7,9 +7,8 @@ In reading order:
 
 * what an iteration cost (:class:`IterationStats`, :attr:`HookState.last_stats`) and since
   the run began (:class:`RunningTotals`, :attr:`HookState.totals`, part of the checkpoint);
-* the futures the hook returns (:func:`new_future`, :func:`completed_future`) and the lane
-  that completes the overlapped buckets' futures in order on a thread of its own
-  (:class:`BucketLane`);
+* the lane that starts the overlapped buckets in order, completing their futures in their
+  collectives' callbacks or on a thread of its own (:class:`BucketLane`);
 * :class:`HookCore`, the runtime: the settings and runtime state (aggregators, layouts,
   the iteration's statistics, buckets waiting for the last), the pieces every mode is built
   from (the dense warm-up's all-reduce, the non-finite check, statistics) and the modes:
@@ -32,6 +31,7 @@ In reading order:
 from __future__ import annotations
 
 import dataclasses
+import threading
 import time
 import warnings
 import weakref
@@ -51,7 +51,7 @@ from gssgd.aggregators.base import all_finite
 from gssgd.aggregators.options import resolve_k
 from gssgd.aggregators.sketching import streaming_options
 from gssgd.amp import LossScaleFollower, scaler_options
-from gssgd.comm import Communicator
+from gssgd.comm import Communicator, chain, completed_future, new_future
 from gssgd.ddp.settings import HookSettings
 from gssgd.ddp.streaming_gs import StreamingGS
 from gssgd.log import logger
@@ -72,10 +72,8 @@ __all__ = [
     "WHOLE_MODEL",
     "adamw_mismatch",
     "comm_hook",
-    "completed_future",
     "hook_for",
     "layout_str",
-    "new_future",
     "pair_adamw",
     "watch",
 ]
@@ -156,33 +154,43 @@ class RunningTotals:
         return cls(**{k: v for k, v in (sd or {}).items() if k in known})
 
 
-def new_future(device: torch.device) -> torch.futures.Future[torch.Tensor]:
-    """A future that may hold tensors on ``device`` (CUDA futures must name their device):
-    what a DDP communication hook returns for a bucket it completes later."""
-    return torch.futures.Future(devices=[device] if device.type != "cpu" else None)
-
-
-def completed_future(tensor: torch.Tensor) -> torch.futures.Future[torch.Tensor]:
-    """A future that already holds ``tensor``."""
-    fut = new_future(tensor.device)
-    fut.set_result(tensor)
-    return fut
-
-
 class BucketLane:
-    """One thread that averages a hook's buckets in the order they arrive (``overlap=
-    "buckets"``), so that their collectives reach every rank in the same order while the
-    backward pass goes on. After a bucket fails, the later ones fail too without
-    communicating (a rank must not issue collectives its peers will not)."""
+    """Where a hook's buckets are averaged while the backward pass goes on (``overlap=
+    "buckets"``), so that their collectives reach every rank in the same order whatever the
+    timing. Two ways in:
+
+    * :meth:`launch`, for a method whose step is one collective started without waiting
+      (:attr:`~gssgd.Aggregator.starts_async`, dense): the step starts on the caller's
+      thread, in the order DDP hands the buckets over, and finishes in its collective's
+      callback, as DDP's own all-reduce does: no thread, no copy beyond the payload.
+    * :meth:`submit`, for every other method: one thread averages the buckets in the order
+      they arrive, so rounds that depend on earlier ones are issued in that order too.
+
+    On the thread, after a bucket fails the later ones fail too without communicating (a
+    rank must not issue collectives its peers will not); a launched bucket always starts
+    its collective (whether an earlier one has failed yet depends on timing, which differs
+    between ranks). :meth:`drain` waits for every bucket and re-raises the first failure
+    with its own type."""
 
     def __init__(self) -> None:
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="gssgd-buckets")
-        self._jobs: list[Job] = []
+        self._jobs: list[Job | torch.futures.Future[torch.Tensor]] = []
         self._failed: BaseException | None = None
+
+    def launch(self, start: Callable[[], torch.futures.Future[torch.Tensor]],
+               then: Callable[[torch.Tensor], torch.Tensor], device: torch.device
+               ) -> torch.futures.Future[torch.Tensor]:
+        """Call ``start`` now (it starts the bucket's collective and returns the future of
+        its update); ``then`` runs on that update when it completes (on the backend's
+        thread). Returns the future of ``then``'s result."""
+        fut = chain(start(), then, device)
+        self._jobs.append(fut)
+        return fut
 
     def submit(self, work: Callable[[], torch.Tensor], device: torch.device
                ) -> torch.futures.Future[torch.Tensor]:
-        """Queue ``work``; the returned future completes with its result (or error)."""
+        """Queue ``work`` on the lane's thread; the returned future completes with its
+        result (or error)."""
         fut = new_future(device)
 
         def guarded() -> torch.Tensor:
@@ -207,11 +215,18 @@ class BucketLane:
         return fut
 
     def drain(self) -> None:
-        """Wait for every queued bucket; re-raise the first failure with its own type (a
+        """Wait for every bucket; re-raise the first failure with its own type (a
         FloatingPointError stays one) and start the next iteration clean."""
         jobs, self._jobs = self._jobs, []
         for job in jobs:
-            job.exception()  # waits
+            if isinstance(job, Job):
+                job.exception()  # waits
+            else:
+                try:
+                    job.wait()
+                except Exception as exc:  # chain keeps its type
+                    if self._failed is None:
+                        self._failed = exc
         failed, self._failed = self._failed, None
         if failed is not None:
             raise failed
@@ -308,6 +323,7 @@ class HookCore:
         self._grad_views: bool | None = None  # DDP's gradient_as_bucket_view, once seen
         self._stream = StreamSession()  # overlap="stream": the layout and buckets in flight
         self._lane: BucketLane | None = None  # overlap="buckets": the buckets' thread
+        self._stats_lock = threading.Lock()  # the iteration's statistics, between buckets
         self._loss_scale = LossScaleFollower()  # the scaler's scale the residuals are in
         self._scale_followed_at = -1  # the iteration whose loss scale was last followed
         self._warned_skip = False  # the skipped-step advice of _end_iteration, given once
@@ -660,13 +676,30 @@ class HookCore:
     def overlapped_bucket_step(self, bucket: dist.GradBucket
                                ) -> torch.futures.Future[torch.Tensor]:
         """``overlap="buckets"``: every bucket but the last is averaged on the hook's lane
-        while the backward goes on; the last waits for the lane, then is averaged here."""
+        while the backward goes on (started here and finished in its collective's callback
+        for a method that :attr:`~gssgd.Aggregator.starts_async`, else on the lane's
+        thread); the last waits for the lane, then is averaged here."""
         lane = self.bucket_lane()
         args = (bucket.index(), bucket.parameters(), bucket.gradients(), bucket.buffer())
         if bucket.is_last():
             lane.drain()
             return completed_future(self._average_bucket(*args))
-        return lane.submit(lambda: self._average_bucket(*args), bucket.buffer().device)
+        index, params, grads, buffer = args
+        agg = self._aggregator(index, self._layout(params), buffer.numel(), f"bucket {index}",
+                               params)
+        if agg.starts_async:
+            return lane.launch(lambda: agg.start_step(buffer),
+                               lambda update: self._bucket_done(agg, params, grads, update),
+                               buffer.device)
+        return lane.submit(lambda: self._average_bucket(*args), buffer.device)
+
+    def _bucket_done(self, agg: Aggregator, params: list[torch.Tensor],
+                     grads: list[torch.Tensor], update: torch.Tensor) -> torch.Tensor:
+        """A bucket's update is in: give unused parameters theirs, count the step."""
+        self._hand_over_unused(params, grads, update)
+        with self._stats_lock:  # completions may run on several backend threads at once
+            self._add_step(agg.last_stats, params)
+        return update
 
     def _average_bucket(self, index: int, params: list[torch.Tensor],
                         grads: list[torch.Tensor], buffer: torch.Tensor) -> torch.Tensor:
@@ -674,10 +707,7 @@ class HookCore:
         flat buffer as DDP handed them over)."""
         layout = self._layout(params)
         agg = self._aggregator(index, layout, buffer.numel(), f"bucket {index}", params)
-        update = agg.step(buffer)
-        self._hand_over_unused(params, grads, update)
-        self._add_step(agg.last_stats, params)
-        return update
+        return self._bucket_done(agg, params, grads, agg.step(buffer))
 
     def bucket_iteration(self, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
         """Per-bucket mode under ``nonfinite="propagate"``, the last bucket.

@@ -93,3 +93,30 @@ def train(rank: int, world: int, label: str, overlap: str) -> dict[str, Any]:
 def both(rank: int, world: int, label: str) -> dict[str, Any]:
     """The synchronous and the overlapped run of ``label``'s method on this rank."""
     return {overlap: train(rank, world, label, overlap) for overlap in ("none", "buckets")}
+
+
+def nan_in_a_middle_bucket(rank: int, world: int, label: str) -> dict[str, Any]:
+    """``nonfinite="raise"`` with the overlap: from step 3 rank 1's gradient of a middle
+    layer is NaN. What each rank's backward raised, at which step, and whether the steps
+    before it trained (every bucket's collective was still issued: no rank hangs)."""
+    model = Deep(random.Random(rank))
+    ddp = DDP(model, bucket_cap_mb=CAP_MB)
+    method, options = METHODS[label]
+    state = HookState(method, whole_model=False, start_iter=2, overlap="buckets",
+                      nonfinite="raise", **options)
+    ddp.register_comm_hook(state, comm_hook)
+    step = [0]
+    poisoned = model.layers[LAYERS // 2].weight
+    poisoned.register_hook(lambda g: g * float("nan") if rank == 1 and step[0] >= 3 else g)
+    gen = torch.Generator().manual_seed(rank)
+    raised = None
+    for step[0] in range(5):
+        x = torch.randn(8, 40, generator=gen)
+        try:
+            (ddp(x) - x).square().mean().backward()
+        except Exception as exc:  # what the backward raised, with its type
+            raised = (type(exc).__name__, str(exc), step[0])
+            break
+    out = {"raised": raised, "iterations": state.iter}
+    del ddp
+    return out

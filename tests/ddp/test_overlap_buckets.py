@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from gssgd.ddp import HookState
-from tests.ddp.overlap_scenarios import METHODS, both
+from tests.ddp.overlap_scenarios import METHODS, both, nan_in_a_middle_bucket
 from tests.dist_utils import raise_worker_errors, run_workers
 
 
@@ -34,3 +34,15 @@ def test_overlap_buckets_is_for_per_bucket_mode_without_propagate() -> None:
     with pytest.raises(ValueError, match="cannot be used with nonfinite='propagate'"):
         HookState("topk", density=0.1, whole_model=False, overlap="buckets",
                   nonfinite="propagate")
+
+
+@pytest.mark.parametrize("label", ["dense", "topk"])  # started in the hook; on the lane's thread
+def test_a_bucket_that_fails_fails_the_backward_on_every_rank_with_its_own_type(label: str
+                                                                               ) -> None:
+    out = run_workers(3, nan_in_a_middle_bucket, label)
+    raise_worker_errors(out)
+    for rank in out:
+        assert rank["raised"] is not None, label
+        kind, message, step = rank["raised"]
+        assert (kind, step) == ("FloatingPointError", 3), message
+        assert "nonfinite='raise'" in message
