@@ -67,7 +67,8 @@ the step model (gssgd.costmodel.cluster, fitted in gssgd.costmodel.fit):
   with each run's probed latency and this CPU's compression; on your cluster, your --link
   and --latency and the device's constants (gssgd/costmodel/data/devices.json; give your
   own forward + backward with --compute-ms). hidden = what overlaps backward (DDP's
-  bucketed all-reduce for dense, gs's streamed table).
+  bucketed all-reduce for dense, gs's streamed table, PowerSGD's buckets but the last
+  with --per-bucket --overlap buckets).
 """
 
 

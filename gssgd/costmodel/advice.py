@@ -61,6 +61,7 @@ from gssgd.methods import get_variant
 from gssgd.recipes import warmup_steps_recipe
 
 __all__ = [
+    "BUCKETS_SETTINGS",
     "DEFAULT_RUN_STEPS",
     "LOCAL_STEPS",
     "Advice",
@@ -87,6 +88,10 @@ DEFAULT_RUN_STEPS = 500
 #: gs streamed by the DDP hook: name -> (the benchmark variant it is modelled as, its hook
 #: settings); a candidate when the hook can stream.
 STREAM_CANDIDATE = ("gs-stream", "gs-backend", {"overlap": "stream"})
+#: The hook settings of a method that compresses each tensor by its shape (PowerSGD): per
+#: bucket, every bucket but the last averaged while backward runs (``overlap="buckets"``),
+#: which is its whole-model algorithm overlapped (gssgd.costmodel.cluster).
+BUCKETS_SETTINGS: dict[str, object] = {"whole_model": False, "overlap": "buckets"}
 #: Local steps (DiLoCo: H inner steps, then a dense outer step): name -> H.
 LOCAL_STEPS: dict[str, int] = {"diloco-h10": 10, "diloco-h30": 30, "diloco-h100": 100}
 
@@ -210,6 +215,9 @@ class Advice:
         if c.spec.warmup_steps != warmup_steps_recipe(c.method):
             parts.append(f"--warmup-steps {c.spec.warmup_steps}")
         for name, value in c.options().items():
+            if name == "whole_model":
+                parts += [] if value else ["--per-bucket"]
+                continue
             flag = {"dtype": "--payload-dtype", "rank": "--powersgd-rank"}.get(
                 name, "--" + name.replace("_", "-"))
             if isinstance(value, bool):
@@ -318,26 +326,29 @@ def _candidate(name: str, params: int, workers: int, link: Link, device: Device,
     """One candidate's spec, predicted step, warm-up, evidence and model error (``held``:
     the step model's held-out check)."""
     variant, settings, overlap, h = name, {}, None, LOCAL_STEPS.get(name)
-    if name == STREAM_CANDIDATE[0]:
+    streamed = name == STREAM_CANDIDATE[0]
+    if streamed:
         _, variant, settings = STREAM_CANDIDATE
         overlap = "table"
     elif h:
         variant = "dense"
     method, _ = get_variant(variant)  # a clear error for an unknown name
+    if method.aggregator is not None and method.aggregator.takes_shapes:
+        settings, overlap = dict(BUCKETS_SETTINGS), "buckets"  # the same algorithm, overlapped
     warm = warmup_steps_recipe(method.name) if warmup_steps is None else warmup_steps
     # gs's default shape depends on P (sketch_default_shape); streaming has its own shape
     # (its regions cannot pre-filter: gssgd.ddp.streaming_gs)
-    shape_for = None if overlap is not None else workers
+    shape_for = None if streamed else workers
     spec = method_spec(variant, params, density, warmup_steps=warm, world_size=shape_for,
                        shapes=None if shapes is None else tuple(tuple(s) for s in shapes),
-                       streamed=overlap is not None)
+                       streamed=streamed)
     step = predict_step(spec, workers, link, device, network, fwdbwd_s=fwdbwd_s,
                         overlap="none" if h else overlap)
     warmup = predict_warmup(spec, workers, link, network)
     if h:
         step = _local_steps_step(step, h)
         warmup = Warmup(0, 0, warmup.step_bytes_sent // h, 0.0)
-    row = row_key(spec, density, streamed=overlap is not None, local_steps=h)
+    row = row_key(spec, density, streamed=streamed, local_steps=h)
     return Candidate(name, spec, step, evidence_for(study, row, workers, family, params),
                      dict(settings), warmup, shape_for, h, margin_of(held, method.name))
 

@@ -32,7 +32,12 @@ sharing a core (1 on a cluster)::
   backward still runs, so its communication hides up to the backward time; the compressed
   methods, PowerSGD included, run over the whole model (``HookState(..., model=m)``) and
   communicate after backward, hiding nothing; gs streamed by the DDP hook
-  (``HookState(..., overlap="stream")``) hides its table all-reduce. How much of that
+  (``HookState(..., overlap="stream")``) hides its table all-reduce; a method a per-bucket
+  hook overlaps (``HookState(..., whole_model=False, overlap="buckets")``: PowerSGD, whose
+  per-bucket and whole-model algorithms are one, as advise recommends it) hides every
+  bucket's communication but the last's (:func:`last_bucket_share`; its compression runs
+  on the hook's thread but on the same device as backward, so it is not counted as
+  hidden). How much of that
   backward really hides is the device's ``overlap_efficiency``: all of it on a GPU (an
   assumption, not measured), none on this CPU (measured).
 
@@ -59,10 +64,12 @@ from gssgd.methods import get_method
 
 __all__ = [
     "BACKWARD_FRACTION",
+    "DDP_BUCKET_CAP_BYTES",
     "Link",
     "StepTime",
     "Warmup",
     "communication_seconds",
+    "last_bucket_share",
     "overlap_of",
     "parse_latency",
     "parse_link",
@@ -72,6 +79,10 @@ __all__ = [
 
 #: Backward's share of forward + backward (backward computes two products per forward one).
 BACKWARD_FRACTION = 2.0 / 3.0
+
+#: DDP's default bucket size (``bucket_cap_mb=25``): its last bucket, ready when backward
+#: ends, holds the model's first layers, up to this many bytes of float32 gradient.
+DDP_BUCKET_CAP_BYTES = 25 * 2**20
 
 #: Link rates the model takes: 1 Mbit/s .. 400 Gbit/s.
 MIN_RATE_BPS, MAX_RATE_BPS = 10**6, 400 * 10**9
@@ -170,6 +181,13 @@ def overlap_of(spec: MethodSpec, *, stream: bool = False) -> str:
     if stream and spec.aggregator in STREAMING_METHODS:
         return "table"
     return "none"
+
+
+def last_bucket_share(d: int) -> float:
+    """The share of a ``d``-parameter model's gradient in DDP's last bucket at its default
+    size (:data:`DDP_BUCKET_CAP_BYTES`): communication a per-bucket hook can start only once
+    backward is done (all of it for a model of one bucket)."""
+    return min(1.0, DDP_BUCKET_CAP_BYTES / (4 * d))
 
 
 # --------------------------------------------------------------------------- prediction
@@ -320,7 +338,8 @@ def predict_step(
         fwdbwd_s: forward + backward seconds of one worker's batch; None: estimated as
             ``params * device.fwdbwd_s_per_param``; 0 for an aggregation step alone.
         params: the model's parameters for that estimate (default ``spec.d``).
-        overlap: ``"backward"``, ``"table"`` or ``"none"``; None: :func:`overlap_of`.
+        overlap: ``"backward"``, ``"table"``, ``"buckets"`` or ``"none"``; None:
+            :func:`overlap_of`.
         compute_share: workers per core (1 on a cluster).
 
     Raises:
@@ -338,10 +357,12 @@ def predict_step(
     elif mode == "table":
         table_only = dataclasses.replace(spec, exact=False)  # the table all-reduce alone
         overlappable = sum(communication_seconds(table_only, world_size, link, network, **kw))
+    elif mode == "buckets":
+        overlappable = (latency + bandwidth) * (1.0 - last_bucket_share(spec.d))
     elif mode == "none":
         overlappable = 0.0
     else:
-        raise ValueError(f"overlap={mode!r} must be 'backward', 'table' or 'none'")
+        raise ValueError(f"overlap={mode!r} must be 'backward', 'table', 'buckets' or 'none'")
     return StepTime(
         fwdbwd=fwdbwd_s,
         compression=device.compression_seconds(spec, compute_share),

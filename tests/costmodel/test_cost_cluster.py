@@ -13,7 +13,9 @@ from gssgd.comm import HEADER_BYTES
 from gssgd.costmodel import store
 from gssgd.costmodel.cluster import (
     BACKWARD_FRACTION,
+    DDP_BUCKET_CAP_BYTES,
     Link,
+    last_bucket_share,
     overlap_of,
     parse_latency,
     parse_link,
@@ -185,8 +187,31 @@ def test_streaming_gs_hides_only_its_table_all_reduce() -> None:
     assert stream.hidden == pytest.approx(table.communication)
     assert 0 < stream.hidden < stream.communication
     assert stream.total == pytest.approx(plain.total - table.communication)
-    with pytest.raises(ValueError, match=r"overlap='sometimes' must be 'backward', 'table'"):
+    with pytest.raises(ValueError, match=r"overlap='sometimes' must be 'backward', 'table', 'buckets'"):
         predict_step(spec, 16, link, H200, CLUSTER, fwdbwd_s=1.0, overlap="sometimes")
+
+
+def test_a_per_bucket_hook_hides_every_buckets_communication_but_the_lasts() -> None:
+    """``overlap="buckets"`` (PowerSGD as advise recommends it): DDP's last bucket, the
+    first 25 MB of gradient, communicates after backward; the rest hides up to backward's
+    time, scaled by the device's overlap efficiency (none on this CPU)."""
+    link = Link(10**8, 20e-6)
+    big = method_spec("powersgd", 25_000_000)  # 100 MB of gradient: a quarter in the last
+    share = last_bucket_share(big.d)
+    assert share == pytest.approx(DDP_BUCKET_CAP_BYTES / 100_000_000)
+    long_backward = predict_step(big, 16, link, H200, CLUSTER, fwdbwd_s=100.0,
+                                 overlap="buckets")
+    assert long_backward.overlap == "buckets"
+    assert long_backward.hidden == pytest.approx((1 - share) * long_backward.communication)
+    short = predict_step(big, 16, link, H200, CLUSTER, fwdbwd_s=1e-4, overlap="buckets")
+    assert short.hidden == pytest.approx(BACKWARD_FRACTION * 1e-4)  # capped by backward
+    one_bucket = method_spec("powersgd", 3_464_810)  # 13.9 MB: DDP's last bucket is all of it
+    assert last_bucket_share(one_bucket.d) == 1.0
+    assert predict_step(one_bucket, 16, link, H200, CLUSTER, fwdbwd_s=100.0,
+                        overlap="buckets").hidden == 0.0
+    on_cpu = predict_step(big, 16, link, get_device("cpu"), CLUSTER, fwdbwd_s=100.0,
+                          overlap="buckets")
+    assert on_cpu.hidden == 0.0  # measured: this CPU's backward hides none
 
 
 def test_h200_compression_costs_follow_what_each_method_does() -> None:
