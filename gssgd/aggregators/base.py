@@ -620,6 +620,9 @@ class StepStats:
         audited_recall: gs-SGD on a step its collapse guard audited: the delivered share
             of the mass exact global top-k would have delivered (the guard's bar is
             ``min_recall``; see :mod:`gssgd.aggregators.gs`); else None.
+        seconds_blocked: a DDP hook's iteration only: the wall time its calls held the
+            backward pass (what the step paid; the seconds above also count work a hook
+            overlapped with backward); None for an aggregator's step.
     """
 
     bytes_sent: int = 0
@@ -635,6 +638,7 @@ class StepStats:
     skipped: bool = False
     delivered_fraction: float | None = None
     audited_recall: float | None = None
+    seconds_blocked: float | None = None
 
     @classmethod
     def of_comm(cls, counted: CommStats, *, timed: bool = True, **rest: Any) -> StepStats:

@@ -91,7 +91,8 @@ class IterationStats:
     def add(self, stats: StepStats) -> None:
         t = self.total
         for f in dataclasses.fields(StepStats):
-            if f.name not in ("skipped", "delivered_fraction", "audited_recall"):
+            if f.name not in ("skipped", "delivered_fraction", "audited_recall",
+                              "seconds_blocked"):
                 setattr(t, f.name, getattr(t, f.name) + getattr(stats, f.name))
         t.skipped = t.skipped or stats.skipped
         if stats.audited_recall is not None:  # the worst audited bucket
@@ -324,6 +325,7 @@ class HookCore:
         self._stream = StreamSession()  # overlap="stream": the layout and buckets in flight
         self._lane: BucketLane | None = None  # overlap="buckets": the buckets' thread
         self._stats_lock = threading.Lock()  # the iteration's statistics, between buckets
+        self._blocked = 0.0  # seconds the hook's calls held this iteration's backward
         self._loss_scale = LossScaleFollower()  # the scaler's scale the residuals are in
         self._scale_followed_at = -1  # the iteration whose loss scale was last followed
         self._warned_skip = False  # the skipped-step advice of _end_iteration, given once
@@ -675,22 +677,26 @@ class HookCore:
 
     def overlapped_bucket_step(self, bucket: dist.GradBucket
                                ) -> torch.futures.Future[torch.Tensor]:
-        """``overlap="buckets"``: every bucket but the last is averaged on the hook's lane
-        while the backward goes on (started here and finished in its collective's callback
-        for a method that :attr:`~gssgd.Aggregator.starts_async`, else on the lane's
-        thread); the last waits for the lane, then is averaged here."""
+        """``overlap="buckets"``: a method that :attr:`~gssgd.Aggregator.starts_async`
+        starts every bucket's collective here and finishes it in its callback; any other
+        averages every bucket but the last on the hook's lane while the backward goes on.
+        The last bucket waits for the lane (its own collective already in flight, for the
+        first kind), so that the iteration's statistics are complete when it ends."""
         lane = self.bucket_lane()
         args = (bucket.index(), bucket.parameters(), bucket.gradients(), bucket.buffer())
+        index, params, grads, buffer = args
+        if AGGREGATORS[self.method].starts_async:
+            agg = self._aggregator(index, self._layout(params), buffer.numel(),
+                                   f"bucket {index}", params)
+            fut = lane.launch(lambda: agg.start_step(buffer),
+                              lambda update: self._bucket_done(agg, params, grads, update),
+                              buffer.device)
+            if bucket.is_last():
+                lane.drain()
+            return fut
         if bucket.is_last():
             lane.drain()
             return completed_future(self._average_bucket(*args))
-        index, params, grads, buffer = args
-        agg = self._aggregator(index, self._layout(params), buffer.numel(), f"bucket {index}",
-                               params)
-        if agg.starts_async:
-            return lane.launch(lambda: agg.start_step(buffer),
-                               lambda update: self._bucket_done(agg, params, grads, update),
-                               buffer.device)
         return lane.submit(lambda: self._average_bucket(*args), buffer.device)
 
     def _bucket_done(self, agg: Aggregator, params: list[torch.Tensor],
@@ -1364,6 +1370,7 @@ class HookState(HookCore):
             FloatingPointError: as :func:`~gssgd.ddp.comm_hook` (with a scaler's advice
                 where skipped steps had none).
         """
+        called = time.perf_counter()
         try:
             return self._route(bucket)
         except FloatingPointError as exc:
@@ -1371,6 +1378,10 @@ class HookState(HookCore):
             if advice is None:
                 raise
             raise FloatingPointError(f"{exc} {advice}") from exc
+        finally:  # the backward waited this long for the hook
+            self._blocked += time.perf_counter() - called
+            if bucket.is_last():
+                self.last_stats.seconds_blocked, self._blocked = self._blocked, 0.0
 
     def _route(self, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
         self._check_saved_world()  # a loaded state runs in the world it was saved in

@@ -20,7 +20,8 @@ Fields of a ``metrics.jsonl`` line (``None`` where a method cannot measure a fie
 ``bytes_received``          payload bytes a worker received this step (mean)
 ``bytes_received_max``      the busiest worker's bytes received
 ``bytes_sent_total``        cumulative ``bytes_sent`` since step 0 (mean worker)
-``seconds_compute``         forward + backward, minus the time the comm hook reported
+``seconds_compute``         forward + backward, minus the time the comm hook held the
+                            backward (its calls' wall time; else the time it reported)
 ``seconds_compress``        hook time spent selecting / sketching
 ``seconds_communicate``     hook time inside collectives
 ``seconds_decompress``      hook time spent recovering the update and residuals
@@ -115,9 +116,10 @@ def step_record(
         bytes_sent_before: the mean worker's bytes sent in the steps before this one.
         seconds_step: the whole step on rank 0.
     """
-    hook_seconds = sum(
-        stats[k] or 0.0 for k in ("seconds_compress", "seconds_communicate", "seconds_decompress")
-    )
+    hook_seconds = stats.get("seconds_blocked")  # what the backward waited for the hook
+    if hook_seconds is None:  # (its phases also count what it overlapped with backward)
+        hook_seconds = sum(stats[k] or 0.0 for k in (
+            "seconds_compress", "seconds_communicate", "seconds_decompress"))
     return {
         "step": step,
         "loss": loss,

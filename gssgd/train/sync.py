@@ -91,6 +91,7 @@ def hook_step_stats(s: StepStats) -> dict[str, Any]:
         "audited_recall": s.audited_recall,
         "skipped": bool(s.skipped),
         "k": s.k,
+        "seconds_blocked": s.seconds_blocked,
     }
 
 

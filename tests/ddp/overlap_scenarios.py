@@ -77,15 +77,21 @@ def train(rank: int, world: int, label: str, overlap: str) -> dict[str, Any]:
     ddp.register_comm_hook(state, hook)
     optimizer = torch.optim.SGD(ddp.parameters(), lr=0.05)
     gen = torch.Generator().manual_seed(rank)
+    blocked_within_phases = []  # the hook's calls' wall time against its phases' seconds
     for _ in range(STEPS):
         x = torch.randn(8, 40, generator=gen)
         loss = (ddp(x) - x).square().mean()
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()
+        s = state.last_stats
+        phases = s.seconds_compress + s.seconds_communicate + s.seconds_decompress
+        if state.last_iteration == "compressed":  # (the warm-up's all-reduce is async anyway)
+            blocked_within_phases.append((s.seconds_blocked, phases))
     buckets = len(ddp.reducer._get_zeros_like_grad_buckets())
     out = {"weights": [p.detach().clone() for p in model.parameters()], "buckets": buckets,
-           "bytes": state.totals.bytes_sent, "returned_pending": returned_pending[0]}
+           "bytes": state.totals.bytes_sent, "returned_pending": returned_pending[0],
+           "blocked": blocked_within_phases}
     del ddp
     return out
 

@@ -24,6 +24,11 @@ def test_overlapped_buckets_give_the_synchronous_results_bitwise(method: str) ->
         assert rank["buckets"]["returned_pending"] >= 40  # most buckets went on a thread
         for a, b in zip(rank["none"]["weights"], rank["buckets"]["weights"], strict=True):
             assert torch.equal(a, b), method
+        for overlap in ("none", "buckets"):  # what the backward waited for the hook
+            assert len(rank[overlap]["blocked"]) == 48
+            assert all(blocked > 0 for blocked, _ in rank[overlap]["blocked"])
+        # the synchronous hook's calls hold the backward for all of its phases, and more
+        assert all(blocked >= phases for blocked, phases in rank["none"]["blocked"])
     for a, b in zip(out[0]["buckets"]["weights"], out[2]["buckets"]["weights"], strict=True):
         assert torch.equal(a, b)  # every rank the same model
 
