@@ -37,6 +37,8 @@ from typing import Any, TypeVar
 import torch
 import torch.distributed as dist
 
+from gssgd.transport import completed_future
+
 __all__ = [
     "SimulatedRank",
     "SimulatedWorld",
@@ -334,9 +336,7 @@ class SimulatedRank:
 
     def all_reduce_async(self, tensor: torch.Tensor) -> torch.futures.Future[torch.Tensor]:
         self.all_reduce(tensor)
-        fut: torch.futures.Future[torch.Tensor] = torch.futures.Future()
-        fut.set_result(tensor)
-        return fut
+        return completed_future(tensor)
 
     def all_gather(self, tensor: torch.Tensor) -> list[torch.Tensor]:
         if self.world_size == 1:

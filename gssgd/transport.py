@@ -11,16 +11,51 @@ tensors. Two transports share one contract (:class:`Transport`):
 Ranks are group-local everywhere: the transport translates them where the backend needs
 global ranks. All collectives of a transport are called by every rank of its group in the
 same order, as with ``torch.distributed``.
+
+The futures an asynchronous collective and a DDP hook return are built here too
+(:func:`new_future`, :func:`completed_future`, :func:`chain`); :mod:`gssgd.comm` exports them.
 """
 
 from __future__ import annotations
 
-from typing import Protocol
+from collections.abc import Callable
+from typing import Any, Protocol
 
 import torch
 import torch.distributed as dist
 
-__all__ = ["DistTransport", "Transport", "Waitable"]
+__all__ = ["DistTransport", "Transport", "Waitable", "chain", "completed_future", "new_future"]
+
+
+def new_future(device: torch.device) -> torch.futures.Future[torch.Tensor]:
+    """A future that may hold tensors on ``device`` (CUDA futures must name their device):
+    what a DDP communication hook returns for a bucket it completes later."""
+    return torch.futures.Future(devices=[device] if device.type != "cpu" else None)
+
+
+def completed_future(tensor: torch.Tensor) -> torch.futures.Future[torch.Tensor]:
+    """A future that already holds ``tensor``."""
+    fut = new_future(tensor.device)
+    fut.set_result(tensor)
+    return fut
+
+
+def chain(fut: torch.futures.Future[Any], then: Callable[[Any], torch.Tensor],
+          device: torch.device) -> torch.futures.Future[torch.Tensor]:
+    """``fut.then``, keeping an error's type: the returned future holds ``then`` of
+    ``fut``'s value once ``fut`` completes (on the thread that completes it), and fails with
+    the very exception ``then`` or ``fut`` raised. (``Future.then`` turns every error into
+    a RuntimeError, so a FloatingPointError of a callback would arrive as one.)"""
+    out = new_future(device)
+
+    def run(done: torch.futures.Future[Any]) -> None:
+        try:
+            out.set_result(then(done.value()))
+        except BaseException as exc:
+            out.set_exception(exc)
+
+    fut.add_done_callback(run)
+    return out
 
 
 class Waitable(Protocol):
@@ -107,6 +142,8 @@ class DistTransport:
             dist.all_reduce(tensor, op=op, group=self.group)
 
     def all_reduce_async(self, tensor: torch.Tensor) -> torch.futures.Future[torch.Tensor]:
+        if self.world_size == 1:  # as all_reduce: nothing to sum
+            return completed_future(tensor)
         work = dist.all_reduce(tensor, group=self.group, async_op=True)
         assert work is not None
         return work.get_future().then(lambda fut: fut.value()[0])

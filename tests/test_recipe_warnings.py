@@ -9,7 +9,7 @@ import weakref
 import pytest
 import torch
 
-import gssgd.ddp.hook as recipe  # the optimizer pre-hook's module
+import gssgd.ddp.optimizer_watch as recipe  # the optimizer pre-hook's module
 from gssgd.ddp import HookState
 from gssgd.optim import FrozenVarianceAdamW
 

@@ -28,9 +28,6 @@ from gssgd.comm.communicator import (
     CommStats,
     Communicator,
     Payload,
-    chain,
-    completed_future,
-    new_future,
     world_size_of,
 )
 from gssgd.comm.patterns import (
@@ -53,6 +50,7 @@ from gssgd.comm.patterns import (
     tree_reduce_broadcast,
     wire_overhead,
 )
+from gssgd.transport import chain, completed_future, new_future
 
 __all__ = [
     "CONTROL_BYTES",

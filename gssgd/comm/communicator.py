@@ -26,7 +26,6 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, fields
-from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -42,8 +41,7 @@ from gssgd.comm.patterns import (
 from gssgd.simulated import SimulatedRank
 from gssgd.transport import DistTransport, Transport
 
-__all__ = ["CommStats", "Communicator", "Payload", "chain", "completed_future", "new_future",
-           "world_size_of"]
+__all__ = ["CommStats", "Communicator", "Payload", "world_size_of"]
 
 #: The tensors of one message pattern's payload, in order.
 Payload = list[torch.Tensor]
@@ -295,38 +293,6 @@ class Communicator:
         self._count(allgather(_nbytes([tensor]), self.world_size))
         self.stats.seconds += time.perf_counter() - start
         return out
-
-
-# ----------------------------------------------------------------- futures
-def new_future(device: torch.device) -> torch.futures.Future[torch.Tensor]:
-    """A future that may hold tensors on ``device`` (CUDA futures must name their device):
-    what a DDP communication hook returns for a bucket it completes later."""
-    return torch.futures.Future(devices=[device] if device.type != "cpu" else None)
-
-
-def completed_future(tensor: torch.Tensor) -> torch.futures.Future[torch.Tensor]:
-    """A future that already holds ``tensor``."""
-    fut = new_future(tensor.device)
-    fut.set_result(tensor)
-    return fut
-
-
-def chain(fut: torch.futures.Future[Any], then: Callable[[Any], torch.Tensor],
-          device: torch.device) -> torch.futures.Future[torch.Tensor]:
-    """``fut.then``, keeping an error's type: the returned future holds ``then`` of
-    ``fut``'s value once ``fut`` completes (on the thread that completes it), and fails with
-    the very exception ``then`` or ``fut`` raised. (``Future.then`` turns every error into
-    a RuntimeError, so a FloatingPointError of a callback would arrive as one.)"""
-    out = new_future(device)
-
-    def run(done: torch.futures.Future[Any]) -> None:
-        try:
-            out.set_result(then(done.value()))
-        except BaseException as exc:
-            out.set_exception(exc)
-
-    fut.add_done_callback(run)
-    return out
 
 
 def world_size_of(group: dist.ProcessGroup | SimulatedRank | None) -> int | None:

@@ -7,21 +7,17 @@ In reading order:
 
 * what an iteration cost (:class:`IterationStats`, :attr:`HookState.last_stats`) and since
   the run began (:class:`RunningTotals`, :attr:`HookState.totals`, part of the checkpoint);
-* the lane that starts the overlapped buckets in order, completing their futures in their
-  collectives' callbacks or on a thread of its own (:class:`BucketLane`);
 * :class:`HookCore`, the runtime: the settings and runtime state (aggregators, layouts,
   the iteration's statistics, buckets waiting for the last), the pieces every mode is built
   from (the dense warm-up's all-reduce, the non-finite check, statistics) and the modes:
   per bucket (:meth:`HookCore.bucket_step`, overlapped
-  :meth:`HookCore.overlapped_bucket_step`, :meth:`HookCore.bucket_iteration`), over the
+  :meth:`HookCore.overlapped_bucket_step` on a :class:`~gssgd.ddp.bucket_lane.BucketLane`,
+  :meth:`HookCore.bucket_iteration`), over the
   whole model (:meth:`HookCore.whole_model_step`) and streaming gs
   (:meth:`HookCore.stream_step`; its algorithm: :mod:`gssgd.ddp.streaming_gs`);
-* the optimizer step pre-hook every state installs (:func:`watch`): it pairs a hand-built
-  :class:`~gssgd.optim.FrozenVarianceAdamW` with its hook (:func:`hook_for`,
-  :func:`adamw_mismatch`, :func:`pair_adamw`) or stops on a mismatch, and warns once about
-  an optimizer that steps on a sparse method's hook in a combination that trains badly
-  (:func:`gssgd.recipes.recipe_advice`);
-* :class:`HookState`, the public state: construction and validation, the model binding that
+* :class:`HookState`, the public state (it installs the optimizer step pre-hook of
+  :mod:`gssgd.ddp.optimizer_watch`, which pairs a hand-built 1-bit Adam with it and warns
+  about recipes that train badly): construction and validation, the model binding that
   fixes the whole-model order, checkpoints (:meth:`HookState.state_dict`, pickling), the
   GradScaler (:meth:`HookState.use_scaler`) and the routing of each bucket to its mode
   (:meth:`HookState.average`);
@@ -35,32 +31,27 @@ import threading
 import time
 import warnings
 import weakref
-from collections.abc import Callable
-from concurrent.futures import Future as Job
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.optim.optimizer import register_optimizer_step_pre_hook
 
 from gssgd.aggregators import AGGREGATORS, Aggregator, StepStats, build_options, make_aggregator
 from gssgd.aggregators.base import all_finite
 from gssgd.aggregators.options import resolve_k
 from gssgd.aggregators.sketching import streaming_options
 from gssgd.amp import LossScaleFollower, scaler_options
-from gssgd.comm import Communicator, chain, completed_future, new_future
+from gssgd.comm import Communicator, completed_future, new_future
+from gssgd.ddp.bucket_lane import BucketLane
+from gssgd.ddp.optimizer_watch import note_iteration_ended, watch
 from gssgd.ddp.settings import HookSettings
 from gssgd.ddp.streaming_gs import StreamingGS
 from gssgd.log import logger
-from gssgd.optim import FrozenVarianceAdamW
-from gssgd.recipes import compresses, recipe_advice
 from gssgd.validate import is_int
 
 __all__ = [
-    "BucketLane",
     "HookCore",
     "HookState",
     "ITERATION_KINDS",
@@ -70,12 +61,8 @@ __all__ = [
     "RunningTotals",
     "StreamSession",
     "WHOLE_MODEL",
-    "adamw_mismatch",
     "comm_hook",
-    "hook_for",
     "layout_str",
-    "pair_adamw",
-    "watch",
 ]
 
 
@@ -155,103 +142,12 @@ class RunningTotals:
         return cls(**{k: v for k, v in (sd or {}).items() if k in known})
 
 
-class BucketLane:
-    """Where a hook's buckets are averaged while the backward pass goes on (``overlap=
-    "buckets"``), so that their collectives reach every rank in the same order whatever the
-    timing. Two ways in:
-
-    * :meth:`launch`, for a method whose step is one collective started without waiting
-      (:attr:`~gssgd.Aggregator.starts_async`, dense): the step starts on the caller's
-      thread, in the order DDP hands the buckets over, and finishes in its collective's
-      callback, as DDP's own all-reduce does: no thread, no copy beyond the payload.
-    * :meth:`submit`, for every other method: one thread averages the buckets in the order
-      they arrive, so rounds that depend on earlier ones are issued in that order too.
-
-    On the thread, after a bucket fails the later ones fail too without communicating (a
-    rank must not issue collectives its peers will not); a launched bucket always starts
-    its collective (whether an earlier one has failed yet depends on timing, which differs
-    between ranks). :meth:`drain` waits for every bucket and re-raises the first failure
-    with its own type."""
-
-    def __init__(self) -> None:
-        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="gssgd-buckets")
-        self._jobs: list[Job | torch.futures.Future[torch.Tensor]] = []
-        self._failed: BaseException | None = None
-
-    def launch(self, start: Callable[[], torch.futures.Future[torch.Tensor]],
-               then: Callable[[torch.Tensor], torch.Tensor], device: torch.device
-               ) -> torch.futures.Future[torch.Tensor]:
-        """Call ``start`` now (it starts the bucket's collective and returns the future of
-        its update); ``then`` runs on that update when it completes (on the backend's
-        thread). Returns the future of ``then``'s result."""
-        fut = chain(start(), then, device)
-        self._jobs.append(fut)
-        return fut
-
-    def submit(self, work: Callable[[], torch.Tensor], device: torch.device
-               ) -> torch.futures.Future[torch.Tensor]:
-        """Queue ``work`` on the lane's thread; the returned future completes with its
-        result (or error)."""
-        fut = new_future(device)
-
-        def guarded() -> torch.Tensor:
-            if self._failed is not None:
-                raise RuntimeError(f"an earlier bucket failed: {self._failed}")
-            try:
-                return work()
-            except BaseException as exc:
-                self._failed = exc
-                raise
-
-        def hand_over(job: Job) -> None:
-            exc = job.exception()
-            if exc is None:
-                fut.set_result(job.result())
-            else:
-                fut.set_exception(exc)
-
-        job = self._pool.submit(guarded)
-        job.add_done_callback(hand_over)
-        self._jobs.append(job)
-        return fut
-
-    def drain(self) -> None:
-        """Wait for every bucket; re-raise the first failure with its own type (a
-        FloatingPointError stays one) and start the next iteration clean."""
-        jobs, self._jobs = self._jobs, []
-        for job in jobs:
-            if isinstance(job, Job):
-                job.exception()  # waits
-            else:
-                try:
-                    job.wait()
-                except Exception as exc:  # chain keeps its type
-                    if self._failed is None:
-                        self._failed = exc
-        failed, self._failed = self._failed, None
-        if failed is not None:
-            raise failed
-
-
 #: What :attr:`HookCore.last_iteration` says of the iteration that ended last: none yet, a
 #: dense all-reduce, a compressed step, or a compressed step whose every vector was skipped
 #: for a non-finite gradient (``nonfinite="skip"``: zeros returned, state kept; under a
 #: scaler's ``"propagate"`` the scaler skips the optimizer step instead). In per-bucket
 #: mode buckets skip on their own: :attr:`HookCore.last_skipped` names their parameters.
 ITERATION_KINDS: tuple[str, ...] = ("none", "dense", "compressed", "skipped")
-
-#: The hook states alive in this process that have ended an iteration (weak references).
-_HOOKS: weakref.WeakSet[HookCore] = weakref.WeakSet()
-_ended = 0  # iterations ended in this process, over every hook (orders them)
-
-
-def hook_for(params: list[torch.Tensor]) -> HookCore | None:
-    """The live hook state that averaged the gradients of ``params`` most recently, or None:
-    the hook that produced the gradients an optimizer over ``params`` is about to step on
-    (:mod:`gssgd.ddp.hook` pairs a hand-built :class:`~gssgd.optim.FrozenVarianceAdamW`
-    with it)."""
-    holding = [h for h in list(_HOOKS) if h.holds(params)]
-    return max(holding, key=lambda h: h._ended_at, default=None)
 
 #: Key of the single aggregator in whole-model mode (in ``state_dict()["buckets"]``).
 WHOLE_MODEL = 0
@@ -301,7 +197,7 @@ class HookCore:
         group: the process group (None: the default group).
         iter: the number of DDP iterations this state has seen (saved in checkpoints).
         last_stats: the summed :class:`~gssgd.StepStats` of the last iteration.
-        totals: :class:`~gssgd.ddp.totals.RunningTotals`, every iteration's statistics
+        totals: :class:`RunningTotals`, every iteration's statistics
             summed since the run began (saved in checkpoints).
     """
 
@@ -334,7 +230,6 @@ class HookCore:
         self._skipping: set[int] = set()  # the same, during the iteration
         self._params: dict[int, weakref.ref[torch.Tensor]] = {}  # the buckets' parameters
         self._params_known = False  # set once an iteration has noted every bucket's
-        self._ended_at = 0  # when, over every hook of the process, it last ended an iteration
         self.totals = RunningTotals()  # every iteration's statistics, summed (saved)
         self._saved_world: tuple[int, int] | None = None  # (world size, rank) of a loaded state
 
@@ -430,7 +325,6 @@ class HookCore:
         Args:
             compressed: whether the iteration ran the aggregator (else a dense all-reduce).
         """
-        global _ended
         self.last_stats = self._iteration_stats().total
         self._stats = None
         self.last_skipped, self._skipping = frozenset(self._skipping), set()
@@ -447,9 +341,7 @@ class HookCore:
         self.iter += 1
         self._session_iters += 1
         self._params_known = bool(self._params)
-        _ended += 1
-        self._ended_at = _ended
-        _HOOKS.add(self)
+        note_iteration_ended(self)  # the optimizer watch pairs optimizers with it
         if self.last_stats.skipped and not self._warned_skip:
             self._warn_skipped()
 
@@ -658,14 +550,12 @@ class HookCore:
     #
     # :meth:`bucket_step` averages a bucket as soon as DDP hands it over, before it returns:
     # the backward waits. With ``overlap="buckets"`` (:meth:`overlapped_bucket_step`) it does
-    # not: every bucket but the last goes to the hook's :class:`~gssgd.ddp.hook.BucketLane`,
-    # one thread that averages the buckets in bucket order while the backward pass goes on,
-    # and the hook returns a future the lane completes, as PyTorch's own all-reduce does.
-    # DDP launches buckets in bucket order on every rank and one thread issues their
-    # collectives in that order, so every rank sees the same sequence of collectives
-    # whatever the timing. The last bucket (ready when the backward is done: nothing left to
-    # overlap) waits for the lane, which re-raises a bucket's error with its own type, then
-    # is averaged in the hook: the results are bitwise the synchronous path's. Under
+    # not: the hook returns a future and the bucket is averaged on the hook's
+    # :class:`~gssgd.ddp.bucket_lane.BucketLane` while the backward pass goes on (dense's
+    # all-reduce started in the hook and finished in its callback, as PyTorch's own
+    # all-reduce is; any other method's buckets but the last on one thread, in bucket order).
+    # The last bucket waits for the lane, which re-raises a bucket's error with its own type:
+    # the results are bitwise the synchronous path's. Under
     # ``nonfinite="propagate"`` (the default with a GradScaler) the buckets wait for the last
     # one instead (:meth:`_defer`) and :meth:`bucket_iteration` steps them all, so no
     # bucket's state moves on a step the scaler skips.
@@ -892,120 +782,6 @@ class HookCore:
         session.pending = []
         self._end_iteration(compressed=True)
         return completed_future(buffer)
-
-
-#: The compressing hook states alive in this process (for the recipe warning).
-_COMPRESSING_STATES: weakref.WeakSet[HookCore] = weakref.WeakSet()
-_warned = False
-_recipe_hook: list[Any] = []  # the one registered optimizer pre-hook (its handle)
-
-
-def adamw_mismatch(optimizer: FrozenVarianceAdamW, state: HookCore) -> str | None:
-    """What keeps ``optimizer`` from stepping on ``state``'s hook, or None when they match.
-
-    1-bit Adam's recipe holds when the hook compresses from iteration ``freeze_step`` on
-    (``start_iter == freeze_step``), returns the compressed momentum
-    (``feedback="onebit"``) and forms it with the optimizer's beta1 (``momentum ==
-    beta1``); every param group must share betas and freeze_step. Anything else steps on
-    a gradient the optimizer takes for something else.
-
-    Args:
-        optimizer: the frozen-variance AdamW.
-        state: the hook state whose gradients it steps on.
-
-    Returns:
-        The error message (it names both sides' values and the one call that sets them
-        together), or None.
-    """
-    groups = optimizer.param_groups
-    settings = {(tuple(g["betas"]), g["freeze_step"]) for g in groups}
-    if len(settings) > 1:
-        return (
-            "gssgd: FrozenVarianceAdamW's param groups differ in betas or freeze_step "
-            f"({sorted(settings)}), but the hook forms one momentum for them all. Give "
-            "every group the same betas and freeze_step."
-        )
-    (betas, freeze_step), = settings
-    options = state.options
-    feedback, momentum = options.get("feedback", "ef"), options.get("momentum", 0.0)
-    method = state.method
-    wrong = []
-    if not compresses(method):
-        wrong.append(f"method {method!r} never compresses (use torch.optim.AdamW with it)")
-    if state.start_iter != freeze_step:
-        wrong.append(f"start_iter={state.start_iter} is not freeze_step={freeze_step}")
-    if feedback != "onebit":
-        wrong.append(f"feedback={feedback!r} is not 'onebit'")
-    if momentum != betas[0]:
-        wrong.append(f"momentum={momentum} is not beta1={betas[0]}")
-    if not wrong:
-        return None
-    return (
-        f"gssgd: FrozenVarianceAdamW(freeze_step={freeze_step}, betas={betas}) steps on "
-        f"HookState({method!r}, start_iter={state.start_iter}, feedback={feedback!r}, "
-        f"momentum={momentum}), which does not match it: {'; '.join(wrong)}. 1-bit Adam's "
-        "recipe needs the hook to compress the momentum from the step the variance "
-        "freezes. Build both with one call, which matches them: gssgd.ddp.compressed_adamw("
-        f"ddp_model, {method!r}, lr=..., betas={betas}, freeze_step={freeze_step}, ...); "
-        "or, to keep this hook, use torch.optim.AdamW."
-    )
-
-
-def pair_adamw(optimizer: FrozenVarianceAdamW, state: HookCore, pending: bool = False) -> None:
-    """Check that ``optimizer`` and ``state`` match (:func:`adamw_mismatch`) and make the
-    optimizer follow the hook's phase (:meth:`FrozenVarianceAdamW.follow`).
-
-    Args:
-        optimizer: the frozen-variance AdamW.
-        state: the hook state whose gradients it steps on.
-        pending: the hook's last iteration has not been stepped on yet (pairing at a step).
-
-    Raises:
-        ValueError: they do not match; the message says what differs and the fix.
-    """
-    error = adamw_mismatch(optimizer, state)
-    if error is not None:
-        raise ValueError(error)
-    optimizer.follow(state, pending=pending)
-
-
-def _before_step(optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
-    """An optimizer step pre-hook: pair a hand-built :class:`FrozenVarianceAdamW` with the
-    hook that produced its gradients (or stop with the mismatch), then the recipe warning."""
-    if isinstance(optimizer, FrozenVarianceAdamW) and optimizer.hook is None:
-        state = hook_for([p for g in optimizer.param_groups for p in g["params"]])
-        if state is not None:
-            pair_adamw(optimizer, state, pending=True)
-    _warn_recipe(optimizer)
-
-
-def _warn_recipe(optimizer: torch.optim.Optimizer) -> None:
-    """Warn once per process about the combination of ``optimizer`` with the compressing
-    hook it steps on (the one holding its parameters; before any hook has run, the first
-    alive state with advice)."""
-    global _warned
-    if _warned or not _COMPRESSING_STATES:
-        return
-    params = [p for g in optimizer.param_groups for p in g["params"]]
-    own = hook_for(params)  # the hook whose gradients this optimizer steps on, if it ran
-    states = [own] if own in _COMPRESSING_STATES else list(_COMPRESSING_STATES)
-    for state in states:
-        advice = recipe_advice(optimizer, state.method, state.options, state.density)
-        if advice is not None:
-            _warned = True
-            warnings.warn(advice, UserWarning, stacklevel=4)  # the optimizer.step() call
-            return
-
-
-def watch(state: HookCore) -> None:
-    """Look at every optimizer step from now on: pair a hand-built
-    :class:`FrozenVarianceAdamW` with the hook it steps on (:func:`pair_adamw`) and, for a
-    sparse method, warn (once per process) if an optimizer steps on ``state`` in a
-    combination that trains badly (:func:`recipe_advice`)."""
-    if not _recipe_hook:
-        _recipe_hook.append(register_optimizer_step_pre_hook(_before_step))
-    if compresses(state.method):
-        _COMPRESSING_STATES.add(state)
 
 
 class HookState(HookCore):
@@ -1370,18 +1146,20 @@ class HookState(HookCore):
             FloatingPointError: as :func:`~gssgd.ddp.comm_hook` (with a scaler's advice
                 where skipped steps had none).
         """
-        called = time.perf_counter()
+        called, last = time.perf_counter(), bucket.is_last()
         try:
-            return self._route(bucket)
+            fut = self._route(bucket)
         except FloatingPointError as exc:
             advice = self._scaler_advice()  # skipped steps without a scaler: a GradScaler's
             if advice is None:
                 raise
             raise FloatingPointError(f"{exc} {advice}") from exc
-        finally:  # the backward waited this long for the hook
-            self._blocked += time.perf_counter() - called
-            if bucket.is_last():
-                self.last_stats.seconds_blocked, self._blocked = self._blocked, 0.0
+        finally:  # the backward waited this long for the hook (a failed iteration: dropped)
+            blocked = self._blocked + time.perf_counter() - called
+            self._blocked = 0.0 if last else blocked
+        if last:  # the iteration's statistics are published: give them its blocked time
+            self.last_stats.seconds_blocked = blocked
+        return fut
 
     def _route(self, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
         self._check_saved_world()  # a loaded state runs in the world it was saved in

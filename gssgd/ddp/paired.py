@@ -24,7 +24,8 @@ from torch import nn
 
 from gssgd.aggregators import AGGREGATORS
 from gssgd.aggregators.options import DEFAULT_DENSITY
-from gssgd.ddp.hook import HookState, comm_hook, pair_adamw
+from gssgd.ddp.hook import HookState, comm_hook
+from gssgd.ddp.optimizer_watch import pair_adamw
 from gssgd.log import logger
 from gssgd.lr_schedule import LrSchedule
 from gssgd.methods import get_method

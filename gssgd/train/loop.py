@@ -39,7 +39,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from gssgd.aggregators.gs import SketchCollapseError
 from gssgd.amp import AMP_DTYPES, make_scaler
-from gssgd.ddp.hook import pair_adamw
+from gssgd.ddp.optimizer_watch import pair_adamw
 from gssgd.methods import METHODS
 from gssgd.optim import FrozenVarianceAdamW
 from gssgd.train import checkpoint

@@ -45,7 +45,7 @@ from torch import nn
 
 from gssgd.aggregators.gs import SketchCollapseError
 from gssgd.ddp import HookState, comm_hook
-from gssgd.ddp.hook import pair_adamw
+from gssgd.ddp.optimizer_watch import pair_adamw
 from gssgd.optim import FrozenVarianceAdamW
 from gssgd.simulated import SimulatedWorld, gloo_ring_reduce
 from gssgd.train.config import TrainConfig, make_optimizer
