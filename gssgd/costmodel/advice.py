@@ -215,8 +215,9 @@ class Advice:
         if c.spec.warmup_steps != warmup_steps_recipe(c.method):
             parts.append(f"--warmup-steps {c.spec.warmup_steps}")
         for name, value in c.options().items():
-            if name == "whole_model":
-                parts += [] if value else ["--per-bucket"]
+            if name == "whole_model":  # the CLI's flag says the opposite
+                if not value:
+                    parts.append("--per-bucket")
                 continue
             flag = {"dtype": "--payload-dtype", "rank": "--powersgd-rank"}.get(
                 name, "--" + name.replace("_", "-"))
