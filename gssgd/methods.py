@@ -49,7 +49,12 @@ from gssgd.aggregators.topk import LocalTopk
 
 __all__ = [
     "BENCH_VARIANTS",
+    "DDP_HOOKS",
+    "DDP_REFERENCE_METHOD",
+    "FORMER_NAMES",
     "METHODS",
+    "REFERENCE_METHOD",
+    "SUBJECT_METHOD",
     "Method",
     "Variant",
     "get_method",
@@ -105,6 +110,9 @@ class Method:
         lr, momentum: the training recipe ``gssgd train`` uses unless told otherwise (SGD's
             learning rate and momentum). None: :func:`gssgd.recipes.sgd_recipe`'s for its
             kind (sparse or not).
+        ddp_hook: a DDP built-in's hook, by PyTorch's name: ``"allreduce"`` (DDP's own
+            all-reduce, no hook registered), ``"fp16_compress_hook"`` or ``"powerSGD_hook"``;
+            "" for a gssgd aggregator.
 
     Raises:
         ValueError: an empty name, or an aggregator that is not an Aggregator subclass.
@@ -118,6 +126,7 @@ class Method:
     cost_like: str | None = None
     lr: float | None = None
     momentum: float | None = None
+    ddp_hook: str = ""
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name or "," in self.name:
@@ -132,11 +141,30 @@ class Method:
                 f"Method {self.name!r}: aggregator={self.aggregator!r} is invalid: it must be "
                 "a subclass of gssgd.Aggregator (or None for a DDP built-in)."
             )
+        if self.ddp_hook and (self.ddp_hook not in DDP_HOOKS or self.aggregator is not None):
+            raise ValueError(
+                f"Method {self.name!r}: ddp_hook={self.ddp_hook!r} is invalid: a DDP built-in "
+                f"(aggregator=None) names one of {DDP_HOOKS}; an aggregator's method leaves it "
+                "empty."
+            )
 
     @property
     def is_builtin(self) -> bool:
         """Whether this is one of DDP's own hooks (no gssgd aggregator)."""
         return self.aggregator is None
+
+    @property
+    def exact(self) -> bool:
+        """Whether the method averages the gradient exactly (an all-reduce of every
+        coordinate, at its payload's precision): the reference every compressor is measured
+        against, with no residual, rank or shape to name it by."""
+        return self.aggregator is not None and not self.aggregator.compresses
+
+    @property
+    def by_shape(self) -> bool:
+        """Whether the method compresses each tensor by its shape (PowerSGD): its rank, not
+        a density, sets its message."""
+        return self.aggregator is not None and self.aggregator.takes_shapes
 
     @property
     def sparse(self) -> bool:
@@ -148,6 +176,20 @@ class Method:
         return () if self.aggregator is None else self.aggregator.option_names()
 
 
+
+#: PyTorch's DDP hooks a built-in method can name (:attr:`Method.ddp_hook`).
+DDP_HOOKS: tuple[str, ...] = ("allreduce", "fp16_compress_hook", "powerSGD_hook")
+
+#: The method every comparison measures the others against: the studies' target, advise's
+#: speed-ups, ``gssgd compare``'s "vs dense" column.
+REFERENCE_METHOD = "dense"
+#: The reference of a comparison that ran only DDP's own methods.
+DDP_REFERENCE_METHOD = "ddp-allreduce"
+#: The method the package is built around: a study's report says where it placed.
+SUBJECT_METHOD = "gs"
+#: Names that meant another method in an earlier release (a checkpoint may carry them):
+#: old name -> the method's name now.
+FORMER_NAMES: dict[str, str] = {"powersgd": "torch-powersgd"}
 
 #: Name -> method, in registration order (the order of ``--help`` and the reports).
 METHODS: dict[str, Method] = {}
@@ -356,13 +398,16 @@ register_method(
         cost_like="dense",  # until calibrated: a few passes over the vector, like dense's
     )
 )
-register_method(Method("ddp-allreduce", "DDP's own all-reduce (no hook), float32"))
-register_method(Method("ddp-fp16", "DDP's fp16_compress_hook: float16 all-reduce"))
+register_method(Method("ddp-allreduce", "DDP's own all-reduce (no hook), float32",
+                       ddp_hook="allreduce"))
+register_method(Method("ddp-fp16", "DDP's fp16_compress_hook: float16 all-reduce",
+                       ddp_hook="fp16_compress_hook"))
 register_method(
     Method(
         "torch-powersgd",
         "PyTorch's PowerSGD hook (low-rank, error feedback; was named powersgd)",
         train_settings=("powersgd_rank", "start_iter"),
+        ddp_hook="powerSGD_hook",
     )
 )
 

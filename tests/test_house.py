@@ -117,28 +117,32 @@ def test_imports_point_down_the_layers() -> None:
 REGISTRY = PACKAGE / "methods.py"
 
 
-def test_method_names_are_listed_in_one_module() -> None:
+def test_method_names_are_listed_and_compared_in_one_module() -> None:
     """Only the registry lists methods (a tuple, list, set or dict of two or more of their
-    names); every other module asks it, so a new method is one registration, not an edit
-    in each module that lists them."""
+    names) or branches on one (``method == "gs"``, ``"dense" in runs``); every other module
+    asks it (:attr:`~gssgd.methods.Method.exact`, ``by_shape``, ``ddp_hook``,
+    :data:`~gssgd.methods.REFERENCE_METHOD`, ...), so a new method is one registration, not
+    an edit in each module that lists or tests for them."""
     from gssgd.methods import BENCH_VARIANTS, METHODS
 
     names = set(METHODS) | set(BENCH_VARIANTS)
-    lists = []
+    found = []
     for path in sorted(PACKAGE.rglob("*.py")):
         if path == REGISTRY:
             continue
         for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, (ast.Tuple, ast.List, ast.Set)):
-                items = node.elts
+            if isinstance(node, ast.Compare):
+                items, least = [node.left, *node.comparators], 1
+            elif isinstance(node, (ast.Tuple, ast.List, ast.Set)):
+                items, least = node.elts, 2
             elif isinstance(node, ast.Dict):
-                items = [key for key in node.keys if key is not None]
+                items, least = [key for key in node.keys if key is not None], 2
             else:
                 continue
             named = [i.value for i in items if isinstance(i, ast.Constant) and i.value in names]
-            if len(named) >= 2:
-                lists.append(f"{path.relative_to(PACKAGE)}:{node.lineno}: {named}")
-    assert not lists, f"method names listed outside gssgd/methods.py: {lists}"
+            if len(named) >= least:
+                found.append(f"{path.relative_to(PACKAGE)}:{node.lineno}: {named}")
+    assert not found, f"method names listed or compared outside gssgd/methods.py: {found}"
 
 
 LAB = PACKAGE.parent / "lab" / "gssgd_lab"

@@ -482,14 +482,15 @@ class GlobalSketchSGD(SketchingAggregator):
         the exact sums at their union (sorted, the same on every rank) all-reduced."""
         kinds = ("dense", "tops") if self.options.audit == "both" else (self.options.audit,)
         pools: dict[str, tuple[torch.Tensor | None, torch.Tensor]] = {}
-        if "dense" in kinds:
-            pools["dense"] = (None, self.comm.allreduce_backend(accumulated.clone()))
-        if "tops" in kinds:
+        for kind in kinds:
+            if kind != "tops":  # "dense": the whole vector
+                pools[kind] = (None, self.comm.allreduce_backend(accumulated.clone()))
+                continue
             # with ``chunk``, each chunk's share of the pool, as the selection takes them
             own = self._largest(accumulated.abs(), None, audit_pool(self.d, k, self.world_size))
             everyone = self.comm.allgather_backend(own.to(index_dtype(self.d)))
             coords = torch.unique(torch.cat(everyone).to(torch.int64))  # sorted
-            pools["tops"] = (coords, self.comm.allreduce_backend(accumulated[coords].clone()))
+            pools[kind] = (coords, self.comm.allreduce_backend(accumulated[coords].clone()))
         return pools
 
     def _best_of(self, values: torch.Tensor, coords: torch.Tensor | None, k: int

@@ -26,7 +26,7 @@ from gssgd.costmodel.cluster import Link, parse_latency, parse_link
 from gssgd.costmodel.devices import DEVICE_NAMES, cpu_fwdbwd_seconds, device_record, get_device
 from gssgd.costmodel.evidence import Study, study_from_summaries
 from gssgd.costmodel.fit import margin_of
-from gssgd.methods import parse_methods
+from gssgd.methods import REFERENCE_METHOD, parse_methods
 from gssgd.recipes import SPARSE_WARMUP_STEPS
 from gssgd.study.advised import study_spec
 
@@ -330,7 +330,7 @@ def render(advice: Advice, model: str | None = None) -> str:
                 f"{'-' if to is None else f'{to:.4g}':>9} {c.margin:>7.0%}  "
                 f"{c.evidence.describe()}")
     rec = advice.recommended
-    dense = next((c for c in advice.candidates if c.name == "dense"), None)
+    dense = next((c for c in advice.candidates if c.name == REFERENCE_METHOD), None)
     speedup = "" if dense is None else f", {dense.step.total / rec.step.total:.2f}x dense's step"
     to = rec.target_seconds(n)
     lines += [

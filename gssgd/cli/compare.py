@@ -18,7 +18,7 @@ from typing import Any
 
 from gssgd.cli.errors import run_command
 from gssgd.cli.train import Formatter, add_training_flags, settings_from_args
-from gssgd.methods import METHODS, parse_methods
+from gssgd.methods import DDP_REFERENCE_METHOD, METHODS, REFERENCE_METHOD, parse_methods
 from gssgd.study.curves import ACCURACY, LOSS, first_reaching
 from gssgd.train.config import TrainConfig
 from gssgd.train.data import TextData, load_dataset
@@ -49,6 +49,9 @@ DEFAULTS: dict[str, Any] = {
 }
 
 #: The fields of a method's summary that go to results.json.
+#: The run the others are measured against: gssgd's dense, else DDP's own all-reduce.
+_REFERENCES = (REFERENCE_METHOD, DDP_REFERENCE_METHOD)
+
 RESULT_FIELDS = (
     "status",
     "final_test_accuracy",
@@ -221,7 +224,7 @@ def add_bytes_to_target(
     loss (:data:`gssgd.study.curves.ACCURACY`, :data:`~gssgd.study.curves.LOSS`); None:
     never) and ``target``, in place. The dense reference is ``dense`` (else
     ``ddp-allreduce``)."""
-    ref = "dense" if "dense" in curves else "ddp-allreduce" if "ddp-allreduce" in curves else None
+    ref = next((m for m in _REFERENCES if m in curves), None)
     if ref is None:
         return
     metric = LOSS if text else ACCURACY
@@ -244,7 +247,7 @@ def table(results: dict[str, dict[str, Any]], text: bool = False) -> str:
     """The comparison as a fixed-width table (one row per method)."""
     headline = "test loss" if text else "test acc"
     key = "final_test_loss" if text else "final_test_accuracy"
-    ref = results.get("dense") or results.get("ddp-allreduce") or {}
+    ref = next((results[m] for m in _REFERENCES if m in results), {})
     dense, dense_to_target = busier_bytes(ref), ref.get("bytes_to_target")
     reach = "to dense+3%" if text else "to dense-0.5pt"
     rows = [("method", headline, "vs dense", "bytes/worker/step", "max sent", "max received",

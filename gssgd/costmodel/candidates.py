@@ -14,7 +14,7 @@ from typing import Any
 from gssgd.costmodel.cluster import StepTime, Warmup
 from gssgd.costmodel.evidence import Evidence
 from gssgd.costmodel.method_specs import MethodSpec, method_spec
-from gssgd.methods import get_method
+from gssgd.methods import REFERENCE_METHOD, get_method
 
 __all__ = ["SIMPLEST", "Candidate", "pick"]
 
@@ -106,14 +106,15 @@ class Candidate:
         mine = self.spec.aggregator_options()
         changed = {k: v for k, v in mine.items()
                    if base.get(k) != v and k not in _WARMUP_KEYS and k != "shapes"}
-        if self.method == "powersgd":
+        if get_method(self.method).by_shape:
             changed["rank"] = self.spec.rank
         return changed | self.settings
 
 
 #: The simplest candidates, simplest first: dense and its variants (dense16); another is
 #: picked only when it beats the simplest measured one by more than its margin.
-SIMPLEST: tuple[str, ...] = ("dense", *(v.name for v in get_method("dense").variants))
+SIMPLEST: tuple[str, ...] = (REFERENCE_METHOD,
+                             *(v.name for v in get_method(REFERENCE_METHOD).variants))
 
 
 def pick(candidates: Sequence[Candidate], dense_steps: int) -> tuple[Candidate, str]:

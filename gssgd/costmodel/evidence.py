@@ -38,6 +38,7 @@ from typing import Any
 
 from gssgd.costmodel import store
 from gssgd.costmodel.method_specs import MethodSpec, method_spec
+from gssgd.methods import REFERENCE_METHOD, SUBJECT_METHOD, get_method
 
 __all__ = ["FAMILIES", "PENALTY_PER_DECADE", "PENALTY_PER_DOUBLING", "Evidence", "Study",
            "evidence_for", "frontier_row", "method_of", "row_key", "studies",
@@ -152,7 +153,7 @@ class Evidence:
     def penalty(self) -> float:
         """The tie margin this evidence's distance adds (see the module doc; 0 for the
         reference, dense, whose steps define the target)."""
-        if self.row == "dense":
+        if self.row == REFERENCE_METHOD:
             return 0.0
         return (PENALTY_PER_DOUBLING * math.log2(self.p_factor)
                 + PENALTY_PER_DECADE * math.log10(self.d_factor))
@@ -178,7 +179,7 @@ class Evidence:
         assert self.study is not None and self.gap is not None
         where = (f"P={self.workers}, " + ("one trial (one seed)" if self.trial
                                           else f"{self.seeds} seed{'s' * (self.seeds > 1)}")
-                 + ("; the reference" if self.row == "dense"
+                 + ("; the reference" if self.row == REFERENCE_METHOD
                     else f"; {self.confidence}: {self.distance()}"))
         if not self.reached:
             unit = " %" if self.study.family == "language" else " pt"
@@ -214,11 +215,11 @@ def frontier_row(spec: MethodSpec, *, streamed: bool = False) -> str:
     Args:
         streamed: the DDP hook streams gs, which sketches every coordinate (no pre-filter).
     """
-    if spec.aggregator == "dense":
-        return "dense16" if spec.value_bytes == 2 else "dense"
+    if get_method(spec.aggregator).exact:  # dense, or dense16 with a 16-bit payload
+        return f"{spec.aggregator}16" if spec.value_bytes == 2 else spec.aggregator
     if spec.exchange == "tree":  # the authors' gTop-k keeps another residual: its own row
         return f"{spec.aggregator}-tree"
-    if spec.aggregator != "gs" or not spec.exact:
+    if spec.aggregator != SUBJECT_METHOD or not spec.exact:  # the studies searched gs's shape
         return spec.aggregator if spec.exact else f"{spec.aggregator}-estimate"
     prefilter = 0 if streamed else spec.prefilter
     return (
@@ -233,10 +234,11 @@ def row_key(spec: MethodSpec, density: float, *, streamed: bool = False,
     """The study row of ``spec`` at ``density`` (see the module doc)."""
     if local_steps:
         return f"diloco-h{local_steps}"
-    if spec.aggregator == "powersgd":
-        return f"powersgd-r{spec.rank}"
+    method = get_method(spec.aggregator)
+    if method.by_shape:
+        return f"{spec.aggregator}-r{spec.rank}"
     row = frontier_row(spec, streamed=streamed)
-    return row if spec.aggregator == "dense" else f"{row}@{density:g}"
+    return row if method.exact else f"{row}@{density:g}"
 
 
 def method_of(row: str) -> str:
@@ -340,13 +342,13 @@ def _round(x: float | None) -> float | None:
 def _study_row(m: dict[str, Any], setting: dict[str, Any], d: int, workers: int) -> str:
     """A study's method ``m`` at ``setting`` (its best, or one of its trials) as advise
     names it (:func:`row_key`)."""
-    setting = {**m["fixed"], **setting}
-    if m["method"] == "dense":
+    setting, method = {**m["fixed"], **setting}, get_method(m["method"])
+    if method.exact:
         if setting.get("local_steps"):
             return f"diloco-h{setting['local_steps']}"
-        return "dense16" if setting.get("payload_dtype") == "float16" else "dense"
-    if m["method"] == "powersgd":
-        return f"powersgd-r{setting.get('powersgd_rank', 2)}"
+        return method.name + ("16" if setting.get("payload_dtype") == "float16" else "")
+    if method.by_shape:
+        return f"{method.name}-r{setting.get('powersgd_rank', 2)}"
     density = setting["density"]
     spec = method_spec(m["method"], d, density, world_size=workers,
                        cols=setting.get("cols"), candidates=setting.get("candidates"))
@@ -426,7 +428,8 @@ def study_from_summaries(title: str, summaries: Sequence[dict[str, Any]], family
         out: dict[str, dict[str, Any]] = {}
         ref_steps = ref["to_target"]["steps"]
         for m in summary["methods"]:
-            if m["method"] != "dense" and {**m["fixed"], **m["best_setting"]}.get("local_steps"):
+            if (not get_method(m["method"]).exact
+                    and {**m["fixed"], **m["best_setting"]}.get("local_steps")):
                 continue  # a compressed outer step
             if m["final"]["mean"] is not None:
                 out[_study_row(m, m["best_setting"], d, p)] = {

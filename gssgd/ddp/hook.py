@@ -122,11 +122,11 @@ class RunningTotals:
         """Count one ended iteration of ``kind`` ("dense", "compressed" or "skipped")
         whose summed statistics are ``stats``."""
         self.iterations += 1
-        if kind == "dense":
+        if kind == DENSE_ITERATION:
             self.dense_iterations += 1
         else:
             self.compressed_iterations += 1
-            self.skipped_iterations += kind == "skipped"
+            self.skipped_iterations += kind == SKIPPED_ITERATION
         for name in ("bytes_sent", "bytes_received", "messages"):
             setattr(self, name, getattr(self, name) + getattr(stats, name))
 
@@ -148,6 +148,7 @@ class RunningTotals:
 #: scaler's ``"propagate"`` the scaler skips the optimizer step instead). In per-bucket
 #: mode buckets skip on their own: :attr:`HookCore.last_skipped` names their parameters.
 ITERATION_KINDS: tuple[str, ...] = ("none", "dense", "compressed", "skipped")
+NO_ITERATION, DENSE_ITERATION, COMPRESSED_ITERATION, SKIPPED_ITERATION = ITERATION_KINDS
 
 #: Key of the single aggregator in whole-model mode (in ``state_dict()["buckets"]``).
 WHOLE_MODEL = 0
@@ -225,7 +226,7 @@ class HookCore:
         self._loss_scale = LossScaleFollower()  # the scaler's scale the residuals are in
         self._scale_followed_at = -1  # the iteration whose loss scale was last followed
         self._warned_skip = False  # the skipped-step advice of _end_iteration, given once
-        self.last_iteration = "none"  # what the last iteration was (ITERATION_KINDS)
+        self.last_iteration = NO_ITERATION  # what the last iteration was (ITERATION_KINDS)
         self.last_skipped: frozenset[int] = frozenset()  # id()s of parameters skipped in it
         self._skipping: set[int] = set()  # the same, during the iteration
         self._params: dict[int, weakref.ref[torch.Tensor]] = {}  # the buckets' parameters
@@ -330,10 +331,11 @@ class HookCore:
         self.last_skipped, self._skipping = frozenset(self._skipping), set()
         skipped = self.last_stats.skipped and self.last_skipped >= self._params.keys()
         before, self.last_iteration = self.last_iteration, (  # "skipped": every vector was
-            "dense" if not compressed else "skipped" if skipped else "compressed"
+            DENSE_ITERATION if not compressed
+            else SKIPPED_ITERATION if skipped else COMPRESSED_ITERATION
         )
         self.totals.add(self.last_stats, self.last_iteration)
-        if compressed and before in ("none", "dense"):
+        if compressed and before in (NO_ITERATION, DENSE_ITERATION):
             logger.info("gssgd: iteration %d: %s compresses from here on (%s after %d dense "
                         "iterations); %d B sent this iteration", self.iter, self.method,
                         "whole model" if self.whole_model else "per bucket",

@@ -12,6 +12,7 @@ from typing import Any
 
 from gssgd.costmodel.advice import Advice
 from gssgd.costmodel.candidates import SIMPLEST, Candidate
+from gssgd.methods import REFERENCE_METHOD, get_method
 
 __all__ = ["STUDY_DATASET", "STUDY_LR", "study_spec"]
 
@@ -37,14 +38,14 @@ def _toml(value: Any) -> str:
 
 def _study_knobs(advice: Advice, c: Candidate) -> dict[str, Any]:
     """A candidate's table in a study spec: its method and its fixed settings."""
+    method = get_method(c.method)
     if c.local_steps:
-        return {"method": "dense", "fixed": {"local_steps": c.local_steps}}
-    if c.name == "dense16":
-        return {"method": "dense", "fixed": {"payload_dtype": "float16"}}
-    if c.method == "powersgd":
-        return {"method": "powersgd", "fixed": {"powersgd_rank": c.spec.rank}}
-    if c.method == "dense":
-        return {}
+        return {"method": c.method, "fixed": {"local_steps": c.local_steps}}
+    if method.exact:  # dense, or dense16: its payload in float16
+        return ({} if c.spec.value_bytes == 4
+                else {"method": c.method, "fixed": {"payload_dtype": "float16"}})
+    if method.by_shape:
+        return {"method": c.method, "fixed": {"powersgd_rank": c.spec.rank}}
     options = {k: str(v).removeprefix("torch.") if not isinstance(v, int | float | str)
                else v for k, v in c.options().items()}
     return {"method": c.method, "fixed": {"density": advice.density, **options}}
@@ -67,7 +68,7 @@ def study_spec(advice: Advice, model: str, dataset: str | None, *, methods: int 
         if len(chosen) >= 2 + methods:
             break
         # streamed gs converges as gs; local steps need >= 10 outer steps to be judged
-        if c.name == "gs-stream" or c.evidence.row in seen or (c.local_steps or 0) * 10 > steps:
+        if c.settings.get("overlap") == "stream" or c.evidence.row in seen or (c.local_steps or 0) * 10 > steps:
             continue
         chosen.append(c)
         seen.add(c.evidence.row)
@@ -95,7 +96,7 @@ def study_spec(advice: Advice, model: str, dataset: str | None, *, methods: int 
         "[target]",
         f'metric = "{metric}"',
         f"margin = {margin}",
-        'reference = "dense"',
+        f'reference = "{REFERENCE_METHOD}"',
     ]
     for c in chosen:
         lines += ["", f"[methods.{c.name}]", f"lr = {{ low = {low}, high = {high}, log = true }}"]

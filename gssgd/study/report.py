@@ -10,6 +10,7 @@ import math
 from pathlib import Path
 from typing import Any
 
+from gssgd.methods import SUBJECT_METHOD
 from gssgd.plots import shrink_png
 from gssgd.study.curves import Evaluation, seed_points
 
@@ -126,7 +127,7 @@ def markdown(summary: dict[str, Any]) -> str:
     if window is not None:
         header[3:4] = [f"end {metric} (seeds)", f"gap to {ref['label']} (seeds)"]
     rows = [_row(m, metric) for m in summary["methods"]]
-    gs = [m["label"] for m in summary["methods"] if m["method"] == "gs"]
+    gs = [m["label"] for m in summary["methods"] if m["method"] == SUBJECT_METHOD]
     names = {"bytes": "Fewest bytes", "time_1gbit": "Least time at 1 Gbit/s",
              "time_10gbit": "Least time at 10 Gbit/s"}
     verdicts = [_verdict(names[k], r, gs) for k, r in summary["rankings"].items()]

@@ -36,6 +36,8 @@ from typing import IO, Any
 
 import torch
 
+from gssgd.methods import FORMER_NAMES, METHODS
+
 __all__ = [
     "CHECKPOINT_DIR",
     "FORMAT",
@@ -127,27 +129,27 @@ def renamed_fingerprint(saved: dict[str, Any], method: str) -> dict[str, Any]:
     """The fingerprint of checkpoint ``saved``, in today's method names, for a run of
     ``method``.
 
-    PyTorch's PowerSGD hook was ``--method powersgd`` until gssgd had a PowerSGD of its
-    own; it is ``torch-powersgd`` now. A checkpoint it wrote (its ranks hold the hook's
-    ``"powersgd"`` memories) resumes under the new name.
+    A method renamed since the checkpoint was written (:data:`gssgd.methods.FORMER_NAMES`)
+    resumes under its new name when the checkpoint's state is that method's: PyTorch's
+    PowerSGD hook was ``--method powersgd`` until gssgd had a PowerSGD of its own, it is
+    ``torch-powersgd`` now, and its ranks hold the hook's memories under the old name.
 
     Raises:
-        ValueError: such a checkpoint resumed with ``--method powersgd`` (gssgd's PowerSGD
-            keeps other state); the message names ``torch-powersgd``.
+        ValueError: such a checkpoint resumed under its old name (the method now of that
+            name keeps other state); the message names the new one.
     """
     fp = dict(saved["fingerprint"])
-    torch_hook = fp.get("method") == "powersgd" and any(
-        "powersgd" in rank.get("sync", {}) for rank in saved.get("ranks", [])
-    )
-    if not torch_hook:
+    old = fp.get("method")
+    now = FORMER_NAMES.get(old) if isinstance(old, str) else None
+    if now is None or not any(old in rank.get("sync", {}) for rank in saved.get("ranks", [])):
         return fp
-    if method == "powersgd":
+    if method == old:
         raise ValueError(
-            "this checkpoint was written by PyTorch's PowerSGD hook, which --method powersgd "
-            "ran before gssgd had its own PowerSGD; that hook is now --method torch-powersgd. "
-            "Resume with --method torch-powersgd, or start a fresh run with --method powersgd."
+            f"this checkpoint was written by {METHODS[now].summary}, which --method {old} ran "
+            f"in an earlier release; that is --method {now} now. Resume with --method {now}, "
+            f"or start a fresh run with --method {old}."
         )
-    fp["method"] = "torch-powersgd"
+    fp["method"] = now
     return fp
 
 

@@ -20,7 +20,7 @@ from gssgd.aggregators import StepStats
 from gssgd.comm import ring_allreduce_bytes
 from gssgd.ddp import HookState, comm_hook
 from gssgd.local_steps import LocalSteps
-from gssgd.methods import get_method
+from gssgd.methods import METHODS, get_method
 from gssgd.train.config import DEFAULT_POWERSGD_RANK, TrainConfig
 
 __all__ = ["GradientSync", "builtin_hook_bytes", "hook_step_stats", "local_step_stats",
@@ -58,14 +58,16 @@ def builtin_hook_bytes(
     """
     shapes = [torch.Size(s) for s in shapes]
     numel = sum(s.numel() for s in shapes)
-    if method == "ddp-allreduce" or (method == "torch-powersgd" and not compressed):
+    hook = METHODS[method].ddp_hook if method in METHODS else ""
+    if hook == "allreduce" or (hook == "powerSGD_hook" and not compressed):
         return ring_allreduce_bytes(4 * numel, world_size)
-    if method == "ddp-fp16":
+    if hook == "fp16_compress_hook":
         return ring_allreduce_bytes(2 * numel, world_size)
-    if method != "torch-powersgd":
+    if hook != "powerSGD_hook":
+        builtins = ", ".join(m.name for m in METHODS.values() if m.ddp_hook)
         raise ValueError(
-            f"method {method!r} has no built-in DDP hook; use ddp-allreduce, ddp-fp16 or "
-            "torch-powersgd (gssgd's own powersgd counts its bytes in its hook's last_stats)"
+            f"method {method!r} has no built-in DDP hook; use one of {builtins} (gssgd's own "
+            "methods count their bytes in their hook's last_stats)"
         )
     uncompressed = ps = qs = 0
     for shape in shapes:
@@ -175,6 +177,7 @@ class GradientSync:
         optimizer: torch.optim.Optimizer | None = None,
     ) -> None:
         self.method, self.world_size = cfg.method, world_size
+        self.ddp_hook = get_method(cfg.method).ddp_hook
         self.module, self.optimizer = ddp.module, optimizer
         self.scaler = scaler
         self.shapes = [p.shape for p in ddp.module.parameters() if p.requires_grad]
@@ -187,9 +190,9 @@ class GradientSync:
         self.note: str | None = None  # how the run departs from the method's usual way
         if cfg.local_steps:
             self.local = local_steps_for(cfg, ddp.module)
-        elif cfg.method == "ddp-fp16":
+        elif self.ddp_hook == "fp16_compress_hook":
             ddp.register_comm_hook(None, default_hooks.fp16_compress_hook)
-        elif cfg.method == "torch-powersgd":
+        elif self.ddp_hook == "powerSGD_hook":
             self.powersgd = powersgd.PowerSGDState(
                 process_group=None,
                 matrix_approximation_rank=self.powersgd_rank,
@@ -223,7 +226,7 @@ class GradientSync:
             return local_step_stats(self.local, self.outer_now)
         if self.hook_state is not None and self.hook_state.last_stats is not None:
             return hook_step_stats(self.hook_state.last_stats)
-        compressed = self.method == "torch-powersgd" and step >= self.start_iter
+        compressed = self.ddp_hook == "powerSGD_hook" and step >= self.start_iter
         sent = builtin_hook_bytes(
             self.method, self.shapes, self.world_size, compressed, self.powersgd_rank
         )
