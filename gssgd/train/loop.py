@@ -1,17 +1,23 @@
-"""The training loop of ``gssgd train``, readable top to bottom.
+"""The training loop of ``gssgd train``, readable top to bottom: one loop for real workers
+and for a simulated world.
 
 :func:`run_training` checks a :class:`~gssgd.train.config.TrainConfig`
-(:func:`~gssgd.train.rundir.prepare`), launches the workers (:mod:`gssgd.train.launch`)
-and returns rank 0's summary; :func:`train_worker` is what each worker runs, in three parts:
+(:func:`~gssgd.train.rundir.prepare`), then trains its ranks (:class:`Ranks`) through the
+one loop, :func:`_train`:
 
-1. **setup** (:func:`_setup`): load the data, build the same model on every rank (same
-   seed), make the optimizer; with ``--resume`` restore parameters, optimizer, RNG and this
-   rank's hook state; wrap the model in ``DistributedDataParallel`` and register the
-   method's gradient averaging (:class:`~gssgd.train.sync.GradientSync`);
-2. **steps** (:func:`_train_step`): this rank's batch (a pure function of the step),
-   forward, agree on a finite loss, backward (DDP averages the gradients through the
-   method), optimizer step; rank 0 logs the step; evaluate and checkpoint when due;
-3. **summary** (:func:`_summarise`): rank 0 writes ``summary.json``.
+* **real workers**: it launches them (:mod:`gssgd.train.launch`); each runs
+  :func:`train_worker`, whose setup (:func:`_setup`) loads the data, builds the same model
+  on every rank (same seed), makes the optimizer, with ``--resume`` restores parameters,
+  optimizer, RNG and this rank's hook state, wraps the model in ``DistributedDataParallel``
+  and registers the method's gradient averaging (:class:`~gssgd.train.sync.GradientSync`);
+  its :class:`DDPRank` takes a step as one rank of P;
+* **simulated workers** (``--simulate``): every rank in this process, on one model
+  (:func:`gssgd.train.simulate.simulated_ranks`).
+
+Each step (:func:`_train_step`): every rank's batch (a pure function of the step), forward,
+agree on a finite loss, backward with the method's averaging, optimizer step; the logging
+process (rank 0) records the step; evaluate and checkpoint when due. At the end it writes
+``summary.json`` (:func:`_summarise`).
 
 Example::
 
@@ -30,7 +36,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 import torch.distributed as dist
@@ -56,6 +62,8 @@ from gssgd.train.metrics import (
     SUMMARY_FILE,
     MetricsLog,
     RunTotals,
+    StepBytes,
+    StepLoss,
     run_summary,
     step_record,
     summary_line,
@@ -66,7 +74,7 @@ from gssgd.train.objective import batch_loss, evaluation_sums, train_batch
 from gssgd.train.progress import progress_bar as _progress_bar
 from gssgd.train.progress import say as _say
 from gssgd.train.rundir import prepare
-from gssgd.train.simulate import simulate_training
+from gssgd.train.simulate import simulated_ranks
 from gssgd.train.snapshot import save_run_checkpoint, set_rng_state
 from gssgd.train.sync import GradientSync
 from gssgd.train.tensorboard import TensorBoardLog
@@ -89,13 +97,6 @@ __all__ = [
 # =========================================================================== data and eval
 
 
-def _train_batch(
-    data: ImageData | TextData, cfg: TrainConfig, step: int, worker: Worker
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """This rank's batch at ``step``: a pure function of (seed, step, rank)."""
-    return train_batch(data, cfg, step, worker.rank, worker.world_size, worker.device)
-
-
 def evaluate(
     model: nn.Module, data: ImageData | TextData, cfg: TrainConfig, worker: Worker
 ) -> tuple[float, float]:
@@ -114,31 +115,252 @@ def evaluate(
 # =========================================================================== the loop
 
 
+class Ranks(Protocol):
+    """What the loop trains: this process's rank of a real run (:class:`DDPRank`), or every
+    rank of a simulated world in this process (:func:`gssgd.train.simulate.simulated_ranks`).
+    """
+
+    world_size: int
+    #: the optimizer whose learning rate is logged (rank 0's), and --amp fp16's scaler
+    optimizer: torch.optim.Optimizer
+    scaler: torch.amp.GradScaler | None
+
+    def step(self, step: int) -> StepLoss:
+        """Every rank's batch, forward, backward, averaging and update at ``step`` (nothing
+        updated when a loss is not finite). Raises SketchCollapseError or
+        FloatingPointError on every rank alike when the method stops the step."""
+
+    def stats(self, step: int) -> tuple[dict[str, Any], StepBytes]:
+        """What the step's averaging cost (rank 0's) and its bytes over the ranks."""
+
+    def evaluate(self) -> tuple[float, float]:
+        """Test loss and accuracy as the real workers compute them."""
+
+    def save(self, done: int, totals: RunTotals) -> None:
+        """The checkpoint after ``done`` steps, where the run keeps them."""
+
+    def checkpoint_after(self, done: int) -> Path | None:
+        """Where :meth:`save` put the checkpoint of ``done`` steps (None: it keeps none)."""
+
+
 @dataclass
 class _Run:
-    """What one worker trains with, built by :func:`_setup`."""
+    """One run as the loop sees it: its ranks and what it has come to."""
 
     cfg: TrainConfig
-    worker: Worker
-    data: ImageData | TextData
-    model: nn.Module
-    ddp: DistributedDataParallel
-    optimizer: torch.optim.Optimizer
-    sync: GradientSync
-    fingerprint: dict[str, Any]
+    ranks: Ranks
     d: int
     start_step: int
     totals: RunTotals
-    log: MetricsLog | None  # rank 0 only
+    log: MetricsLog | None  # the process that logs (rank 0) only
     bar: Any  # the progress bar (disabled off rank 0)
-    scaler: torch.amp.GradScaler | None = None  # --amp fp16's loss scaler
     tensorboard: TensorBoardLog | None = None  # --tensorboard, rank 0 only
     # what the run has come to
     status: str = STATUS_COMPLETED
     message: str = ""
     last_eval: tuple[float | None, float | None] = (None, None)
     last_loss: float | None = None
+    step: int = 0  # the step being taken
     wall_start: float = field(default_factory=time.perf_counter)
+
+
+def _start(cfg: TrainConfig, ranks: Ranks, d: int, start_step: int, totals: RunTotals,
+           logs: bool, note: str | None) -> _Run:
+    """The run's record before its first step: ``config.json``, the opening line, the
+    metrics log, progress bar and TensorBoard (on the process that ``logs``)."""
+    out = Path(cfg.out)
+    if logs:
+        write_json(out / "config.json",
+                   {**dataclasses.asdict(cfg), "world_size": ranks.world_size, "d": d})
+        workers = f"{ranks.world_size} {'simulated ' if cfg.simulate else ''}workers"
+        _say(f"gssgd train: {cfg.method} on {cfg.dataset} ({cfg.model}, d={d:,}), {workers}, "
+             f"steps {start_step}..{cfg.steps} -> {out}")
+        if note is not None:
+            _say(f"gssgd train: {note}")
+    return _Run(cfg, ranks, d, start_step, totals,
+                MetricsLog(out, start_step) if logs else None,
+                _progress_bar(cfg, start_step, show=logs and cfg.progress),
+                TensorBoardLog(cfg.tensorboard, start_step) if logs and cfg.tensorboard else None)
+
+
+def _train(run: _Run) -> dict[str, Any] | None:
+    """The loop: every step from the run's first to ``cfg.steps`` (or to the step every
+    rank stopped at), then the summary on the process that logs."""
+    for step in range(run.start_step, run.cfg.steps):
+        run.step = step
+        if not _train_step(run, step):
+            break  # every rank stopped at this same step (run.status says why)
+    run.bar.close()
+    return _summarise(run) if run.log is not None else None
+
+
+def _train_step(run: _Run, step: int) -> bool:
+    """One step on every rank, then log, evaluate and checkpoint when due.
+
+    Returns:
+        False when every rank stops here (a non-finite loss, a collapsed sketch, a gradient
+        that stayed non-finite for the method's ``max_consecutive_skips`` steps).
+    """
+    cfg = run.cfg
+    try:
+        taken = run.ranks.step(step)
+    except (SketchCollapseError, FloatingPointError) as err:  # on every rank at this step
+        saved = checkpoint.list_checkpoints(Path(cfg.out) / checkpoint.CHECKPOINT_DIR)
+        collapsed = isinstance(err, SketchCollapseError)
+        run.status = STATUS_COLLAPSED if collapsed else STATUS_NONFINITE
+        run.message = f"gssgd train: stopped at step {step}: {err}" + (
+            f" The weights were not updated; {saved[-1].name} in {cfg.out} is kept."
+            if saved
+            else " The weights were not updated."
+        )
+        return False
+    if taken.nonfinite:
+        run.status = STATUS_NONFINITE
+        run.message = (
+            f"gssgd train: stopped at step {step}: the training loss is not finite (NaN or Inf) "
+            f"on {int(taken.nonfinite)} of {run.ranks.world_size} workers; every worker stopped. "
+            f"Lower --lr (now {cfg.lr})"
+            + (" or resume an earlier checkpoint with a lower --lr." if cfg.checkpoint_every
+               else ".")
+        )
+        return False
+    run.last_loss = taken.loss_sum / taken.count
+    stats, moved = run.ranks.stats(step)
+    record = step_record(step, run.last_loss, taken.correct / taken.count, stats, moved,
+                         run.totals.bytes_sent, taken.seconds)
+    run.totals.add(record, measured=step >= cfg.measured_from_step)
+    _after_step(run, step, record)
+    return True
+
+
+def _after_step(run: _Run, step: int, record: dict[str, Any]) -> None:
+    """Evaluate when due, log the step (metrics, bar, TensorBoard), checkpoint when due."""
+    cfg = run.cfg
+    done = step + 1
+    if done == cfg.steps or (cfg.eval_every and done % cfg.eval_every == 0):
+        run.last_eval = run.ranks.evaluate()
+        record["test_loss"], record["test_accuracy"] = run.last_eval
+    if run.log is not None:  # before the checkpoint: a resumed run finds every earlier line
+        run.log.write(record)
+        run.bar.set_postfix(loss=f"{run.last_loss:.3f}", acc=f"{record['train_accuracy']:.3f}",
+                            refresh=False)
+        run.bar.update(1)
+    if run.tensorboard is not None:
+        scaler = run.ranks.scaler
+        run.tensorboard.write(record, lr=run.ranks.optimizer.param_groups[0]["lr"],
+                              loss_scale=scaler.get_scale() if scaler else None)
+    if done == cfg.steps or (cfg.checkpoint_every and done % cfg.checkpoint_every == 0):
+        run.ranks.save(done, run.totals)
+
+
+def _summarise(run: _Run) -> dict[str, Any]:
+    """The logging process: write ``summary.json`` and say how the run ended."""
+    assert run.log is not None
+    run.log.close()
+    if run.tensorboard is not None:
+        run.tensorboard.close()
+    cfg, out = run.cfg, Path(run.cfg.out)
+    final = run.ranks.checkpoint_after(cfg.steps) if run.status == STATUS_COMPLETED else None
+    summary = run_summary(
+        cfg,
+        status=run.status,
+        message=run.message,
+        world_size=run.ranks.world_size,
+        d=run.d,
+        totals=run.totals,
+        last_loss=run.last_loss,
+        last_eval=run.last_eval,
+        measured_from_step=cfg.measured_from_step,
+        seconds_wall=time.perf_counter() - run.wall_start,
+        checkpoint=None if final is None else str(final),
+        **({"simulated": True} if cfg.simulate else {}),
+    )
+    write_json(out / SUMMARY_FILE, summary)
+    _say(run.message if run.message else summary_line(summary))
+    return summary
+
+
+# =========================================================================== a real rank
+
+
+def build_model_of(cfg: TrainConfig, device: torch.device) -> tuple[ImageData | TextData,
+                                                                     nn.Module, int]:
+    """What every rank of a run, real or simulated, starts from: the user's methods
+    registered, the data, the model (the same on every rank: the run's seed) and its
+    trainable parameter count ``d`` (what the method averages)."""
+    import_plugins(cfg.plugins)  # a spawned worker registers the user's methods too
+    torch.set_num_threads(cfg.threads)
+    data = load_dataset(cfg.dataset)
+    torch.manual_seed(cfg.seed)
+    model = build_model(cfg.model, data).to(device)
+    return data, model, sum(p.numel() for p in model.parameters() if p.requires_grad)
+
+
+class DDPRank:
+    """This process's rank of a real data-parallel run: its batch, forward, backward (DDP
+    averages the gradients there, through the method's hook), update, and its share of
+    evaluations and checkpoints (:func:`train_worker` builds it)."""
+
+    def __init__(self, cfg: TrainConfig, worker: Worker, data: ImageData | TextData,
+                 model: nn.Module, optimizer: torch.optim.Optimizer, ddp: DistributedDataParallel,
+                 sync: GradientSync, scaler: torch.amp.GradScaler | None,
+                 fingerprint: dict[str, Any]) -> None:
+        self.cfg, self.worker, self.data, self.model = cfg, worker, data, model
+        self.optimizer, self.ddp, self.sync, self.scaler = optimizer, ddp, sync, scaler
+        self.fingerprint, self.world_size = fingerprint, worker.world_size
+
+    def step(self, step: int) -> StepLoss:
+        """Forward, agree on a finite loss, backward + averaging, update (with --amp fp16
+        the loss is scaled, and an overflow comes back as NaN gradients on every rank);
+        its seconds leave the loss's all-reduce out."""
+        cfg, worker = self.cfg, self.worker
+        _inject_faults(cfg, worker.rank, step)
+        t0 = time.perf_counter()
+        x, y = train_batch(self.data, cfg, step, worker.rank, worker.world_size, worker.device)
+        with self._alone(), _autocast(cfg, worker):
+            loss, correct, count = batch_loss(self.ddp(x), y)
+        t_forward = time.perf_counter() - t0
+        loss_sum, correct_sum, count_sum, nonfinite = agree_on_loss(loss, correct, count, worker)
+        if nonfinite:
+            return StepLoss(loss_sum, correct_sum, count_sum, int(nonfinite), t_forward)
+        t1 = time.perf_counter()
+        self.optimizer.zero_grad(set_to_none=True)
+        with self._alone():
+            (loss if self.scaler is None else self.scaler.scale(loss)).backward()
+        self._optimizer_step(step)
+        self.sync.after_step()  # local steps: every H-th step is the outer step
+        return StepLoss(loss_sum, correct_sum, count_sum, 0,
+                        t_forward + (time.perf_counter() - t1))
+
+    def stats(self, step: int) -> tuple[dict[str, Any], StepBytes]:
+        """This rank's averaging statistics and the bytes gathered over the ranks."""
+        stats = self.sync.step_stats(step)
+        return stats, gather_bytes(stats, self.worker)
+
+    def evaluate(self) -> tuple[float, float]:
+        return evaluate(self.ddp.module, self.data, self.cfg, self.worker)
+
+    def save(self, done: int, totals: RunTotals) -> None:
+        save_run_checkpoint(Path(self.cfg.out), done, self.cfg, self.fingerprint, self.model,
+                            self.optimizer, self.sync, totals, self.worker)
+
+    def checkpoint_after(self, done: int) -> Path | None:
+        return (Path(self.cfg.out) / checkpoint.CHECKPOINT_DIR
+                / checkpoint.checkpoint_name(done))
+
+    def _alone(self) -> contextlib.AbstractContextManager[Any]:
+        """Local steps: DDP's ``no_sync`` (no gradient all-reduce: the outer step averages
+        the weights' change); otherwise nothing."""
+        return self.ddp.no_sync() if self.cfg.local_steps else contextlib.nullcontext()
+
+    def _optimizer_step(self, step: int) -> None:
+        """The optimizer's step at the schedule's learning rate (``--lr-schedule``)."""
+        self.cfg.schedule.apply(self.optimizer, self.cfg.lr, step)
+        if self.scaler is None:
+            self.optimizer.step()
+        else:  # skips the step on an overflow (every rank alike) and adapts the scale
+            self.scaler.step(self.optimizer)
+            self.scaler.update()
 
 
 def train_worker(worker: Worker, cfg: TrainConfig) -> dict[str, Any] | None:
@@ -156,33 +378,23 @@ def train_worker(worker: Worker, cfg: TrainConfig) -> dict[str, Any] | None:
         RuntimeError: a peer died or timed out (after ``cfg.timeout`` seconds).
     """
     run = _setup(worker, cfg)
-    step = run.start_step
     try:
-        for step in range(run.start_step, cfg.steps):
-            _inject_faults(cfg, worker.rank, step)
-            if not _train_step(run, step):
-                break  # every rank stopped at this same step (run.status says why)
+        return _train(run)
     except (RuntimeError, dist.DistBackendError) as err:
         if isinstance(err, FloatingPointError) or not collective_failure(err):
             raise
         raise RuntimeError(
-            f"step {step}: a collective failed or waited longer than --timeout {cfg.timeout:g} s "
-            f"on rank {worker.rank} ({err}). A peer died or stalled: check the other workers' "
-            "output; raise --timeout on slow links, or continue with --resume from the run's --out."
+            f"step {run.step}: a collective failed or waited longer than --timeout "
+            f"{cfg.timeout:g} s on rank {worker.rank} ({err}). A peer died or stalled: check "
+            "the other workers' output; raise --timeout on slow links, or continue with "
+            "--resume from the run's --out."
         ) from err
-    run.bar.close()
-    return _summarise(run) if run.log is not None else None
 
 
 def _setup(worker: Worker, cfg: TrainConfig) -> _Run:
     """Data, the same initial model on every rank, optimizer, resume, DDP and its method."""
-    import_plugins(cfg.plugins)  # a spawned worker registers the user's methods too
-    device, out = worker.device, Path(cfg.out)
-    torch.set_num_threads(cfg.threads)
-    data = load_dataset(cfg.dataset)
-    torch.manual_seed(cfg.seed)
-    model = build_model(cfg.model, data).to(device)
-    d = sum(p.numel() for p in model.parameters())
+    device = worker.device
+    data, model, d = build_model_of(cfg, device)
     optimizer = make_optimizer(model, cfg)
     fingerprint = checkpoint.fingerprint(cfg.method, cfg.model, cfg.dataset, worker.world_size, d)
 
@@ -215,24 +427,8 @@ def _setup(worker: Worker, cfg: TrainConfig) -> _Run:
             sync.hook_state.note_buckets_rebuilt()
     if isinstance(optimizer, FrozenVarianceAdamW) and sync.hook_state is not None:
         pair_adamw(optimizer, sync.hook_state)  # 1-bit Adam's: the hook says when v freezes
-
-    is_main = worker.rank == 0
-    if is_main:
-        write_json(
-            out / "config.json",
-            {**dataclasses.asdict(cfg), "world_size": worker.world_size, "d": d},
-        )
-        _say(
-            f"gssgd train: {cfg.method} on {cfg.dataset} ({cfg.model}, d={d:,}), "
-            f"{worker.world_size} workers, steps {start_step}..{cfg.steps} -> {out}"
-        )
-        if sync.note is not None:
-            _say(f"gssgd train: {sync.note}")
-    bar = _progress_bar(cfg, start_step, show=is_main and cfg.progress)
-    tensorboard = TensorBoardLog(cfg.tensorboard, start_step) if is_main and cfg.tensorboard else None
-    return _Run(cfg, worker, data, model, ddp, optimizer, sync, fingerprint, d, start_step,
-                totals, MetricsLog(out, start_step) if is_main else None, bar, scaler,
-                tensorboard)
+    rank = DDPRank(cfg, worker, data, model, optimizer, ddp, sync, scaler, fingerprint)
+    return _start(cfg, rank, d, start_step, totals, logs=worker.rank == 0, note=sync.note)
 
 
 def _inject_faults(cfg: TrainConfig, rank: int, step: int) -> None:
@@ -242,82 +438,6 @@ def _inject_faults(cfg: TrainConfig, rank: int, step: int) -> None:
     if cfg.stall_at == (rank, step):
         _say(f"gssgd: --stall-at {rank}:{step}: rank {rank} stops answering (fault injection)")
         time.sleep(10**6)
-
-
-def _train_step(run: _Run, step: int) -> bool:
-    """One step on every rank: forward, agree on the loss, backward + averaging, update,
-    then log, evaluate and checkpoint when due.
-
-    Returns:
-        False when every rank stops here (a non-finite loss, a collapsed sketch).
-    """
-    cfg, worker = run.cfg, run.worker
-    t0 = time.perf_counter()
-    x, y = _train_batch(run.data, cfg, step, worker)
-    with _alone(run), _autocast(cfg, worker):
-        loss, correct, count = batch_loss(run.ddp(x), y)
-    t_forward = time.perf_counter() - t0
-    loss_sum, correct_sum, count_sum, nonfinite = agree_on_loss(loss, correct, count, worker)
-    if nonfinite:
-        run.status = STATUS_NONFINITE
-        run.message = (
-            f"gssgd train: stopped at step {step}: the training loss is not finite (NaN or Inf) "
-            f"on {int(nonfinite)} of {worker.world_size} workers; every worker stopped. Lower "
-            f"--lr (now {cfg.lr}) or resume an earlier checkpoint with a lower --lr."
-        )
-        return False
-    t1 = time.perf_counter()
-    if not _update(run, loss, step):
-        return False
-    seconds_step = t_forward + (time.perf_counter() - t1)  # the loss all-reduce left out
-    run.last_loss = loss_sum / count_sum
-    _after_step(run, step, _record(run, step, seconds_step, correct_sum / count_sum))
-    return True
-
-
-def _update(run: _Run, loss: torch.Tensor, step: int) -> bool:
-    """Backward (DDP averages the gradients there, through the method's hook; with --amp
-    fp16 the loss is scaled, and an overflow comes back as NaN gradients on every rank),
-    then the optimizer step. False when the sketch collapsed or the gradients stayed
-    non-finite for the method's ``max_consecutive_skips`` steps (on every rank alike)."""
-    cfg = run.cfg
-    run.optimizer.zero_grad(set_to_none=True)
-    try:
-        with _alone(run):
-            (loss if run.scaler is None else run.scaler.scale(loss)).backward()
-        _optimizer_step(run, step)
-        run.sync.after_step()  # local steps: every H-th step is the outer step
-    except (SketchCollapseError, FloatingPointError) as err:  # on every rank at this step
-        saved = checkpoint.list_checkpoints(Path(cfg.out) / checkpoint.CHECKPOINT_DIR)
-        collapsed = isinstance(err, SketchCollapseError)
-        run.status = STATUS_COLLAPSED if collapsed else STATUS_NONFINITE
-        run.message = f"gssgd train: stopped at step {step}: {err}" + (
-            f" The weights were not updated; {saved[-1].name} in {cfg.out} is kept."
-            if saved
-            else " The weights were not updated."
-        )
-        return False
-    return True
-
-
-def _after_step(run: _Run, step: int, record: dict[str, Any]) -> None:
-    """Evaluate when due, log the step (metrics, bar, TensorBoard), checkpoint when due."""
-    cfg = run.cfg
-    done = step + 1
-    if done == cfg.steps or (cfg.eval_every and done % cfg.eval_every == 0):
-        run.last_eval = evaluate(run.ddp.module, run.data, cfg, run.worker)
-        record["test_loss"], record["test_accuracy"] = run.last_eval
-    if run.log is not None:  # before the checkpoint: a resumed run finds every earlier line
-        run.log.write(record)
-        run.bar.set_postfix(loss=f"{run.last_loss:.3f}", acc=f"{record['train_accuracy']:.3f}",
-                            refresh=False)
-        run.bar.update(1)
-    if run.tensorboard is not None:
-        run.tensorboard.write(record, lr=run.optimizer.param_groups[0]["lr"],
-                              loss_scale=run.scaler.get_scale() if run.scaler else None)
-    if done == cfg.steps or (cfg.checkpoint_every and done % cfg.checkpoint_every == 0):
-        save_run_checkpoint(Path(cfg.out), done, cfg, run.fingerprint, run.model,
-                            run.optimizer, run.sync, run.totals, run.worker)
 
 
 def _no_forward_buffer_sync() -> dict[str, bool]:
@@ -330,64 +450,10 @@ def _no_forward_buffer_sync() -> dict[str, bool]:
     return {name: False}
 
 
-def _alone(run: _Run) -> contextlib.AbstractContextManager[Any]:
-    """Local steps: DDP's ``no_sync`` (no gradient all-reduce: the outer step averages the
-    weights' change); otherwise nothing."""
-    return run.ddp.no_sync() if run.cfg.local_steps else contextlib.nullcontext()
-
-
-def _optimizer_step(run: _Run, step: int) -> None:
-    """The optimizer's step at the schedule's learning rate (``--lr-schedule``)."""
-    run.cfg.schedule.apply(run.optimizer, run.cfg.lr, step)
-    if run.scaler is None:
-        run.optimizer.step()
-    else:  # skips the step on an overflow (every rank alike) and adapts the scale
-        run.scaler.step(run.optimizer)
-        run.scaler.update()
-
-
 def _autocast(cfg: TrainConfig, worker: Worker) -> torch.autocast:
     """The forward pass's ``--amp`` autocast (disabled without ``--amp``)."""
     dtype = AMP_DTYPES[cfg.amp] if cfg.amp is not None else torch.float32
     return torch.autocast(worker.device.type, dtype=dtype, enabled=cfg.amp is not None)
-
-
-def _record(run: _Run, step: int, seconds_step: float, train_accuracy: float) -> dict[str, Any]:
-    """The step's ``metrics.jsonl`` line (bytes gathered over ranks), added to the totals."""
-    stats = run.sync.step_stats(step)
-    record = step_record(step, run.last_loss, train_accuracy, stats,
-                         gather_bytes(stats, run.worker), run.totals.bytes_sent, seconds_step)
-    run.totals.add(record, measured=step >= run.cfg.measured_from_step)
-    return record
-
-
-def _summarise(run: _Run) -> dict[str, Any]:
-    """Rank 0: write ``summary.json`` and say how the run ended."""
-    assert run.log is not None
-    run.log.close()
-    if run.tensorboard is not None:
-        run.tensorboard.close()
-    cfg, out = run.cfg, Path(run.cfg.out)
-    summary = run_summary(
-        cfg,
-        status=run.status,
-        message=run.message,
-        world_size=run.worker.world_size,
-        d=run.d,
-        totals=run.totals,
-        last_loss=run.last_loss,
-        last_eval=run.last_eval,
-        measured_from_step=cfg.measured_from_step,
-        seconds_wall=time.perf_counter() - run.wall_start,
-        checkpoint=(
-            str(out / checkpoint.CHECKPOINT_DIR / checkpoint.checkpoint_name(cfg.steps))
-            if run.status == STATUS_COMPLETED
-            else None
-        ),
-    )
-    write_json(out / SUMMARY_FILE, summary)
-    _say(run.message if run.message else summary_line(summary))
-    return summary
 
 
 def _rebuild_buckets(
@@ -405,7 +471,7 @@ def _rebuild_buckets(
     ``--per-bucket`` residuals) lines up with the checkpoint and the resumed run is
     bitwise the uninterrupted one. Parameters, optimizer and RNG are left untouched.
     """
-    x, y = _train_batch(data, cfg, step, worker)
+    x, y = train_batch(data, cfg, step, worker.rank, worker.world_size, worker.device)
     with _autocast(cfg, worker):  # autocast's casts change the order gradients get ready in
         loss = batch_loss(ddp(x), y)[0]
     loss.backward()
@@ -436,8 +502,10 @@ def run_training(cfg: TrainConfig) -> dict[str, Any] | None:
     """
     cfg = prepare(cfg)
     assert cfg.workers is not None and cfg.out is not None
-    if cfg.simulate:  # P ranks in this process (gssgd.train.simulate)
-        return simulate_training(cfg)
+    if cfg.simulate:  # P ranks in this process, through the same loop
+        data, model, d = build_model_of(cfg, torch.device("cpu"))
+        ranks = simulated_ranks(cfg, data, model)
+        return _train(_start(cfg, ranks, d, 0, RunTotals(), logs=True, note=None))
     try:
         return launch(train_worker, cfg.workers, (cfg,), timeout_s=cfg.timeout, device=cfg.device)
     except WorkerFailed as err:

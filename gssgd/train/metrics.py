@@ -41,7 +41,7 @@ import json
 import math
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from gssgd.train.checkpoint import atomic_write
 
@@ -54,6 +54,7 @@ __all__ = [
     "STATUS_COMPLETED",
     "STATUS_NONFINITE",
     "StepBytes",
+    "StepLoss",
     "read_metrics",
     "read_run",
     "run_summary",
@@ -85,6 +86,23 @@ class StepBytes:
         received = [r for _, r in per_rank]
         n = len(per_rank)
         return cls(sum(sent) / n, max(sent), sum(received) / n, max(received))
+
+
+class StepLoss(NamedTuple):
+    """One step's training loss over the ranks, as the workers' all-reduce sums it.
+
+    Attributes:
+        loss_sum: the loss times the examples, summed; correct: the right predictions;
+            count: the examples (the step's mean loss is ``loss_sum / count``).
+        nonfinite: the ranks whose loss was NaN or infinite (nothing was updated then).
+        seconds: the step's time on this process (forward, backward, averaging, update).
+    """
+
+    loss_sum: float
+    correct: float
+    count: float
+    nonfinite: int
+    seconds: float
 
 
 def busier_bytes(record: dict[str, Any]) -> float:

@@ -1,4 +1,5 @@
-"""``gssgd train --simulate``: P workers as a simulated world in one process.
+"""``gssgd train --simulate``: P workers as a simulated world in one process, trained by
+the one loop of :mod:`gssgd.train.loop` (:func:`simulated_ranks` are its ranks).
 
 Large-P studies (P = 16 to 256 and more) on one machine, with the package's own code. The
 replicas of a data-parallel run are identical (every rank applies bitwise the same update),
@@ -20,8 +21,9 @@ the aggregator's state. Each step:
    becomes the model's gradient and the optimizer steps;
 4. the step's bytes (mean and busiest rank) are logged as a real run logs them.
 
-The outputs are those of a real run (``metrics.jsonl``, ``summary.json`` with
-``"simulated": true``), so ``gssgd compare --simulate`` tabulates and plots them alike.
+The outputs are those of a real run, written by the same loop (``metrics.jsonl``,
+``summary.json`` with ``"simulated": true``), so ``gssgd compare --simulate`` tabulates and
+plots them alike.
 What a simulated run does not give: step times (the ranks take turns on one thread: the
 cost model predicts times from the exact bytes), checkpoints to resume, and real workers'
 failure modes. The updates are bitwise those of real gloo processes: the aggregators are
@@ -34,56 +36,49 @@ buffers DDP would build, so gloo's chunks fall on the same weights
 from __future__ import annotations
 
 import copy
-import dataclasses
 import math
 import time
-from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
 
-from gssgd.aggregators.gs import SketchCollapseError
 from gssgd.ddp import HookState, comm_hook
 from gssgd.ddp.optimizer_watch import pair_adamw
 from gssgd.optim import FrozenVarianceAdamW
 from gssgd.simulated import SimulatedWorld, gloo_ring_reduce
 from gssgd.train.config import TrainConfig, make_optimizer
-from gssgd.train.data import load_dataset
+from gssgd.train.data import ImageData, TextData
 from gssgd.train.ddp_buckets import DDPBuckets, SimulatedBucket
-from gssgd.train.method_settings import import_plugins
-from gssgd.train.metrics import (
-    STATUS_COLLAPSED,
-    STATUS_COMPLETED,
-    STATUS_NONFINITE,
-    SUMMARY_FILE,
-    MetricsLog,
-    RunTotals,
-    StepBytes,
-    run_summary,
-    step_record,
-    summary_line,
-    write_json,
-)
-from gssgd.train.models import build_model
+from gssgd.train.metrics import RunTotals, StepBytes, StepLoss
 from gssgd.train.objective import batch_loss, evaluation_sums, train_batch
 from gssgd.train.sync import hook_step_stats, local_step_stats, local_steps_for
 
-__all__ = ["simulate_training"]
+__all__ = ["simulated_ranks"]
+
+#: A simulated world trains on the CPU (the ranks take turns on one thread).
+_DEVICE = torch.device("cpu")
+
+
+def simulated_ranks(cfg: TrainConfig, data: ImageData | TextData, model: nn.Module
+                    ) -> _SharedReplica | _LocalReplicas:
+    """Every rank of ``cfg``'s run (``cfg.workers`` of them, completed by
+    :func:`~gssgd.train.rundir.prepare`) in this process, for the loop to train: one
+    shared replica, or with ``--local-steps`` one replica per rank."""
+    assert cfg.workers is not None and cfg.simulate
+    world = SimulatedWorld(cfg.workers)
+    return (_LocalReplicas if cfg.local_steps else _SharedReplica)(cfg, data, model, world)
+
 
 def _rank_gradients(
     model: nn.Module, params: list[nn.Parameter], data: Any, cfg: TrainConfig, step: int,
-    world_size: int, device: torch.device, buckets: DDPBuckets,
-) -> tuple[list[torch.Tensor], float, float, float, int]:
-    """Every rank's flat gradient (model order) at ``step`` and the summed loss, correct
-    and count; rank 0's loss also goes to ``buckets`` (DDP reads its ready order there).
-
-    Returns:
-        ``(gradients, loss * count summed, correct, count, ranks with a non-finite loss)``.
-    """
+    world_size: int, buckets: DDPBuckets,
+) -> tuple[list[torch.Tensor], _LossSums]:
+    """Every rank's flat gradient (model order) at ``step`` and the summed loss; rank 0's
+    loss also goes to ``buckets`` (DDP reads its ready order there)."""
     grads, sums = [], _LossSums()
     for rank in range(world_size):
-        loss = sums.forward(model, data, cfg, step, rank, world_size, device)
+        loss = sums.forward(model, data, cfg, step, rank, world_size)
         if rank == 0:
             buckets.watch_backward(loss)  # the first step's only: DDP's gradient-ready order
         parts = torch.autograd.grad(loss, params, allow_unused=True)
@@ -91,7 +86,7 @@ def _rank_gradients(
             (g if g is not None else torch.zeros_like(p)).reshape(-1)
             for g, p in zip(parts, params, strict=True)
         ]))
-    return grads, sums.loss, sums.correct, sums.count, sums.nonfinite
+    return grads, sums
 
 
 class _LossSums:
@@ -100,11 +95,12 @@ class _LossSums:
 
     def __init__(self) -> None:
         self.loss, self.correct, self.count, self.nonfinite = 0.0, 0, 0, 0
+        self.start = time.perf_counter()
 
     def forward(self, model: nn.Module, data: Any, cfg: TrainConfig, step: int, rank: int,
-                world_size: int, device: torch.device) -> torch.Tensor:
+                world_size: int) -> torch.Tensor:
         """Rank ``rank``'s forward on its batch at ``step``, counted; its loss."""
-        x, y = train_batch(data, cfg, step, rank, world_size, device)
+        x, y = train_batch(data, cfg, step, rank, world_size, _DEVICE)
         loss, correct, count = batch_loss(model(x), y)
         value = float(loss.detach())
         self.nonfinite += not math.isfinite(value)
@@ -112,75 +108,49 @@ class _LossSums:
                                                self.correct + correct, self.count + count)
         return loss
 
-
-def simulate_training(cfg: TrainConfig) -> dict[str, Any]:
-    """Train ``cfg`` (completed by :func:`~gssgd.train.rundir.prepare`, with ``simulate``)
-    on a simulated world of ``cfg.workers`` ranks; rank 0's summary.
-
-    Returns:
-        The run summary (also in ``OUT/summary.json``), with ``"simulated": True``.
-    """
-    assert cfg.workers is not None and cfg.out is not None and cfg.simulate
-    import_plugins(cfg.plugins)
-    out, world_size, device = Path(cfg.out), cfg.workers, torch.device("cpu")
-    torch.set_num_threads(cfg.threads)
-    data = load_dataset(cfg.dataset)
-    torch.manual_seed(cfg.seed)
-    model = build_model(cfg.model, data).to(device)
-    d = sum(p.numel() for p in model.parameters() if p.requires_grad)
-    world = SimulatedWorld(world_size)
-    ranks: _SharedReplica | _LocalReplicas = (
-        _LocalReplicas(cfg, model, world) if cfg.local_steps
-        else _SharedReplica(cfg, model, world))
-    write_json(out / "config.json", {**dataclasses.asdict(cfg), "world_size": world_size, "d": d})
-    log, totals = MetricsLog(out, 0), RunTotals()
-    status, message = STATUS_COMPLETED, ""
-    last_loss: float | None = None
-    last_eval: tuple[float | None, float | None] = (None, None)
-    wall_start = time.perf_counter()
-    print(f"gssgd train --simulate: {cfg.method} on {cfg.dataset} ({cfg.model}, d={d:,}), "
-          f"{world_size} simulated workers, {cfg.steps} steps -> {out}", flush=True)
-    for step in range(cfg.steps):
-        t0 = time.perf_counter()
-        try:
-            loss_sum, correct, count, nonfinite = ranks.step(data, step, device)
-        except (SketchCollapseError, FloatingPointError) as err:  # as the real workers stop
-            status = STATUS_COLLAPSED if isinstance(err, SketchCollapseError) else STATUS_NONFINITE
-            message = f"gssgd train: stopped at step {step}: {err}"
-            break
-        if nonfinite:
-            status = STATUS_NONFINITE
-            message = (f"gssgd train: stopped at step {step}: the training loss is not finite "
-                       f"on {nonfinite} of {world_size} workers. Lower --lr (now {cfg.lr}).")
-            break
-        seconds_step = time.perf_counter() - t0
-        last_loss = loss_sum / count
-        stats, moved = ranks.stats()
-        record = step_record(step, last_loss, correct / count, stats, moved,
-                             totals.bytes_sent, seconds_step)
-        totals.add(record, measured=step >= cfg.measured_from_step)
-        done = step + 1
-        if done == cfg.steps or (cfg.eval_every and done % cfg.eval_every == 0):
-            last_eval = _evaluate(ranks.models, data, cfg, device)
-            record["test_loss"], record["test_accuracy"] = last_eval
-        log.write(record)
-    log.close()
-    summary = run_summary(
-        cfg, status=status, message=message, world_size=world_size, d=d, totals=totals,
-        last_loss=last_loss, last_eval=last_eval, measured_from_step=cfg.measured_from_step,
-        seconds_wall=time.perf_counter() - wall_start, checkpoint=None, simulated=True,
-    )
-    write_json(out / SUMMARY_FILE, summary)
-    print(message or summary_line(summary), flush=True)
-    return summary
+    def taken(self) -> StepLoss:
+        """The sums as the loop reads them, timed from this step's start."""
+        return StepLoss(self.loss, self.correct, self.count, self.nonfinite,
+                        time.perf_counter() - self.start)
 
 
-class _SharedReplica:
+class _Simulated:
+    """What both kinds of simulated ranks share: no loss scaler, no checkpoints, and
+    evaluation as the real workers compute it."""
+
+    scaler = None
+    models: list[nn.Module]
+
+    def __init__(self, cfg: TrainConfig, data: ImageData | TextData,
+                 world: SimulatedWorld) -> None:
+        self.cfg, self.data, self.world = cfg, data, world
+        self.world_size = world.world_size
+
+    def evaluate(self) -> tuple[float, float]:
+        """Test loss and accuracy as real workers compute them
+        (:func:`gssgd.train.loop.evaluate`): each rank scores its share of the test split
+        with its replica, and the shares are summed as gloo's all-reduce sums them, so the
+        numbers are bitwise a real run's (one pass over the whole split would batch and add
+        the losses otherwise)."""
+        shares = [evaluation_sums(m, self.data, self.cfg, r, self.world_size, _DEVICE)
+                  for r, m in enumerate(self.models)]
+        loss_total, right, seen = gloo_ring_reduce(shares).tolist()
+        return loss_total / seen, right / seen
+
+    def save(self, done: int, totals: RunTotals) -> None:
+        """Nothing: a simulated run keeps no checkpoints (it is rerun, not resumed)."""
+
+    def checkpoint_after(self, done: int) -> None:
+        return None
+
+
+class _SharedReplica(_Simulated):
     """Every step aggregates: the replicas stay bitwise equal, so one model stands for all
     ranks, each rank with its own hook state (the module doc's steps 1-3)."""
 
-    def __init__(self, cfg: TrainConfig, model: nn.Module, world: SimulatedWorld) -> None:
-        self.cfg, self.world = cfg, world
+    def __init__(self, cfg: TrainConfig, data: ImageData | TextData, model: nn.Module,
+                 world: SimulatedWorld) -> None:
+        super().__init__(cfg, data, world)
         self.models = [model] * world.world_size
         self.params = [p for p in model.parameters() if p.requires_grad]
         self.optimizer = make_optimizer(model, cfg)
@@ -191,15 +161,13 @@ class _SharedReplica:
         if isinstance(self.optimizer, FrozenVarianceAdamW):
             pair_adamw(self.optimizer, self.states[0])  # 1-bit Adam's: the hook says when
 
-    def step(self, data: Any, step: int, device: torch.device) -> tuple[float, int, int, int]:
-        """Every rank's gradient, the hooks, the update: (loss sum, correct, count, ranks
-        with a non-finite loss; nothing is updated then)."""
+    def step(self, step: int) -> StepLoss:
+        """Every rank's gradient, the hooks, the update (none when a loss is not finite)."""
         self.buckets.start_iteration()  # as DDP's forward does
-        grads, loss_sum, correct, count, nonfinite = _rank_gradients(
-            self.models[0], self.params, data, self.cfg, step, self.world.world_size, device,
-            self.buckets)
-        if nonfinite:
-            return loss_sum, correct, count, nonfinite
+        grads, sums = _rank_gradients(self.models[0], self.params, self.data, self.cfg, step,
+                                      self.world_size, self.buckets)
+        if sums.nonfinite:
+            return sums.taken()
         updates = self.world.run(
             _hook_step(self.states, [self.buckets.split(g) for g in grads], self.buckets))
         for p, piece in zip(self.params, updates[0].split([p.numel() for p in self.params]),
@@ -208,60 +176,48 @@ class _SharedReplica:
         self.cfg.schedule.apply(self.optimizer, self.cfg.lr, step)
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
-        return loss_sum, correct, count, 0
+        return sums.taken()
 
-    def stats(self) -> tuple[dict[str, Any], StepBytes]:
+    def stats(self, step: int) -> tuple[dict[str, Any], StepBytes]:
         """Rank 0's hook statistics and the step's bytes over the ranks."""
         return hook_step_stats(self.states[0].last_stats), StepBytes.of(
             [(s.last_stats.bytes_sent, s.last_stats.bytes_received) for s in self.states])
 
 
-class _LocalReplicas:
+class _LocalReplicas(_Simulated):
     """``--local-steps H``: the replicas differ between outer steps, so each rank trains its
     own copy of the model with its own optimizer, and every H-th step each rank's
     :class:`~gssgd.local_steps.LocalSteps` (on its simulated rank) takes the outer step."""
 
-    def __init__(self, cfg: TrainConfig, model: nn.Module, world: SimulatedWorld) -> None:
-        self.cfg, self.world = cfg, world
+    def __init__(self, cfg: TrainConfig, data: ImageData | TextData, model: nn.Module,
+                 world: SimulatedWorld) -> None:
+        super().__init__(cfg, data, world)
         self.models = [model] + [copy.deepcopy(model) for _ in range(world.world_size - 1)]
         self.optimizers = [make_optimizer(m, cfg) for m in self.models]
+        self.optimizer = self.optimizers[0]
         self.local = [local_steps_for(cfg, m, group=world.rank(r), broadcast=False)
                       for r, m in enumerate(self.models)]
         self.outer = False
 
-    def step(self, data: Any, step: int, device: torch.device) -> tuple[float, int, int, int]:
+    def step(self, step: int) -> StepLoss:
         """Each rank's inner step on its replica (as a real worker takes it), then the outer
-        step when due: (loss sum, correct, count, ranks with a non-finite loss)."""
-        sums, size = _LossSums(), self.world.world_size
+        step when due (not when a loss is not finite)."""
+        sums = _LossSums()
         for rank, (model, opt) in enumerate(zip(self.models, self.optimizers, strict=True)):
-            loss = sums.forward(model, data, self.cfg, step, rank, size, device)
+            loss = sums.forward(model, self.data, self.cfg, step, rank, self.world_size)
             opt.zero_grad(set_to_none=True)
             loss.backward()
             self.cfg.schedule.apply(opt, self.cfg.lr, step)
             opt.step()
         if not sums.nonfinite:
             self.outer = self.world.run(lambda rank: self.local[rank.rank].step())[0]
-        return sums.loss, sums.correct, sums.count, sums.nonfinite
+        return sums.taken()
 
-    def stats(self) -> tuple[dict[str, Any], StepBytes]:
+    def stats(self, step: int) -> tuple[dict[str, Any], StepBytes]:
         """Rank 0's outer-step statistics (none on an inner step) and the bytes by rank."""
         moved = [(ls.last_stats.bytes_sent, ls.last_stats.bytes_received)
                  if self.outer and ls.last_stats else (0, 0) for ls in self.local]
         return local_step_stats(self.local[0], self.outer), StepBytes.of(moved)
-
-
-def _evaluate(
-    models: list[nn.Module], data: Any, cfg: TrainConfig, device: torch.device
-) -> tuple[float, float]:
-    """Test loss and accuracy as real workers compute them (:func:`gssgd.train.loop.evaluate`):
-    each rank scores its share of the test split with its replica (``models[r]``), and the
-    shares are summed as gloo's all-reduce sums them, so the numbers are bitwise a real
-    run's (one pass over the whole split would batch and add the losses otherwise)."""
-    world_size = len(models)
-    shares = [evaluation_sums(m, data, cfg, r, world_size, device)
-              for r, m in enumerate(models)]
-    loss_total, right, seen = gloo_ring_reduce(shares).tolist()
-    return loss_total / seen, right / seen
 
 
 def _hook_step(

@@ -12,7 +12,7 @@ import torch
 
 from gssgd.aggregators import build_options
 from gssgd.cli.main import main
-from gssgd.train import simulate
+from gssgd.train import loop
 from gssgd.train.checkpoint import CHECKPOINT_DIR, checkpoint_name, load_checkpoint
 from gssgd.train.data import load_dataset
 from gssgd.train.loop import TrainConfig, prepare, run_training
@@ -56,13 +56,13 @@ def test_local_steps_simulated_are_the_real_run_bitwise(
 
 def _assert_simulated_is_real(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, method: str,
                               workers: int, **settings: Any) -> None:
-    built, build = [], simulate.build_model
+    built, build = [], loop.build_model
 
     def keep(*args: Any, **kwargs: Any) -> torch.nn.Module:  # the simulated run's model
         built.append(build(*args, **kwargs))
         return built[-1]
 
-    monkeypatch.setattr(simulate, "build_model", keep)
+    monkeypatch.setattr(loop, "build_model", keep)
     runs = {}
     for sim in (False, True):
         out = tmp_path / f"{method}-{sim}"
