@@ -19,7 +19,7 @@ The futures an asynchronous collective and a DDP hook return are built here too
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 import torch
 import torch.distributed as dist
@@ -64,6 +64,7 @@ class Waitable(Protocol):
     def wait(self) -> object: ...
 
 
+@runtime_checkable
 class Transport(Protocol):
     """The primitives of :class:`gssgd.comm.Communicator`, over group-local ranks.
 

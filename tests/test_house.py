@@ -196,6 +196,27 @@ def test_the_wheel_never_imports_the_lab() -> None:
     assert not found, f"the wheel names the lab: {found}"
 
 
+#: The most package modules ``import gssgd.ddp`` may load: what a user of the DDP hook
+#: imports is the hook and what it runs (aggregators, sketch, comm), not the trainer,
+#: the studies or the simulated world.
+DDP_IMPORT_MODULES = 35
+
+
+def test_the_ddp_hook_imports_only_what_it_runs() -> None:
+    import subprocess
+    import sys
+
+    loaded = subprocess.run(
+        [sys.executable, "-c", "import sys, gssgd.ddp; print(' '.join(sorted(m for m in "
+         "sys.modules if m == 'gssgd' or m.startswith('gssgd.'))))"],
+        capture_output=True, text=True, check=True).stdout.split()
+    assert len(loaded) <= DDP_IMPORT_MODULES, (
+        f"import gssgd.ddp loads {len(loaded)} package modules (at most "
+        f"{DDP_IMPORT_MODULES}): {loaded}")
+    assert not [m for m in loaded if m.startswith(("gssgd.train", "gssgd.study", "gssgd.cli",
+                                                   "gssgd.costmodel"))], loaded
+
+
 def test_each_error_feedback_rule_is_its_own_class_that_the_aggregators_ask() -> None:
     from gssgd.aggregators.feedback import RULES, ErrorFeedback, QuantisedFeedback
 

@@ -38,7 +38,6 @@ from gssgd.comm.patterns import (
     recursive_doubling_plan,
     ring_allreduce,
 )
-from gssgd.simulated import SimulatedRank
 from gssgd.transport import DistTransport, Transport
 
 __all__ = ["CommStats", "Communicator", "Payload", "world_size_of"]
@@ -71,7 +70,8 @@ class Communicator:
     """Accounted collectives over one process group.
 
     Args:
-        group: the process group (None: the default group), or a
+        group: the process group (None: the default group), or any other
+            :class:`~gssgd.transport.Transport`, such as a
             :class:`~gssgd.simulated.SimulatedRank` of a simulated world. The communicator
             works with group-local ranks; its transport
             (:class:`~gssgd.transport.DistTransport` or the simulated rank) moves the
@@ -85,10 +85,10 @@ class Communicator:
         stats: running :class:`CommStats`; :meth:`take_stats` returns and resets it.
     """
 
-    def __init__(self, group: dist.ProcessGroup | SimulatedRank | None = None) -> None:
+    def __init__(self, group: dist.ProcessGroup | Transport | None = None) -> None:
         self.group = group
         self.transport: Transport = (
-            group if isinstance(group, SimulatedRank) else DistTransport(group)
+            group if isinstance(group, Transport) else DistTransport(group)
         )
         self.rank = self.transport.rank
         self.world_size = self.transport.world_size
@@ -295,10 +295,10 @@ class Communicator:
         return out
 
 
-def world_size_of(group: dist.ProcessGroup | SimulatedRank | None) -> int | None:
+def world_size_of(group: dist.ProcessGroup | Transport | None) -> int | None:
     """The number of ranks of ``group`` (a process group, None for the default group, or a
     simulated rank), or None when torch.distributed is not initialised. No collective."""
-    if isinstance(group, SimulatedRank):
+    if isinstance(group, Transport):
         return group.world_size
     if not dist.is_available() or not dist.is_initialized():
         return None
