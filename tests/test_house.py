@@ -10,6 +10,7 @@ from __future__ import annotations
 import ast
 import warnings
 from pathlib import Path
+from typing import Any
 
 PACKAGE = Path(__file__).resolve().parent.parent / "gssgd"
 #: Sizes past which a module or function is flagged (a warning: read it, merge or split by
@@ -215,6 +216,60 @@ def test_the_ddp_hook_imports_only_what_it_runs() -> None:
         f"{DDP_IMPORT_MODULES}): {loaded}")
     assert not [m for m in loaded if m.startswith(("gssgd.train", "gssgd.study", "gssgd.cli",
                                                    "gssgd.costmodel"))], loaded
+
+
+#: The most package files one gs gradient's path through the DDP hook may cross (in a
+#: steady compressed iteration): a reader follows it in a few rooms.
+GS_PATH_FILES = 15
+
+
+def test_one_gs_gradient_through_the_ddp_hook_crosses_few_files() -> None:
+    """The files whose functions run while two simulated ranks' DDP hooks average one gs
+    gradient (the third iteration: past the dense warm-up and the aggregator's building),
+    the simulated world and the test's buckets aside (real ranks cross transport.py)."""
+    import sys
+    import threading
+
+    import torch
+
+    from gssgd.ddp import HookState, comm_hook
+    from gssgd.simulated import SimulatedWorld
+    from gssgd.train.ddp_buckets import DDPBuckets
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(100, 100), torch.nn.Linear(100, 10))
+    params = list(model.parameters())
+    world = SimulatedWorld(2)
+    states = [HookState("gs", density=0.05, start_iter=1, group=world.rank(r), model=model)
+              for r in range(2)]
+    buckets = DDPBuckets(params, None)
+    crossed: set[str] = set()
+
+    def watch(frame: Any, event: str, arg: Any) -> None:
+        path = Path(frame.f_code.co_filename)
+        if PACKAGE in path.parents:
+            crossed.add(str(path.relative_to(PACKAGE)))
+
+    def step(rank: Any) -> list[torch.Tensor]:
+        grad = torch.randn(sum(p.numel() for p in params))
+        return [f.wait() for f in [comm_hook(states[rank.rank], b)  # type: ignore[arg-type]
+                                   for b in buckets.split(grad)]]
+
+    for iteration in range(3):
+        buckets.start_iteration()
+        if iteration == 2:
+            sys.setprofile(watch)
+            threading.setprofile(watch)
+        try:
+            world.run(step)
+        finally:
+            sys.setprofile(None)
+            threading.setprofile(None)  # type: ignore[arg-type]
+    crossed -= {"simulated.py", "train/ddp_buckets.py"}
+    assert "aggregators/gs.py" in crossed and "sketch/count_sketch.py" in crossed, crossed
+    assert len(crossed) <= GS_PATH_FILES, (
+        f"one gs gradient crosses {len(crossed)} files (at most {GS_PATH_FILES}): "
+        f"{sorted(crossed)}")
 
 
 def test_each_error_feedback_rule_is_its_own_class_that_the_aggregators_ask() -> None:
