@@ -147,6 +147,31 @@ def test_method_names_are_listed_and_compared_in_one_module() -> None:
 
 
 LAB = PACKAGE.parent / "lab" / "gssgd_lab"
+#: The one module that says whether a value reached dense's target (``Metric.reaches``).
+TARGET_RULE = PACKAGE / "train" / "metrics.py"
+
+
+def test_one_rule_says_whether_a_run_reached_the_target() -> None:
+    """Whether a run reached dense's target is decided by one rule
+    (:class:`gssgd.train.metrics.Metric`): no other module, in the wheel or the lab,
+    compares a value with a target (``acc >= target``, ``gap <= target_gap``); checking
+    a target's range (``0 < target <= 1``) is not a rule."""
+    found = []
+    for path in sorted([*PACKAGE.rglob("*.py"), *LAB.rglob("*.py")]):
+        if path == TARGET_RULE:
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not (isinstance(node, ast.Compare) and any(
+                    isinstance(op, (ast.Lt, ast.LtE, ast.Gt, ast.GtE)) for op in node.ops)):
+                continue
+            operands = [node.left, *node.comparators]
+            targets = [o for o in operands
+                       if not isinstance(o, ast.Constant) and "target" in ast.unparse(o).lower()]
+            others = [o for o in operands if o not in targets and not isinstance(o, ast.Constant)]
+            if targets and others:
+                found.append(f"{path.relative_to(PACKAGE.parent)}:{node.lineno}: "
+                             f"{ast.unparse(node)}")
+    assert not found, f"a target compared outside {TARGET_RULE.name}'s Metric: {found}"
 
 
 def _private_names(tree: ast.AST) -> set[str]:

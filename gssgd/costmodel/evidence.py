@@ -39,6 +39,7 @@ from typing import Any
 from gssgd.costmodel import store
 from gssgd.costmodel.method_specs import MethodSpec, method_spec
 from gssgd.methods import REFERENCE_METHOD, SUBJECT_METHOD, get_method
+from gssgd.train.metrics import LOSS
 
 __all__ = ["FAMILIES", "PENALTY_PER_DECADE", "PENALTY_PER_DOUBLING", "Evidence", "Study",
            "evidence_for", "frontier_row", "method_of", "row_key", "studies",
@@ -105,10 +106,13 @@ class Study:
                                store.load(name))
 
     def reached(self, row: dict[str, Any]) -> bool:
-        """Whether a measured row reached the target."""
+        """Whether a measured row reached the target: the study found its crossing, or (a
+        final-gap study, whose rows are losses as % of dense's) the studies' rule
+        (:data:`gssgd.train.metrics.LOSS`) at the study's margin holds for its final loss."""
         if self.metric == "steps":
             return row["steps_ratio"] is not None
-        return row["gap"] <= (self.target_gap or 0.0)
+        rule = dataclasses.replace(LOSS, margin=(self.target_gap or 0.0) / 100)
+        return rule.reaches(1 + row["gap"] / 100, 1.0)  # dense's loss as the unit
 
 
 @dataclass(frozen=True)

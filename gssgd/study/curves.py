@@ -1,5 +1,6 @@
-"""Judging runs against a target: the metric, where a run's curve reaches dense's target,
-and the bytes its busiest link carried until then.
+"""Judging runs against a target: where a run's curve reaches dense's target by the one
+rule (:class:`~gssgd.train.metrics.Metric`, re-exported here), and the bytes its busiest
+link carried until then.
 
 A run's *curve* is its evaluations ``(step, value, bytes so far)``: the test accuracy or
 loss at each evaluation and the busiest rank's cumulative bytes (in its busier direction,
@@ -11,11 +12,10 @@ from __future__ import annotations
 
 import statistics
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
 from itertools import accumulate
 from typing import Any
 
-from gssgd.train.metrics import busier_bytes
+from gssgd.train.metrics import ACCURACY, LOSS, Metric, busier_bytes
 
 __all__ = ["ACCURACY", "LOSS", "Evaluation", "Metric", "busier_totals", "curve_of",
            "end_value", "first_reaching", "reach_and_stay", "reach_on_mean_curve",
@@ -23,57 +23,6 @@ __all__ = ["ACCURACY", "LOSS", "Evaluation", "Metric", "busier_totals", "curve_o
 
 #: An evaluation of a run: (step, metric value, bytes so far).
 Evaluation = tuple[int, float, float]
-
-
-@dataclass(frozen=True)
-class Metric:
-    """What a study judges runs on, and how close to dense counts as reaching it.
-
-    ``key`` names the field: ``final_test_<key>`` in summary.json, ``test_<key>`` in
-    metrics.jsonl. An accuracy reaches dense within ``margin`` points below dense's (0.005:
-    half a point); a loss within ``margin`` as a fraction above dense's (0.03: 3 %).
-    """
-
-    key: str  # "accuracy" or "loss"
-    higher_is_better: bool
-    margin: float
-    #: evaluations a run's end value averages over (:func:`reach_and_stay`; 1: the last)
-    window: int = 1
-
-    def at_least_as_good(self, a: float, b: float) -> bool:
-        """Whether ``a`` is at least as good as ``b``."""
-        return a >= b if self.higher_is_better else a <= b
-
-    def target(self, dense: float) -> float:
-        """The value that reaches dense: ``dense - margin`` (accuracy) or
-        ``dense * (1 + margin)`` (loss)."""
-        return dense - self.margin if self.higher_is_better else dense * (1 + self.margin)
-
-    def reaches(self, value: float, dense: float) -> bool:
-        """Whether ``value`` is at least as good as :meth:`target` of ``dense``."""
-        return self.at_least_as_good(value, self.target(dense))
-
-    def best(self, values: Iterable[float]) -> float:
-        """The best of ``values``."""
-        return max(values) if self.higher_is_better else min(values)
-
-    def number(self, value: float) -> str:
-        """``value`` as a table shows it: accuracy in % to 2 decimals, loss to 4."""
-        return f"{100 * value:.2f}" if self.key == "accuracy" else f"{value:.4f}"
-
-    def show(self, value: float) -> str:
-        """:meth:`number` with its unit (`` %`` for accuracy)."""
-        return self.number(value) + (" %" if self.key == "accuracy" else "")
-
-    def gap(self, value: float, other: float) -> float:
-        """``value`` against ``other``: points of accuracy, or % of ``other``'s loss."""
-        return 100 * (value - other) if self.key == "accuracy" else 100 * (value / other - 1)
-
-
-#: Test accuracy; dense - 0.5 point reaches dense.
-ACCURACY = Metric("accuracy", True, 0.005)
-#: Test loss; dense + 3 % reaches dense.
-LOSS = Metric("loss", False, 0.03)
 
 
 def first_reaching(evals: Iterable[Evaluation], metric: Metric, dense: float) -> Evaluation | None:
