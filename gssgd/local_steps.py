@@ -61,6 +61,7 @@ import torch
 import torch.distributed as dist
 
 from gssgd.aggregators import AGGREGATORS, Aggregator, StepStats, make_aggregator
+from gssgd.validate import check_int, check_number
 
 __all__ = ["DILOCO_OUTER_LR", "DILOCO_OUTER_MOMENTUM", "LocalSteps"]
 
@@ -261,9 +262,8 @@ def _write(tensors: list[torch.Tensor], flat: torch.Tensor) -> None:
 
 def _check_error_decay(method: str, beta: object, options: dict[str, Any]) -> None:
     """``error_decay`` must be in (0, 1], and below 1 only where a residual is kept."""
-    if isinstance(beta, bool) or not isinstance(beta, int | float) or not 0 < beta <= 1:
-        raise ValueError(f"error_decay={beta!r} must be in (0, 1] (1: classic error feedback; "
-                         "SparseLoCo decays the residual, e.g. 0.95).")
+    check_number("error_decay", beta, "in (0, 1]", lambda b: 0 < b <= 1,
+                 "1: classic error feedback; SparseLoCo decays the residual, e.g. 0.95.")
     fetch = options.get("feedback") == "fetchsgd"
     if beta != 1 and (fetch or not AGGREGATORS[method].has_residual):
         which = f"method={method!r}" + (" with feedback='fetchsgd'" if fetch else "")
@@ -277,12 +277,9 @@ def _check_settings(method: str, local_steps: object, outer_lr: object,
     if method not in AGGREGATORS:
         raise ValueError(f"method={method!r} is not a gssgd method; choose one of "
                          f"{sorted(AGGREGATORS)} (dense is DiLoCo's outer step).")
-    if isinstance(local_steps, bool) or not isinstance(local_steps, int) or local_steps < 1:
-        raise ValueError(f"local_steps={local_steps!r} must be an integer >= 1 (the inner "
-                         "steps per outer step; DiLoCo uses 30-500; 1 is per-step training).")
-    if not isinstance(outer_lr, int | float) or not outer_lr > 0:
-        raise ValueError(f"outer_lr={outer_lr!r} must be a number > 0 (DiLoCo's: "
-                         f"{DILOCO_OUTER_LR}; 1 with outer_momentum=0 averages the weights).")
-    if not isinstance(outer_momentum, int | float) or not 0 <= outer_momentum < 1:
-        raise ValueError(f"outer_momentum={outer_momentum!r} must be in [0, 1) (DiLoCo's: "
-                         f"{DILOCO_OUTER_MOMENTUM}; 0 for plain SGD).")
+    check_int("local_steps", local_steps, 1, fix="It counts the inner steps per outer step; "
+              "DiLoCo uses 30-500; 1 is per-step training.")
+    check_number("outer_lr", outer_lr, "> 0", lambda v: v > 0,
+                 f"DiLoCo's is {DILOCO_OUTER_LR}; 1 with outer_momentum=0 averages the weights.")
+    check_number("outer_momentum", outer_momentum, "in [0, 1)", lambda v: 0 <= v < 1,
+                 f"DiLoCo's is {DILOCO_OUTER_MOMENTUM}; 0 for plain SGD.")

@@ -29,6 +29,8 @@ from dataclasses import dataclass
 
 import torch
 
+from gssgd.validate import check_int
+
 __all__ = ["LR_SCHEDULES", "LrSchedule"]
 
 #: The schedules after the warm-up (``--lr-schedule``).
@@ -57,9 +59,7 @@ class LrSchedule:
             raise ValueError(f"lr_schedule={self.kind!r} is invalid: it must be one of "
                              f"{', '.join(LR_SCHEDULES)}.")
         for name, low in (("total_steps", 1), ("warmup_steps", 0)):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < low:
-                raise ValueError(f"{name}={value!r} is invalid: it must be an integer >= {low}.")
+            check_int(name, getattr(self, name), low)
         if self.warmup_steps and self.warmup_steps >= self.total_steps:
             raise ValueError(
                 f"lr_warmup_steps={self.warmup_steps} is invalid: it must be below the run's "

@@ -38,6 +38,7 @@ import torch
 import torch.distributed as dist
 
 from gssgd.transport import completed_future
+from gssgd.validate import check_int
 
 __all__ = [
     "SimulatedRank",
@@ -168,11 +169,7 @@ class SimulatedWorld:
     """
 
     def __init__(self, world_size: int) -> None:
-        if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
-            raise ValueError(
-                f"world_size={world_size!r} is invalid: a simulated world needs an integer "
-                "number of ranks >= 1."
-            )
+        check_int("world_size", world_size, 1, fix="A simulated world needs at least one rank.")
         self.world_size = world_size
         self._ranks = [SimulatedRank(self, r) for r in range(world_size)]
         self._reset()

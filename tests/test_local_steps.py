@@ -238,12 +238,12 @@ def test_bytes_are_counted_on_outer_steps_only(method: str) -> None:
 
 
 @pytest.mark.parametrize(("name", "says"), [
-    ("H0", "local_steps=0 must be an integer >= 1"),
+    ("H0", "local_steps=0 is invalid: it must be an integer >= 1"),
     ("Hfloat", "local_steps=2.5"),
-    ("lr", "outer_lr=-1.0 must be a number > 0"),
-    ("momentum", "outer_momentum=1.0 must be in [0, 1)"),
+    ("lr", "outer_lr=-1.0 is invalid: it must be a number > 0"),
+    ("momentum", "outer_momentum=1.0 is invalid: it must be a number in [0, 1)"),
     ("method", "method='nope' is not a gssgd method"),
-    ("decay0", "error_decay=0.0 must be in (0, 1]"),
+    ("decay0", "error_decay=0.0 is invalid: it must be a number in (0, 1]"),
     ("decay_dense", "error_decay=0.5 decays the residual, but method='dense' keeps none"),
 ])
 def test_bad_settings_are_clear_errors_on_every_rank(name: str, says: str) -> None:

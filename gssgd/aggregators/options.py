@@ -13,14 +13,13 @@ The density warm-up (DGC's exponential ramp of the density to its target,
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, fields
 from typing import ClassVar
 
 import torch
 
 from gssgd.aggregators.feedback import ErrorFeedback
-from gssgd.validate import bad_value, is_int
+from gssgd.validate import bad_value, check_number, is_int
 
 __all__ = [
     "CommonOptions",
@@ -71,14 +70,8 @@ def resolve_k(d: int, density: float | None, k: int | None) -> int:
             raise bad_value("k", k, f"it must be an integer in [1, d={d}]", "Choose a smaller k.")
         return k
     density = DEFAULT_DENSITY if density is None else density
-    if (
-        isinstance(density, bool)
-        or not isinstance(density, (int, float))
-        or not math.isfinite(density)
-        or not 0 < density <= 1
-    ):
-        raise bad_value("density", density, "it must be a number in (0, 1]",
-                        "For example density=0.01.")
+    check_number("density", density, "in (0, 1]", lambda v: 0 < v <= 1,
+                 "For example density=0.01.")
     return max(1, round(density * d))
 
 

@@ -29,7 +29,7 @@ from gssgd.aggregators.options import PAYLOAD_DTYPES
 from gssgd.aggregators.topk import TopkOptions
 from gssgd.selection import keep_largest
 from gssgd.sketch import CountSketch, HashCache, hash_cache_bytes
-from gssgd.validate import bad_value, is_int
+from gssgd.validate import bad_value, check_int, is_int
 
 __all__ = [
     "DEFAULT_CANDIDATES",
@@ -277,13 +277,9 @@ class SketchedOptions(TopkOptions):
                 "it must be torch.float32, torch.float16 or torch.bfloat16",
                 "Use torch.float16 to halve the sketch's bytes.",
             )
-        if self.prefilter is not None and (
-            isinstance(self.prefilter, bool) or not isinstance(self.prefilter, int)
-            or self.prefilter < 0
-        ):
-            raise bad_value("prefilter", self.prefilter,
-                            "it must be an integer >= 0 (0: off; f: each rank sketches its f*k "
-                            "largest coordinates)", "Use 8, or 0 to sketch the whole vector.")
+        if self.prefilter is not None:
+            check_int("prefilter", self.prefilter, 0, fix="0: off; f: each rank sketches its f*k "
+                      "largest coordinates. Use 8, or 0 to sketch the whole vector.")
         if self.feedback == "fetchsgd" and self.prefilter:
             raise bad_value("prefilter", self.prefilter,
                             "feedback='fetchsgd' keeps no residual on the ranks, so a pre-filter "

@@ -14,7 +14,6 @@ and the received bytes grow with P.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -25,7 +24,7 @@ from gssgd.aggregators.feedback import SPARSE_RULES, ErrorFeedback
 from gssgd.aggregators.options import CommonOptions
 from gssgd.comm import Traffic, allgather
 from gssgd.selection import topk_indices
-from gssgd.validate import bad_value, is_int, is_number
+from gssgd.validate import bad_value, check_number, is_int, is_number
 
 __all__ = ["LocalTopk", "TopkOptions"]
 
@@ -107,21 +106,12 @@ class TopkOptions(CommonOptions):
         if not is_int(self.warmup_steps) or self.warmup_steps < 0:
             raise bad_value("warmup_steps", self.warmup_steps, "it must be an integer >= 0",
                             "For example warmup_steps=100, or 0 for no density warm-up.")
-        if (
-            isinstance(self.warmup_density, bool)
-            or not isinstance(self.warmup_density, (int, float))
-            or not 0 < self.warmup_density <= 1
-        ):
-            raise bad_value("warmup_density", self.warmup_density, "it must be a number in (0, 1]",
-                            "For example warmup_density=0.25 (DGC's starting density).")
-        if self.local_clip is not None and (
-            isinstance(self.local_clip, bool)
-            or not isinstance(self.local_clip, (int, float))
-            or not math.isfinite(self.local_clip)
-            or self.local_clip <= 0
-        ):
-            raise bad_value("local_clip", self.local_clip, "it must be a number > 0 or None",
-                            "For example local_clip=1.0, or None for no clipping.")
+        check_number("warmup_density", self.warmup_density, "in (0, 1]",
+                     lambda v: 0 < v <= 1,
+                     "For example warmup_density=0.25 (DGC's starting density).")
+        if self.local_clip is not None:
+            check_number("local_clip", self.local_clip, "> 0 or None", lambda v: v > 0,
+                         "For example local_clip=1.0, or None for no clipping.")
 
 
 

@@ -59,6 +59,7 @@ from gssgd.costmodel.method_specs import VARIANTS, method_spec
 from gssgd.costmodel.network import Network
 from gssgd.methods import get_variant
 from gssgd.recipes import warmup_steps_recipe
+from gssgd.validate import check_int
 
 __all__ = [
     "BUCKETS_SETTINGS",
@@ -400,9 +401,8 @@ def advise(
         ValueError: a bad size, density, warm-up, run length or method name.
     """
     for label, value, low in (("warmup_steps", warmup_steps, 0), ("run_steps", run_steps, 1)):
-        if value is not None and (isinstance(value, bool) or not isinstance(value, int)
-                                  or value < low):  # fmt: skip
-            raise ValueError(f"{label}={value!r} must be an integer >= {low}")
+        if value is not None:
+            check_int(label, value, low)
     net = cluster_network(device) if network is None else network
     evidence = study_for(family, architecture) if study == "package" else study
     assert not isinstance(evidence, str)

@@ -23,6 +23,7 @@ from gssgd.aggregators.options import resolve_k
 from gssgd.aggregators.sketching import DEFAULT_ROWS, streaming_options
 from gssgd.comm import Traffic
 from gssgd.methods import BENCH_VARIANTS, get_method, get_variant
+from gssgd.validate import check_int
 
 __all__ = [
     "DEFAULT_METHODS",
@@ -283,10 +284,9 @@ def traffic(spec: MethodSpec, world_size: int, *, step: int | None = None) -> Tr
         NotImplementedError: the method does not describe its traffic.
     """
     p = world_size
-    if isinstance(p, bool) or not isinstance(p, int) or p < 1:
-        raise ValueError(f"world_size={p!r} must be an integer >= 1")
-    if step is not None and (isinstance(step, bool) or not isinstance(step, int) or step < 0):
-        raise ValueError(f"step={step!r} must be an integer >= 0, or None for the steady state")
+    check_int("world_size", p, 1)
+    if step is not None:
+        check_int("step", step, 0, fix="Or None for the steady state.")
     cls, k, opts = build_options(spec.aggregator, spec.d, None, **spec.aggregator_options())
     if step is None or not spec.warmup_steps:  # the same at every step: any plugin's formula
         return cls.traffic(spec.d, k, opts, p)

@@ -12,7 +12,6 @@ gives its recipe and its sources.
 
 from __future__ import annotations
 
-import math
 import warnings
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -42,6 +41,7 @@ from gssgd.recipes import (
     sparse,
     sparse_needs_normalisation,
 )
+from gssgd.validate import bad_value, check_int, check_number
 
 __all__ = [
     "CompressedAdamW",
@@ -408,24 +408,16 @@ def _check_settings(lr: object, momentum: object, weight_decay: object, nesterov
     Raises:
         ValueError: a value out of range, or AdamW's feedback.
     """
-    def number(value: object) -> bool:
-        return (isinstance(value, (int, float)) and not isinstance(value, bool)
-                and math.isfinite(value))
-
-    if not number(lr) or lr <= 0:  # type: ignore[operator]
-        raise ValueError(f"lr={lr!r} is invalid: it must be a number > 0 (your dense "
-                         "momentum SGD's learning rate, e.g. lr=0.05).")
-    if not number(momentum) or not 0 <= momentum < 1:  # type: ignore[operator]
-        raise ValueError(f"momentum={momentum!r} is invalid: it must be a number in [0, 1) "
-                         "(0.9 is usual; 0 is plain SGD).")
-    if not number(weight_decay) or weight_decay < 0:  # type: ignore[operator]
-        raise ValueError(f"weight_decay={weight_decay!r} is invalid: it must be a number >= 0.")
+    check_number("lr", lr, "> 0", lambda v: v > 0,
+                 "Use your dense momentum SGD's learning rate, e.g. lr=0.05.")
+    check_number("momentum", momentum, "in [0, 1)", lambda v: 0 <= v < 1,
+                 "0.9 is usual; 0 is plain SGD.")
+    check_number("weight_decay", weight_decay, ">= 0", lambda v: v >= 0)
     if not isinstance(nesterov, bool):
-        raise ValueError(f"nesterov={nesterov!r} is invalid: it must be True or False.")
-    if total_steps is not None and (isinstance(total_steps, bool)
-                                    or not isinstance(total_steps, int) or total_steps < 1):
-        raise ValueError(f"total_steps={total_steps!r} is invalid: it must be an integer >= 1 "
-                         "(the run's optimizer steps) or None (unknown).")
+        raise bad_value("nesterov", nesterov, "it must be True or False")
+    if total_steps is not None:
+        check_int("total_steps", total_steps, 1,
+                  fix="It counts the run's optimizer steps; None when unknown.")
     if options.get("feedback") == "onebit":
         raise ValueError(
             "feedback='onebit' is 1-bit Adam's recipe, whose hook returns a momentum for "

@@ -30,6 +30,7 @@ import torch
 
 from gssgd.selection import topk_indices
 from gssgd.sketch.count_sketch import CountSketch, nonfinite_as_largest
+from gssgd.validate import check_int
 
 __all__ = ["PartitionedSketch", "region_columns"]
 
@@ -163,8 +164,7 @@ class PartitionedSketch:
         Raises:
             ValueError: ``k`` is not in ``[1, d]``.
         """
-        if not isinstance(k, int) or not 1 <= k <= self.d:
-            raise ValueError(f"k={k!r} is invalid: it must be an integer in [1, {self.d}].")
+        check_int("k", k, 1, self.d)
         found, estimates = [], []
         for b, sk in enumerate(self.regions):
             if sk.d < 16 * k or not bool(torch.isfinite(sk.table).all()):
