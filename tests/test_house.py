@@ -297,6 +297,26 @@ def test_one_gs_gradient_through_the_ddp_hook_crosses_few_files() -> None:
         f"{sorted(crossed)}")
 
 
+#: The one module that says what an integer or a number is (``True`` is neither).
+CHECKER = PACKAGE / "validate.py"
+
+
+def test_one_checker_says_what_an_integer_is() -> None:
+    """``isinstance(v, bool) or not isinstance(v, int)`` written by hand is a second
+    checker: every module asks :mod:`gssgd.validate` (``is_int``, ``check_int``,
+    ``is_number``, ``check_number``), so every setting's message reads the same."""
+    found = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        if path == CHECKER:
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.BoolOp):
+                text = ast.unparse(node).replace(" ", "")
+                if ",bool)" in text and "notisinstance(" in text and "int" in text:
+                    found.append(f"{path.relative_to(PACKAGE)}:{node.lineno}: {ast.unparse(node)}")
+    assert not found, f"an integer or number checked by hand, not by gssgd.validate: {found}"
+
+
 def test_each_error_feedback_rule_is_its_own_class_that_the_aggregators_ask() -> None:
     from gssgd.aggregators.feedback import RULES, ErrorFeedback, QuantisedFeedback
 

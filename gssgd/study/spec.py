@@ -61,7 +61,7 @@ from typing import Any
 
 import tomllib
 
-from gssgd.validate import bad_value, is_int
+from gssgd.validate import bad_value, check_number, is_int, is_number
 
 __all__ = ["Knob", "MethodSpace", "StudySpec", "load_spec", "parse_spec"]
 
@@ -107,8 +107,7 @@ class Knob:
         if isinstance(value, dict):
             extra = set(value) - {"low", "high", "log"}
             low, high = value.get("low"), value.get("high")
-            if extra or not all(isinstance(v, (int, float)) and not isinstance(v, bool)
-                                for v in (low, high)) or not low < high:
+            if extra or not all(is_number(v) for v in (low, high)) or not low < high:
                 raise bad_value(where, value, "a range is { low = A, high = B[, log = true] } "
                                 "with numbers A < B", f"For example {name} = "
                                 "{ low = 0.05, high = 0.4, log = true }.")
@@ -147,9 +146,9 @@ class LrGrid:
     extend: int = 2
 
     def __post_init__(self) -> None:
-        checks = (("low", self.low > 0 if _number(self.low) else False, "a number > 0"),
+        checks = (("low", self.low > 0 if is_number(self.low) else False, "a number > 0"),
                   ("points", is_int(self.points) and self.points >= 5, "an integer >= 5"),
-                  ("factor", self.factor > 1 if _number(self.factor) else False,
+                  ("factor", self.factor > 1 if is_number(self.factor) else False,
                    "a number > 1 (2: each rate twice the last)"),
                   ("extend", is_int(self.extend) and self.extend >= 0, "an integer >= 0"))
         for name, ok, valid in checks:
@@ -175,10 +174,6 @@ class LrGrid:
             raise bad_value("lr_grid", value, "it takes low (and points, factor, extend)",
                             "For example lr_grid = { low = 0.0125, points = 6 }.")
         return cls(**value)
-
-
-def _number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 @dataclass(frozen=True)
@@ -318,9 +313,8 @@ def _target(target: Any) -> tuple[str, float, str, int]:
     if metric not in METRICS:
         raise bad_value("target.metric", metric, f"it must be one of {', '.join(METRICS)}")
     margin = target.get("margin", 0.005 if metric == "accuracy" else 0.03)
-    if not isinstance(margin, (int, float)) or isinstance(margin, bool) or not 0 <= margin < 1:
-        raise bad_value("target.margin", margin, "it must be a number in [0, 1)",
-                        "0.005 is half a point of accuracy; 0.03 is 3 % of a loss.")
+    check_number("target.margin", margin, "in [0, 1)", lambda v: 0 <= v < 1,
+                 "0.005 is half a point of accuracy; 0.03 is 3 % of a loss.")
     return metric, float(margin), str(target.get("reference", "dense")), int(window)
 
 

@@ -57,7 +57,7 @@ def rank_step(name: str, value: object) -> tuple[int, int] | None:
     if value is None:
         return None
     if (not isinstance(value, (tuple, list)) or len(value) != 2
-            or any(isinstance(v, bool) or not isinstance(v, int) or v < 0 for v in value)):
+            or any(not validate.is_int(v) or v < 0 for v in value)):
         raise bad(name, value, "it must be RANK:STEP with integers >= 0",
                   f"For example {flag(name)} 1:10.")
     return (int(value[0]), int(value[1]))
@@ -248,8 +248,7 @@ def check_betas(cfg: TrainConfig) -> None:
     """AdamW's betas: two numbers in [0, 1), stored as a tuple of floats."""
     betas = tuple(cfg.betas) if isinstance(cfg.betas, (tuple, list)) else cfg.betas
     if not (isinstance(betas, tuple) and len(betas) == 2 and all(
-            isinstance(b, (int, float)) and not isinstance(b, bool) and 0 <= b < 1
-            for b in betas)):
+            validate.is_number(b) and 0 <= b < 1 for b in betas)):
         raise bad("betas", cfg.betas, "it must be two numbers in [0, 1)",
                   "For example --betas 0.9 0.999.")
     cfg.betas = (float(betas[0]), float(betas[1]))

@@ -20,6 +20,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from gssgd.validate import is_int
+
 __all__ = ["INSTALL", "TAGS", "TensorBoardLog", "require_tensorboard"]
 
 #: How to install what ``--tensorboard`` needs.
@@ -87,7 +89,7 @@ class TensorBoardLog:
         step = int(record["step"])
         for field, tag in TAGS.items():
             value = record.get(field)
-            if isinstance(value, (int, float)) and not isinstance(value, bool):
+            if isinstance(value, float) or is_int(value):  # NaN too: a diverged loss shows
                 self.writer.add_scalar(tag, value, step)
         if lr is not None:
             self.writer.add_scalar("train/lr", lr, step)
