@@ -20,11 +20,13 @@ event_accumulator = pytest.importorskip(
 )
 
 
-def test_the_event_file_holds_the_metrics_scalars(tmp_path: Path) -> None:
+@pytest.mark.parametrize("simulate", [False, True])
+def test_the_event_file_holds_the_metrics_scalars(tmp_path: Path, simulate: bool) -> None:
+    """Real workers and a simulated world alike: the one training loop writes the events."""
     out, tb = tmp_path / "run", tmp_path / "tb"
     summary = run_training(TrainConfig(method="topk", dataset="digits", workers=2, steps=3,
                                        batch_size=16, eval_every=0, progress=False, lr=0.1,
-                                       out=str(out), tensorboard=str(tb)))
+                                       out=str(out), tensorboard=str(tb), simulate=simulate))
     assert summary is not None and summary["status"] == "completed"
     events = event_accumulator.EventAccumulator(str(tb))
     events.Reload()

@@ -234,7 +234,7 @@ def check_simulated(cfg: TrainConfig) -> None:
         "per_bucket": cfg.per_bucket, "overlap": cfg.overlap not in (None, "none"),
         "amp": cfg.amp is not None, "resume": cfg.resume is not None,
         "fail_at": cfg.fail_at is not None, "stall_at": cfg.stall_at is not None,
-        "tensorboard": cfg.tensorboard is not None, "device": cfg.device == "cuda",
+        "device": cfg.device == "cuda",
     }
     used = [flag(name) for name, on in unsupported.items() if on]
     if used:

@@ -205,9 +205,9 @@ def _train_step(run: _Run, step: int) -> bool:
     try:
         taken = run.ranks.step(step)
     except (SketchCollapseError, FloatingPointError) as err:  # on every rank at this step
-        saved = checkpoint.list_checkpoints(Path(cfg.out) / checkpoint.CHECKPOINT_DIR)
-        collapsed = isinstance(err, SketchCollapseError)
-        run.status = STATUS_COLLAPSED if collapsed else STATUS_NONFINITE
+        saved = _saved_checkpoints(cfg)
+        run.status = (STATUS_COLLAPSED if isinstance(err, SketchCollapseError)
+                      else STATUS_NONFINITE)
         run.message = f"gssgd train: stopped at step {step}: {err}" + (
             f" The weights were not updated; {saved[-1].name} in {cfg.out} is kept."
             if saved
@@ -220,7 +220,7 @@ def _train_step(run: _Run, step: int) -> bool:
             f"gssgd train: stopped at step {step}: the training loss is not finite (NaN or Inf) "
             f"on {int(taken.nonfinite)} of {run.ranks.world_size} workers; every worker stopped. "
             f"Lower --lr (now {cfg.lr})"
-            + (" or resume an earlier checkpoint with a lower --lr." if cfg.checkpoint_every
+            + (" or resume an earlier checkpoint with a lower --lr." if _saved_checkpoints(cfg)
                else ".")
         )
         return False
@@ -231,6 +231,11 @@ def _train_step(run: _Run, step: int) -> bool:
     run.totals.add(record, measured=step >= cfg.measured_from_step)
     _after_step(run, step, record)
     return True
+
+
+def _saved_checkpoints(cfg: TrainConfig) -> list[Path]:
+    """The run's checkpoints so far, oldest first (none for a simulated run)."""
+    return checkpoint.list_checkpoints(Path(cfg.out) / checkpoint.CHECKPOINT_DIR)
 
 
 def _after_step(run: _Run, step: int, record: dict[str, Any]) -> None:
@@ -509,7 +514,7 @@ def run_training(cfg: TrainConfig) -> dict[str, Any] | None:
     try:
         return launch(train_worker, cfg.workers, (cfg,), timeout_s=cfg.timeout, device=cfg.device)
     except WorkerFailed as err:
-        saved = checkpoint.list_checkpoints(Path(cfg.out) / checkpoint.CHECKPOINT_DIR)
+        saved = _saved_checkpoints(cfg)
         hint = (
             f"; continue from {saved[-1].name} with --resume {cfg.out}"
             if saved

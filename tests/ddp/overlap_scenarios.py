@@ -24,7 +24,8 @@ METHODS: dict[str, tuple[str, dict[str, Any]]] = {
     "gs": ("gs", {"density": 0.05, "rows": 3, "cols": 120, "candidates": 2}),
     "powersgd": ("powersgd", {"rank": 1}),
 }
-STEPS = 50
+STEPS = 20
+START_ITER = 2  # the dense warm-up's iterations
 LAYERS = 10
 CAP_MB = 0.005  # 10 layers of 40 x 40 (6.4 KB each): one bucket per layer, or so
 
@@ -65,7 +66,8 @@ def train(rank: int, world: int, label: str, overlap: str) -> dict[str, Any]:
     model = Deep(random.Random(1000 * rank + len(overlap)))
     ddp = DDP(model, bucket_cap_mb=CAP_MB)
     method, options = METHODS[label]
-    state = HookState(method, whole_model=False, start_iter=2, overlap=overlap, **options)
+    state = HookState(method, whole_model=False, start_iter=START_ITER, overlap=overlap,
+                      **options)
     returned_pending = [0]
 
     def hook(state: HookState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
