@@ -89,7 +89,7 @@ def test_no_import_circles() -> None:
 #: ``gssgd`` itself, the package's ``__init__``, only hands names on). A new top-level
 #: module or subpackage takes its place here.
 LAYERS = (
-    "validate", "log", "plots", "kernels", "transport", "simulated", "selection", "sketch", "comm",
+    "validate", "target", "log", "plots", "kernels", "transport", "simulated", "selection", "sketch", "comm",
     "aggregators", "optim", "lr_schedule", "amp", "methods", "local_steps", "recipes", "ddp", "train",
     "costmodel", "study", "gssgd", "cli",
 )
@@ -112,6 +112,17 @@ def test_imports_point_down_the_layers() -> None:
     ]
     assert not upward, ("a lower layer imports a higher one (move the shared piece down): "
                         + "; ".join(sorted(upward)[:8]))
+
+
+def test_the_cost_model_does_not_import_the_trainer() -> None:
+    """The cost model and advise stand beside the trainer, not on it: model shapes come
+    from its own architecture table (:mod:`gssgd.costmodel.architectures`) or its caller,
+    the target rule from :mod:`gssgd.target`."""
+    modules = _modules()
+    found = sorted(f"{name} imports {target}" for name, path in modules.items()
+                   if _layer(name) == "costmodel"
+                   for target in _imports(name, path, set(modules)) if _layer(target) == "train")
+    assert not found, found
 
 
 #: The one module that lists the methods (the registry); an aggregator names only itself.
@@ -148,12 +159,12 @@ def test_method_names_are_listed_and_compared_in_one_module() -> None:
 
 LAB = PACKAGE.parent / "lab" / "gssgd_lab"
 #: The one module that says whether a value reached dense's target (``Metric.reaches``).
-TARGET_RULE = PACKAGE / "train" / "metrics.py"
+TARGET_RULE = PACKAGE / "target.py"
 
 
 def test_one_rule_says_whether_a_run_reached_the_target() -> None:
     """Whether a run reached dense's target is decided by one rule
-    (:class:`gssgd.train.metrics.Metric`): no other module, in the wheel or the lab,
+    (:class:`gssgd.target.Metric`): no other module, in the wheel or the lab,
     compares a value with a target (``acc >= target``, ``gap <= target_gap``); checking
     a target's range (``0 < target <= 1``) is not a rule."""
     found = []

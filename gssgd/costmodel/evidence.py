@@ -39,7 +39,7 @@ from typing import Any
 from gssgd.costmodel import store
 from gssgd.costmodel.method_specs import MethodSpec, method_spec
 from gssgd.methods import REFERENCE_METHOD, SUBJECT_METHOD, get_method
-from gssgd.train.metrics import LOSS
+from gssgd.target import LOSS
 
 __all__ = ["FAMILIES", "PENALTY_PER_DECADE", "PENALTY_PER_DOUBLING", "Evidence", "Study",
            "evidence_for", "frontier_row", "method_of", "row_key", "studies",
@@ -108,7 +108,7 @@ class Study:
     def reached(self, row: dict[str, Any]) -> bool:
         """Whether a measured row reached the target: the study found its crossing, or (a
         final-gap study, whose rows are losses as % of dense's) the studies' rule
-        (:data:`gssgd.train.metrics.LOSS`) at the study's margin holds for its final loss."""
+        (:data:`gssgd.target.LOSS`) at the study's margin holds for its final loss."""
         if self.metric == "steps":
             return row["steps_ratio"] is not None
         rule = dataclasses.replace(LOSS, margin=(self.target_gap or 0.0) / 100)

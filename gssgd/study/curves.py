@@ -1,5 +1,5 @@
 """Judging runs against a target: where a run's curve reaches dense's target by the one
-rule (:class:`~gssgd.train.metrics.Metric`, re-exported here), and the bytes its busiest
+rule (:class:`~gssgd.target.Metric`, re-exported here), and the bytes its busiest
 link carried until then.
 
 A run's *curve* is its evaluations ``(step, value, bytes so far)``: the test accuracy or
@@ -15,7 +15,8 @@ from collections.abc import Iterable, Sequence
 from itertools import accumulate
 from typing import Any
 
-from gssgd.train.metrics import ACCURACY, LOSS, Metric, busier_bytes
+from gssgd.target import ACCURACY, LOSS, Metric
+from gssgd.train.metrics import busier_bytes
 
 __all__ = ["ACCURACY", "LOSS", "Evaluation", "Metric", "busier_totals", "curve_of",
            "end_value", "first_reaching", "reach_and_stay", "reach_on_mean_curve",
