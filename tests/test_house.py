@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ast
 import warnings
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -64,6 +65,15 @@ def test_no_module_or_function_is_far_too_long() -> None:
         warnings.warn("long (read them: one reader's unit, or two?): " + "; ".join(long),
                       stacklevel=1)
     assert not too_long, "split these into their steps: " + "; ".join(too_long)
+
+
+def _nodes(paths: Iterable[Path], but: Path) -> Iterator[tuple[Path, ast.AST]]:
+    """Every syntax node of the files ``paths`` (sorted) but ``but``, with its file: what a
+    rule "only one module does X" walks."""
+    for path in sorted(paths):
+        if path != but:
+            for node in ast.walk(ast.parse(path.read_text())):
+                yield path, node
 
 
 def test_no_import_circles() -> None:
@@ -139,21 +149,18 @@ def test_method_names_are_listed_and_compared_in_one_module() -> None:
 
     names = set(METHODS) | set(BENCH_VARIANTS)
     found = []
-    for path in sorted(PACKAGE.rglob("*.py")):
-        if path == REGISTRY:
+    for path, node in _nodes(PACKAGE.rglob("*.py"), but=REGISTRY):
+        if isinstance(node, ast.Compare):
+            items, least = [node.left, *node.comparators], 1
+        elif isinstance(node, (ast.Tuple, ast.List, ast.Set)):
+            items, least = node.elts, 2
+        elif isinstance(node, ast.Dict):
+            items, least = [key for key in node.keys if key is not None], 2
+        else:
             continue
-        for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, ast.Compare):
-                items, least = [node.left, *node.comparators], 1
-            elif isinstance(node, (ast.Tuple, ast.List, ast.Set)):
-                items, least = node.elts, 2
-            elif isinstance(node, ast.Dict):
-                items, least = [key for key in node.keys if key is not None], 2
-            else:
-                continue
-            named = [i.value for i in items if isinstance(i, ast.Constant) and i.value in names]
-            if len(named) >= least:
-                found.append(f"{path.relative_to(PACKAGE)}:{node.lineno}: {named}")
+        named = [i.value for i in items if isinstance(i, ast.Constant) and i.value in names]
+        if len(named) >= least:
+            found.append(f"{path.relative_to(PACKAGE)}:{node.lineno}: {named}")
     assert not found, f"method names listed or compared outside gssgd/methods.py: {found}"
 
 
@@ -168,20 +175,16 @@ def test_one_rule_says_whether_a_run_reached_the_target() -> None:
     compares a value with a target (``acc >= target``, ``gap <= target_gap``); checking
     a target's range (``0 < target <= 1``) is not a rule."""
     found = []
-    for path in sorted([*PACKAGE.rglob("*.py"), *LAB.rglob("*.py")]):
-        if path == TARGET_RULE:
+    for path, node in _nodes([*PACKAGE.rglob("*.py"), *LAB.rglob("*.py")], but=TARGET_RULE):
+        if not (isinstance(node, ast.Compare) and any(
+                isinstance(op, (ast.Lt, ast.LtE, ast.Gt, ast.GtE)) for op in node.ops)):
             continue
-        for node in ast.walk(ast.parse(path.read_text())):
-            if not (isinstance(node, ast.Compare) and any(
-                    isinstance(op, (ast.Lt, ast.LtE, ast.Gt, ast.GtE)) for op in node.ops)):
-                continue
-            operands = [node.left, *node.comparators]
-            targets = [o for o in operands
-                       if not isinstance(o, ast.Constant) and "target" in ast.unparse(o).lower()]
-            others = [o for o in operands if o not in targets and not isinstance(o, ast.Constant)]
-            if targets and others:
-                found.append(f"{path.relative_to(PACKAGE.parent)}:{node.lineno}: "
-                             f"{ast.unparse(node)}")
+        operands = [node.left, *node.comparators]
+        targets = [o for o in operands
+                   if not isinstance(o, ast.Constant) and "target" in ast.unparse(o).lower()]
+        others = [o for o in operands if o not in targets and not isinstance(o, ast.Constant)]
+        if targets and others:
+            found.append(f"{path.relative_to(PACKAGE.parent)}:{node.lineno}: {ast.unparse(node)}")
     assert not found, f"a target compared outside {TARGET_RULE.name}'s Metric: {found}"
 
 
@@ -317,14 +320,11 @@ def test_one_checker_says_what_an_integer_is() -> None:
     checker: every module asks :mod:`gssgd.validate` (``is_int``, ``check_int``,
     ``is_number``, ``check_number``), so every setting's message reads the same."""
     found = []
-    for path in sorted(PACKAGE.rglob("*.py")):
-        if path == CHECKER:
-            continue
-        for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, ast.BoolOp):
-                text = ast.unparse(node).replace(" ", "")
-                if ",bool)" in text and "notisinstance(" in text and "int" in text:
-                    found.append(f"{path.relative_to(PACKAGE)}:{node.lineno}: {ast.unparse(node)}")
+    for path, node in _nodes(PACKAGE.rglob("*.py"), but=CHECKER):
+        if isinstance(node, ast.BoolOp):
+            text = ast.unparse(node).replace(" ", "")
+            if ",bool)" in text and "notisinstance(" in text and "int" in text:
+                found.append(f"{path.relative_to(PACKAGE)}:{node.lineno}: {ast.unparse(node)}")
     assert not found, f"an integer or number checked by hand, not by gssgd.validate: {found}"
 
 
