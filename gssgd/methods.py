@@ -154,10 +154,11 @@ class Method:
         return self.aggregator is None
 
     @property
-    def exact(self) -> bool:
-        """Whether the method averages the gradient exactly (an all-reduce of every
-        coordinate, at its payload's precision): the reference every compressor is measured
-        against, with no residual, rank or shape to name it by."""
+    def uncompressed(self) -> bool:
+        """Whether this gssgd aggregator sends the gradient uncompressed (dense: every
+        coordinate, at its payload's precision): the kind of method every compressor is
+        measured against, with no residual, rank or shape to name it by. DDP's built-ins
+        are not gssgd aggregators (False)."""
         return self.aggregator is not None and not self.aggregator.compresses
 
     @property

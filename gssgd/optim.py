@@ -116,8 +116,8 @@ class FrozenVarianceAdamW(torch.optim.Optimizer):
             raise ValueError(f"betas={betas!r} is invalid: it must be two numbers in [0, 1).")
         if not eps > 0 or not weight_decay >= 0:
             raise ValueError(f"eps={eps!r} must be > 0 and weight_decay={weight_decay!r} >= 0.")
-        check_int("freeze_step", freeze_step, 1,
-                  fix="It counts the dense AdamW steps before the variance freezes; for example 100.")
+        check_int("freeze_step", freeze_step, 1, fix="It counts the dense AdamW steps "
+                  "before the variance freezes; for example 100.")
         if variance not in VARIANCES:
             raise ValueError(
                 f"variance={variance!r} is invalid: it must be one of {VARIANCES} (the "

@@ -26,7 +26,7 @@ class Metric:
     key: str  # "accuracy" or "loss"
     higher_is_better: bool
     margin: float
-    #: evaluations a run's end value averages over (:func:`reach_and_stay`; 1: the last)
+    #: evaluations a run's end value averages over (:func:`gssgd.study.curves.reach_and_stay`; 1: the last)
     window: int = 1
 
     def at_least_as_good(self, a: float, b: float) -> bool:

@@ -99,7 +99,8 @@ def test_no_import_circles() -> None:
 #: ``gssgd`` itself, the package's ``__init__``, only hands names on). A new top-level
 #: module or subpackage takes its place here.
 LAYERS = (
-    "validate", "target", "log", "plots", "kernels", "transport", "simulated", "selection", "sketch", "comm",
+    "validate", "target", "log", "plots", "kernels", "transport", "simulated", "selection",
+    "sketch", "comm",
     "aggregators", "optim", "lr_schedule", "amp", "methods", "local_steps", "recipes", "ddp", "train",
     "costmodel", "study", "gssgd", "cli",
 )
@@ -142,7 +143,7 @@ REGISTRY = PACKAGE / "methods.py"
 def test_method_names_are_listed_and_compared_in_one_module() -> None:
     """Only the registry lists methods (a tuple, list, set or dict of two or more of their
     names) or branches on one (``method == "gs"``, ``"dense" in runs``); every other module
-    asks it (:attr:`~gssgd.methods.Method.exact`, ``by_shape``, ``ddp_hook``,
+    asks it (:attr:`~gssgd.methods.Method.uncompressed`, ``by_shape``, ``ddp_hook``,
     :data:`~gssgd.methods.REFERENCE_METHOD`, ...), so a new method is one registration, not
     an edit in each module that lists or tests for them."""
     from gssgd.methods import BENCH_VARIANTS, METHODS

@@ -480,17 +480,17 @@ class GlobalSketchSGD(SketchingAggregator):
         "dense", the whole vector all-reduced (coordinates None); "tops", every rank's
         :func:`~gssgd.aggregators.gs.audit_pool` largest coordinates all-gathered, and
         the exact sums at their union (sorted, the same on every rank) all-reduced."""
-        kinds = ("dense", "tops") if self.options.audit == "both" else (self.options.audit,)
+        audit = self.options.audit
+        kinds = (DENSE_AUDIT, TOPS_AUDIT) if audit == BOTH_AUDITS else (audit,)
         pools: dict[str, tuple[torch.Tensor | None, torch.Tensor]] = {}
-        for kind in kinds:
-            if kind != "tops":  # "dense": the whole vector
-                pools[kind] = (None, self.comm.allreduce_backend(accumulated.clone()))
-                continue
+        if DENSE_AUDIT in kinds:
+            pools[DENSE_AUDIT] = (None, self.comm.allreduce_backend(accumulated.clone()))
+        if TOPS_AUDIT in kinds:
             # with ``chunk``, each chunk's share of the pool, as the selection takes them
             own = self._largest(accumulated.abs(), None, audit_pool(self.d, k, self.world_size))
             everyone = self.comm.allgather_backend(own.to(index_dtype(self.d)))
             coords = torch.unique(torch.cat(everyone).to(torch.int64))  # sorted
-            pools[kind] = (coords, self.comm.allreduce_backend(accumulated[coords].clone()))
+            pools[TOPS_AUDIT] = (coords, self.comm.allreduce_backend(accumulated[coords].clone()))
         return pools
 
     def _best_of(self, values: torch.Tensor, coords: torch.Tensor | None, k: int
@@ -556,6 +556,7 @@ class GlobalSketchSGD(SketchingAggregator):
 
 #: What ``GSOptions.audit`` takes.
 AUDITS: tuple[str, ...] = ("tops", "dense", "both")
+TOPS_AUDIT, DENSE_AUDIT, BOTH_AUDITS = AUDITS
 #: The "tops" audit's pool over all ranks, in multiples of k (at most ``d / 16``).
 AUDIT_POOL = 16
 

@@ -48,10 +48,10 @@ DEFAULTS: dict[str, Any] = {
     "eval_every": 100,
 }
 
-#: The fields of a method's summary that go to results.json.
 #: The run the others are measured against: gssgd's dense, else DDP's own all-reduce.
 _REFERENCES = (REFERENCE_METHOD, DDP_REFERENCE_METHOD)
 
+#: The fields of a method's summary that go to results.json.
 RESULT_FIELDS = (
     "status",
     "final_test_accuracy",

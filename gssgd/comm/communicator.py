@@ -74,7 +74,7 @@ class Communicator:
             :class:`~gssgd.transport.Transport`, such as a
             :class:`~gssgd.simulated.SimulatedRank` of a simulated world. The communicator
             works with group-local ranks; its transport
-            (:class:`~gssgd.transport.DistTransport` or the simulated rank) moves the
+            (:class:`~gssgd.transport.DistTransport`, or the transport given) moves the
             tensors, and the counting here is the same for both.
 
     Raises:
@@ -297,7 +297,8 @@ class Communicator:
 
 def world_size_of(group: dist.ProcessGroup | Transport | None) -> int | None:
     """The number of ranks of ``group`` (a process group, None for the default group, or a
-    simulated rank), or None when torch.distributed is not initialised. No collective."""
+    :class:`~gssgd.transport.Transport` such as a simulated rank), or None when
+    torch.distributed is not initialised. No collective."""
     if isinstance(group, Transport):
         return group.world_size
     if not dist.is_available() or not dist.is_initialized():

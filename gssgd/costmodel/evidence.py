@@ -107,7 +107,7 @@ class Study:
 
     def reached(self, row: dict[str, Any]) -> bool:
         """Whether a measured row reached the target: the study found its crossing, or (a
-        final-gap study, whose rows are losses as % of dense's) the studies' rule
+        final-gap study, a language family's: its gaps are % of dense's loss) the studies' rule
         (:data:`gssgd.target.LOSS`) at the study's margin holds for its final loss."""
         if self.metric == "steps":
             return row["steps_ratio"] is not None
@@ -219,7 +219,7 @@ def frontier_row(spec: MethodSpec, *, streamed: bool = False) -> str:
     Args:
         streamed: the DDP hook streams gs, which sketches every coordinate (no pre-filter).
     """
-    if get_method(spec.aggregator).exact:  # dense, or dense16 with a 16-bit payload
+    if get_method(spec.aggregator).uncompressed:  # dense, or dense16 with a 16-bit payload
         return f"{spec.aggregator}16" if spec.value_bytes == 2 else spec.aggregator
     if spec.exchange == "tree":  # the authors' gTop-k keeps another residual: its own row
         return f"{spec.aggregator}-tree"
@@ -242,7 +242,7 @@ def row_key(spec: MethodSpec, density: float, *, streamed: bool = False,
     if method.by_shape:
         return f"{spec.aggregator}-r{spec.rank}"
     row = frontier_row(spec, streamed=streamed)
-    return row if method.exact else f"{row}@{density:g}"
+    return row if method.uncompressed else f"{row}@{density:g}"
 
 
 def method_of(row: str) -> str:
@@ -347,7 +347,7 @@ def _study_row(m: dict[str, Any], setting: dict[str, Any], d: int, workers: int)
     """A study's method ``m`` at ``setting`` (its best, or one of its trials) as advise
     names it (:func:`row_key`)."""
     setting, method = {**m["fixed"], **setting}, get_method(m["method"])
-    if method.exact:
+    if method.uncompressed:
         if setting.get("local_steps"):
             return f"diloco-h{setting['local_steps']}"
         return method.name + ("16" if setting.get("payload_dtype") == "float16" else "")
@@ -432,8 +432,8 @@ def study_from_summaries(title: str, summaries: Sequence[dict[str, Any]], family
         out: dict[str, dict[str, Any]] = {}
         ref_steps = ref["to_target"]["steps"]
         for m in summary["methods"]:
-            if (not get_method(m["method"]).exact
-                    and {**m["fixed"], **m["best_setting"]}.get("local_steps")):
+            if ({**m["fixed"], **m["best_setting"]}.get("local_steps")
+                    and not get_method(m["method"]).uncompressed):
                 continue  # a compressed outer step
             if m["final"]["mean"] is not None:
                 out[_study_row(m, m["best_setting"], d, p)] = {

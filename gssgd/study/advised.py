@@ -41,7 +41,7 @@ def _study_knobs(advice: Advice, c: Candidate) -> dict[str, Any]:
     method = get_method(c.method)
     if c.local_steps:
         return {"method": c.method, "fixed": {"local_steps": c.local_steps}}
-    if method.exact:  # dense, or dense16: its payload in float16
+    if method.uncompressed:  # dense, or dense16: its payload in float16
         return ({} if c.spec.value_bytes == 4
                 else {"method": c.method, "fixed": {"payload_dtype": "float16"}})
     if method.by_shape:
@@ -68,7 +68,8 @@ def study_spec(advice: Advice, model: str, dataset: str | None, *, methods: int 
         if len(chosen) >= 2 + methods:
             break
         # streamed gs converges as gs; local steps need >= 10 outer steps to be judged
-        if c.settings.get("overlap") == "stream" or c.evidence.row in seen or (c.local_steps or 0) * 10 > steps:
+        streamed = c.settings.get("overlap") == "stream"
+        if streamed or c.evidence.row in seen or (c.local_steps or 0) * 10 > steps:
             continue
         chosen.append(c)
         seen.add(c.evidence.row)

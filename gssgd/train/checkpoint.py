@@ -145,9 +145,9 @@ def renamed_fingerprint(saved: dict[str, Any], method: str) -> dict[str, Any]:
         return fp
     if method == old:
         raise ValueError(
-            f"this checkpoint was written by {METHODS[now].summary}, which --method {old} ran "
-            f"in an earlier release; that is --method {now} now. Resume with --method {now}, "
-            f"or start a fresh run with --method {old}."
+            f"this checkpoint was written by --method {old} of an earlier release, which is "
+            f"--method {now} now ({METHODS[now].summary}); --method {old} keeps other state. "
+            f"Resume with --method {now}, or start a fresh run with --method {old}."
         )
     fp["method"] = now
     return fp

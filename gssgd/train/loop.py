@@ -69,7 +69,7 @@ from gssgd.train.metrics import (
     summary_line,
     write_json,
 )
-from gssgd.train.models import build_model
+from gssgd.train.models import build_model, trained_size
 from gssgd.train.objective import batch_loss, evaluation_sums, train_batch
 from gssgd.train.progress import progress_bar as _progress_bar
 from gssgd.train.progress import say as _say
@@ -234,7 +234,7 @@ def _train_step(run: _Run, step: int) -> bool:
 
 
 def _saved_checkpoints(cfg: TrainConfig) -> list[Path]:
-    """The run's checkpoints so far, oldest first (none for a simulated run)."""
+    """The run's checkpoints so far, oldest first (a simulated run writes none)."""
     return checkpoint.list_checkpoints(Path(cfg.out) / checkpoint.CHECKPOINT_DIR)
 
 
@@ -285,7 +285,7 @@ def _summarise(run: _Run) -> dict[str, Any]:
     return summary
 
 
-# =========================================================================== a real rank
+# =========================================================================== the ranks
 
 
 def build_model_of(cfg: TrainConfig, device: torch.device) -> tuple[ImageData | TextData,
@@ -298,7 +298,7 @@ def build_model_of(cfg: TrainConfig, device: torch.device) -> tuple[ImageData | 
     data = load_dataset(cfg.dataset)
     torch.manual_seed(cfg.seed)
     model = build_model(cfg.model, data).to(device)
-    return data, model, sum(p.numel() for p in model.parameters() if p.requires_grad)
+    return data, model, trained_size(model)
 
 
 class DDPRank:

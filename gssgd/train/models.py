@@ -50,7 +50,7 @@ from gssgd.train.resnet_parts import resnet_trunk
 from gssgd.train.user_code import is_user_code, load_function
 
 __all__ = ["MODELS", "MODEL_ARCHITECTURES", "TEXT_MODELS", "architecture_of", "build_model",
-           "default_model", "model_data", "model_family", "model_shapes"]
+           "default_model", "model_data", "model_family", "model_shapes", "trained_size"]
 
 MODELS: tuple[str, ...] = ("mlp", "cnn", "resnet", "lm", "wresnet", "gpt", "gpt-s")
 """The model names :func:`build_model` accepts."""
@@ -165,6 +165,13 @@ def default_model(data: ImageData | TextData) -> str:
     if isinstance(data, ImageData):
         return "cnn" if len(data.input_shape) == 3 else "mlp"
     raise TypeError(f"data must be ImageData or TextData, got {type(data).__name__}")
+
+
+def trained_size(model: nn.Module) -> int:
+    """``d``: the parameters that train (``requires_grad``), the vector a method averages
+    (DDP hands the hook only their gradients); a run's config, summary and checkpoints
+    record it."""
+    return sum(p.numel() for p in model.parameters() if p.requires_grad)
 
 
 def build_model(name: str, data: ImageData | TextData) -> nn.Module:

@@ -21,7 +21,7 @@ from gssgd.train.config import DEFAULT_WORKERS, TrainConfig
 from gssgd.train.data import TextData, lm_batch, load_dataset
 from gssgd.train.launch import torchrun_world_size
 from gssgd.train.metrics import METRICS_FILE, SUMMARY_FILE
-from gssgd.train.models import build_model, default_model
+from gssgd.train.models import build_model, default_model, trained_size
 
 __all__ = ["after_elastic_restart", "claim_out", "default_out", "prepare", "run_dir_of"]
 
@@ -61,7 +61,7 @@ def prepare(cfg: TrainConfig) -> TrainConfig:
     data = load_dataset(cfg.dataset)
     model_name = cfg.model or default_model(data)
     model = build_model(model_name, data)
-    d = sum(p.numel() for p in model.parameters())
+    d = trained_size(model)
     if isinstance(data, TextData):
         lm_batch(data.train, 0, 0, workers, cfg.batch_size, cfg.seq_len, cfg.seed)
         lm_batch(data.test, 0, 0, 1, 1, cfg.seq_len, cfg.seed)

@@ -173,8 +173,9 @@ def test_a_checkpoint_of_pytorchs_hook_under_its_old_name_resumes_as_torch_power
     one as gssgd's powersgd says which name to use."""
     old = _saved("powersgd", {"powersgd": {"iter": 3}})
     assert checkpoint.renamed_fingerprint(old, "torch-powersgd")["method"] == "torch-powersgd"
-    with pytest.raises(ValueError, match=r"written by PyTorch's PowerSGD hook.*Resume with "
-                       r"--method torch-powersgd"):
+    with pytest.raises(ValueError, match=r"written by --method powersgd of an earlier release, "
+                       r"which is --method torch-powersgd now \(PyTorch's PowerSGD hook.*"
+                       r"Resume with --method torch-powersgd"):
         checkpoint.renamed_fingerprint(old, "powersgd")
     ours = _saved("powersgd", {"hook": {"iter": 3}})  # gssgd's own PowerSGD: unchanged
     assert checkpoint.renamed_fingerprint(ours, "powersgd") == ours["fingerprint"]

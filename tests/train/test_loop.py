@@ -526,3 +526,22 @@ def test_gradients_that_stay_non_finite_end_the_run_loudly(
     if not simulate:  # the simulated world keeps no checkpoints
         assert "step-00000020.pt" in summary["message"] and "is kept" in summary["message"]
         assert resolve_checkpoint(out).name == "step-00000020.pt"
+
+
+@pytest.mark.parametrize("simulate", [False, True])
+def test_a_model_with_frozen_parameters_records_and_resumes_its_trained_size(
+        tmp_path: Path, simulate: bool) -> None:
+    """``d`` is what trains (the second layer of tests.train.frozen_model): the config and
+    summary say so on real and simulated workers, and a real run resumes from its own
+    checkpoint (the fingerprint prepare checks is the one the loop wrote)."""
+    out = tmp_path / "run"
+    settings = {**DIGITS, "method": "topk", "density": 0.1, "out": str(out),
+                "model": "tests.train.frozen_model:frozen_mlp", "simulate": simulate}
+    first = run_training(TrainConfig.build(**{**settings, "steps": 3}))
+    assert first is not None and first["status"] == STATUS_COMPLETED
+    trained = 32 * 10 + 10  # the second layer: 32 inputs x 10 classes, and its biases
+    assert first["d"] == json.loads((out / "config.json").read_text())["d"] == trained
+    if not simulate:
+        resumed = run_training(TrainConfig.build(**{**settings, "steps": 5, "resume": str(out)}))
+        assert resumed is not None and resumed["status"] == STATUS_COMPLETED
+        assert [r["step"] for r in read_metrics(out / "metrics.jsonl")] == list(range(5))
