@@ -40,6 +40,7 @@ __all__ = [
     "Aggregator",
     "StepStats",
     "all_finite",
+    "flag_mask_words",
     "flagged_allreduce",
     "index_dtype",
     "present_in",
@@ -66,6 +67,13 @@ def all_finite(x: torch.Tensor) -> bool:
     """Whether every element is finite: one sum (any NaN/Inf makes it non-finite), and the
     exact element-wise check only when the sum is not finite (it may just have overflowed)."""
     return bool(torch.isfinite(x.sum())) or bool(torch.isfinite(x).all())
+
+
+def flag_mask_words(world_size: int, itemsize: int) -> int:
+    """How many integers of ``itemsize`` bytes hold one bit per rank: the ranks' non-finite
+    flags as a method that merges or relays lists carries them (:meth:`Aggregator._flag_mask`:
+    ``8 * itemsize - 1`` bits a word, the sign bit unused)."""
+    return -(-world_size // (8 * itemsize - 1))
 
 
 def flagged_allreduce(d: int, world_size: int, itemsize: int = 4) -> Traffic:
@@ -97,7 +105,9 @@ class Aggregator:
     Subclasses set ``name`` and ``Options`` and implement ``step`` with, in order:
     ``self._begin(grad)`` (agreement, non-finite guard), compression, communication through
     ``self.comm``, ``self.feedback.keep(...)`` (what the rank keeps) and
-    ``self._finish(...)``.
+    ``self._finish(...)``. The built-in methods send the ranks' non-finite flags inside their
+    first message instead (:attr:`flags_ride`): ``self._begin_riding(grad)``, then
+    ``self._guard`` once the flags are in.
 
     Args:
         d: gradient length.
@@ -124,9 +134,10 @@ class Aggregator:
     #: its options have a ``shapes`` field, which the DDP hook and ``gssgd train`` fill with
     #: the parameters' shapes in the vector's order.
     takes_shapes: ClassVar[bool] = False
-    #: True for a method whose first collective carries every rank's non-finite flag (its
-    #: payload has ``P`` more values: :meth:`_flag_slots`, :meth:`_flags_of`), so no
-    #: control all-gather starts its step; False: :meth:`_begin` all-gathers the flags.
+    #: True for a method whose messages carry every rank's non-finite flag (an all-reduced
+    #: payload has ``P`` more values, :meth:`_flag_slots`; a list merged or relayed, a few
+    #: more integers, :meth:`_flag_mask`), so no control all-gather starts its step (every
+    #: built-in method); False: :meth:`_begin` all-gathers the flags.
     flags_ride: ClassVar[bool] = False
     #: True for a method whose :meth:`start_step` returns as soon as its one collective is
     #: started (dense): a DDP hook returns that future and the backward goes on. False:
@@ -321,6 +332,25 @@ class Aggregator:
         self._timings = {"compress": 0.0, "decompress": 0.0}
         self._step_start = time.perf_counter()
 
+    def _begin_riding(self, grad: torch.Tensor) -> tuple[torch.Tensor, bool]:
+        """Start a step whose messages carry the ranks' non-finite flags (:attr:`flags_ride`):
+        :meth:`_start`, then this rank's error-compensated vector ``a_p`` and whether its
+        gradient is not finite.
+
+        A rank whose gradient is not finite compensates zeros in its place, so the messages
+        it sends until every rank has read the flags are well formed (the others merge and
+        select on them); the step is then skipped on every rank (:meth:`_guard`). The rule's
+        state is untouched until ``feedback.keep``, so the skip leaves no trace.
+
+        Raises:
+            ValueError: wrong shape, or ranks disagree.
+        """
+        self._start(grad)
+        with self._timed("compress"):
+            bad = not all_finite(grad)
+            accumulated = self._error_compensated(torch.zeros_like(grad) if bad else grad)
+        return accumulated, bad
+
     def _guard(self, grad: torch.Tensor, bad_ranks: list[int]) -> torch.Tensor | None:
         """The non-finite guard, once every rank's flag is known (``bad_ranks``, the same
         list on every rank): None to go on with the step, else :meth:`nonfinite_step`'s
@@ -330,19 +360,37 @@ class Aggregator:
             return None
         return self.nonfinite_step(grad, bad_ranks)
 
-    def _flag_slots(self, grad: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    def _flag_slots(self, bad: bool, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
         """``P`` values of ``dtype`` to send at the end of a summed payload: 1 at this rank's
-        place if ``grad`` is not finite, else 0 everywhere. Summed by an all-reduce, they
-        tell every rank which ranks were bad (:meth:`_flags_of`)."""
-        flags = torch.zeros(self.world_size, dtype=dtype, device=grad.device)
-        if not all_finite(grad):
+        place if its gradient is not finite (``bad``), else 0 everywhere. Summed by an
+        all-reduce, they tell every rank which ranks were bad (:meth:`_flags_of`)."""
+        flags = torch.zeros(self.world_size, dtype=dtype, device=device)
+        if bad:
             flags[self.rank] = 1
         return flags
 
     def _flags_of(self, summed: torch.Tensor) -> list[int]:
         """The ranks whose flag is set in the last ``P`` values of a summed payload that
         carried :meth:`_flag_slots`."""
-        return [r for r, flag in enumerate(summed[-self.world_size:].tolist()) if flag]
+        return summed[-self.world_size:].nonzero().flatten().tolist()
+
+    def _flag_mask(self, bad_ranks: list[int], dtype: torch.dtype, device: torch.device
+                   ) -> torch.Tensor:
+        """The ranks' non-finite flags as bits (:func:`flag_mask_words` integers of
+        ``dtype``, an index dtype), set for ``bad_ranks``: what a method whose lists are
+        merged or relayed (gTop-k, Sketched-SGD) appends to its index message. Masks combine
+        by ``|`` (:meth:`_ranks_in_mask` reads one), and stay a few bytes at any P."""
+        bits = 8 * dtype.itemsize - 1
+        words = [0] * flag_mask_words(self.world_size, dtype.itemsize)
+        for rank in bad_ranks:
+            words[rank // bits] |= 1 << (rank % bits)
+        return torch.tensor(words, dtype=dtype, device=device)
+
+    def _ranks_in_mask(self, mask: torch.Tensor) -> list[int]:
+        """The ranks whose bit :meth:`_flag_mask` set in ``mask`` (masks OR-ed together)."""
+        bits = 8 * mask.dtype.itemsize - 1
+        return [w * bits + b for w, word in enumerate(mask.tolist()) for b in range(bits)
+                if word >> b & 1]
 
     # ---------------------------------------------------------------- a warm-up step sent dense
     def _sends_dense_now(self) -> bool:
@@ -369,25 +417,21 @@ class Aggregator:
 
         Local Top-k's update is the sparse step's own (only the summation order differs);
         gTop-k's and the sketching methods' is the exact answer their step approximates.
-        The rule's state is compensated before the flags are known, so a step some rank
-        skips puts it back as it was.
+        A step some rank skips leaves the rule's state as it was (:meth:`_begin_riding`).
         """
-        self._start(grad)
-        saved = self.feedback.state_dict()
+        accumulated, bad = self._begin_riding(grad)
         d, k, world = self.d, self.step_k, self.world_size
         with self._timed("compress"):
-            accumulated = self._error_compensated(grad)
             own = self._warmup_contribution(accumulated, k)
             payload = accumulated.new_zeros(d + world)
             if own is None:
                 payload[:d] = accumulated
             else:
                 payload[own] = accumulated[own]
-            payload[d:] = self._flag_slots(grad, payload.dtype)
+            payload[d:] = self._flag_slots(bad, payload.dtype, payload.device)
         summed = self.comm.allreduce_backend(payload)
         skipped = self._guard(grad, self._flags_of(summed))
         if skipped is not None:
-            self.feedback.load_state_dict(saved)
             return skipped
         with self._timed("decompress"):
             total = summed[:d]
@@ -428,6 +472,7 @@ class Aggregator:
             FloatingPointError: ``nonfinite="raise"``, or ``max_consecutive_skips`` reached.
         """
         self._grad_dtype = grad.dtype
+        self.feedback.drop_step()
         self.consecutive_skips += 1
         where = f"step {self.steps}: non-finite gradient (NaN or Inf) on rank(s) {bad_ranks}"
         if self.options.nonfinite == "raise":

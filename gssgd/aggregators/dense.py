@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import torch
 
-from gssgd.aggregators.base import Aggregator, flagged_allreduce
+from gssgd.aggregators.base import Aggregator, all_finite, flagged_allreduce
 from gssgd.aggregators.options import PAYLOAD_DTYPES, CommonOptions
 from gssgd.comm import Traffic, chain
 from gssgd.validate import bad_value
@@ -89,7 +89,8 @@ class DenseAllReduce(Aggregator):
         with self._timed("compress"):
             payload = torch.empty(d + self.world_size, dtype=self.options.dtype,
                                   device=grad.device)
-            payload[d:] = self._flag_slots(grad, self.options.dtype)
+            bad = not all_finite(grad)
+            payload[d:] = self._flag_slots(bad, self.options.dtype, grad.device)
             if low_precision:
                 payload[:d] = grad / self.world_size
             else:

@@ -64,6 +64,9 @@ class ErrorFeedback:
     compresses (:meth:`~ErrorFeedback.compensate`), what it keeps
     (:meth:`~ErrorFeedback.keep`) and what the step returns (:meth:`~ErrorFeedback.returned`).
     Aggregators call these three in their ``step``; nothing else about the rule leaks into them.
+    :meth:`~ErrorFeedback.compensate` only computes: the state changes in
+    :meth:`~ErrorFeedback.keep`, so a step that learns from its first message that some rank's
+    gradient was not finite, and is skipped, leaves the rule as it was.
 
     The residual ``e`` and (with momentum) the velocity ``u`` of one rank.
 
@@ -93,6 +96,8 @@ class ErrorFeedback:
         self.momentum, self.masking = momentum, masking
         self.residual: torch.Tensor | None = None
         self.velocity: torch.Tensor | None = None
+        #: the velocity :meth:`compensate` computed, stored by :meth:`keep`
+        self._step_velocity: torch.Tensor | None = None
 
     @classmethod
     def from_options(cls, options: object) -> ErrorFeedback:
@@ -103,12 +108,13 @@ class ErrorFeedback:
     # ------------------------------------------------------------------ the rule
     def compensate(self, grad: torch.Tensor) -> torch.Tensor:
         """Step 1: the vector to compress, a new tensor (``grad``: this rank's gradient,
-        already in the state's dtype)."""
+        already in the state's dtype). The state is left as it is: the step's new velocity
+        waits for :meth:`keep`."""
         residual = self._residual_like(grad)
         if self.momentum == 0:
             return residual + grad
-        velocity = self._velocity_like(grad)
-        velocity.mul_(self.momentum).add_(grad)
+        velocity = self._velocity_like(grad) * self.momentum
+        self._step_velocity = velocity.add_(grad)
         return residual + velocity
 
     def keep(self, accumulated: torch.Tensor, delivered: torch.Tensor) -> None:
@@ -119,6 +125,7 @@ class ErrorFeedback:
             accumulated: this step's ``a_p`` (from :meth:`compensate`).
             delivered: indices (int64) of the coordinates of ``a_p`` the step delivered.
         """
+        self._take_step_velocity()
         accumulated[delivered] = 0
         self.residual = accumulated
         if self.velocity is not None and self.masking:
@@ -127,6 +134,16 @@ class ErrorFeedback:
     def returned(self, update: torch.Tensor) -> torch.Tensor:
         """Step 4: what the step returns for the averaged ``update`` (here: ``update``)."""
         return update
+
+    def drop_step(self) -> None:
+        """Forget what this step's :meth:`compensate` computed: the step was skipped (a
+        gradient not finite on some rank), so the state stays as it was."""
+        self._step_velocity = None
+
+    def _take_step_velocity(self) -> None:
+        """Store the velocity this step's :meth:`compensate` computed (if it computed one)."""
+        if self._step_velocity is not None:
+            self.velocity, self._step_velocity = self._step_velocity, None
 
     # ------------------------------------------------------------------ piece by piece
     @property
@@ -159,17 +176,19 @@ class ErrorFeedback:
 
     # ------------------------------------------------------------------ state
     def _residual_like(self, grad: torch.Tensor) -> torch.Tensor:
-        """The residual on ``grad``'s device and dtype (zeros at the first step)."""
+        """The residual on ``grad``'s device and dtype (zeros, not stored, before the
+        first step)."""
         if self.residual is None:
-            self.residual = torch.zeros_like(grad)
-        elif self.residual.device != grad.device or self.residual.dtype != grad.dtype:
+            return torch.zeros_like(grad)
+        if self.residual.device != grad.device or self.residual.dtype != grad.dtype:
             self.residual = self.residual.to(grad.device, grad.dtype)
         return self.residual
 
     def _velocity_like(self, grad: torch.Tensor) -> torch.Tensor:
-        """The velocity on ``grad``'s device and dtype (zeros at the first step)."""
+        """The velocity on ``grad``'s device and dtype (zeros, not stored, before the
+        first step)."""
         if self.velocity is None:
-            self.velocity = torch.zeros_like(grad)
+            return torch.zeros_like(grad)
         self.velocity = self.velocity.to(grad.device, grad.dtype)
         return self.velocity
 
@@ -235,7 +254,7 @@ class EF21Feedback(ErrorFeedback):
     def compensate(self, grad: torch.Tensor) -> torch.Tensor:
         residual, velocity = self._residual_like(grad), self._velocity_like(grad)
         change = grad - (1 - self.momentum) * velocity  # v - v_prev, v = rho*v_prev + g
-        velocity.add_(change)
+        self._step_velocity = velocity + change
         return residual + change
 
     def returned(self, update: torch.Tensor) -> torch.Tensor:
@@ -509,6 +528,7 @@ class QuantisedFeedback(ErrorFeedback):
             accumulated: this step's ``a_p``.
             delivered: ``C(a_p)``, the dense vector the message stands for (same shape).
         """
+        self._take_step_velocity()
         self.residual = accumulated - delivered
 
 

@@ -8,7 +8,9 @@ Steps (per rank p, each step):
     2. Compress: Count-Sketch ``a_p`` with hashes every rank derives from the same seed
        (with ``prefilter`` f: only this rank's ``f * k`` largest coordinates of it).
     3. Communicate: all-reduce the tables, no indices (by default the backend's ring, in
-       float16; or recursive doubling: log2(P) rounds of rows*cols numbers).
+       float16; or recursive doubling: log2(P) rounds of rows*cols numbers). ``P`` more
+       values ride at the end: the ranks' non-finite flags, so when a gradient is not
+       finite on any rank every rank skips the step here (its ``nonfinite`` policy).
     4. Recover: every rank takes the same top ``m*k`` candidates by |estimate| from the
        summed sketch (ties by lower index), in the canonical order of increasing index.
     5. Exact round (``exact=True``): all-reduce ``a_p`` at the candidates (m*k numbers, no
@@ -201,6 +203,7 @@ class GlobalSketchSGD(SketchingAggregator):
     """gs-SGD: all-reduced Count Sketches, shared heavy-hitter recovery, exact top-k."""
 
     name = "gs"
+    flags_ride = True
     Options = GSOptions
     options: GSOptions
 
@@ -217,8 +220,8 @@ class GlobalSketchSGD(SketchingAggregator):
         :func:`~gssgd.aggregators.gs.audit_interval`) and its growing the sketch are
         left out."""
         cols, candidates = options.shape_at(d, k, cls.k_at_step(d, k, options, step))
-        return cls.control_traffic(world_size) + cls._message(
-            options, cols, candidates, world_size, table=cls.sketches_at(options, step))
+        return cls._message(options, cols, candidates, world_size,
+                            table=cls.sketches_at(options, step))
 
     @staticmethod
     def sketches_at(options: GSOptions, step: int | None) -> bool:
@@ -235,8 +238,8 @@ class GlobalSketchSGD(SketchingAggregator):
     def _message(options: GSOptions, cols: int, candidates: int, world_size: int,
                  table: bool = True) -> Traffic:
         """The table all-reduce of ``cols`` columns (unless ``table`` is False: a step that
-        reuses its candidates) and, with ``exact``, the one of the ``candidates`` values:
-        what a step sends besides its control messages."""
+        reuses its candidates) and, with ``exact``, the one of the ``candidates`` values;
+        the first of them carries the ranks' ``P`` non-finite flags."""
         def reduce(n: int, itemsize: int) -> Traffic:
             if options.allreduce == "backend":
                 return ring_allreduce(n * itemsize, world_size, itemsize)
@@ -244,11 +247,12 @@ class GlobalSketchSGD(SketchingAggregator):
                 return halving_doubling(n * itemsize, world_size, itemsize)
             return recursive_doubling(n * itemsize, world_size)
 
-        out = Traffic.none(world_size)
+        out, flags = Traffic.none(world_size), world_size
         if table:
-            out = out + reduce(options.rows * cols, options.table_dtype.itemsize)
+            out = out + reduce(options.rows * cols + flags, options.table_dtype.itemsize)
+            flags = 0
         if options.exact:
-            out = out + reduce(candidates, 4)
+            out = out + reduce(candidates + flags, 4)
         return out
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
@@ -344,34 +348,52 @@ class GlobalSketchSGD(SketchingAggregator):
             return self.comm.allreduce_halving_doubling(tensor)
         return self.comm.allreduce_recursive_doubling(tensor)
 
-    def _sum_tables(self, table: torch.Tensor) -> torch.Tensor:
-        """The sum over ranks of the sketch tables, sent as ``options.table_dtype``."""
-        summed = self._allreduce(self._table_payload(table))
+    def _allreduce_flagged(self, values: torch.Tensor, bad: bool
+                           ) -> tuple[torch.Tensor, list[int]]:
+        """The sum over ranks of ``values`` with the ranks' non-finite flags riding at its
+        end (:meth:`_flag_slots`, ``bad`` this rank's): the sum, shaped as ``values``, and
+        the ranks whose gradient is not finite."""
+        flat = values.reshape(-1)
+        with self._timed("compress"):
+            payload = torch.cat([flat, self._flag_slots(bad, flat.dtype, flat.device)])
+        summed = self._allreduce(payload)
+        return summed[: flat.numel()].view_as(values), self._flags_of(summed)
+
+    def _sum_tables(self, table: torch.Tensor, bad: bool) -> tuple[torch.Tensor, list[int]]:
+        """The sum over ranks of the sketch tables, sent as ``options.table_dtype``, and the
+        ranks whose gradient is not finite (their flags ride with the tables)."""
+        summed, bad_ranks = self._allreduce_flagged(self._table_payload(table), bad)
         if summed.dtype == table.dtype:
-            return summed
+            return summed, bad_ranks
         with self._timed("decompress"):
-            return self._widened(summed, table.dtype)
+            return self._widened(summed, table.dtype), bad_ranks
 
     def step(self, grad: torch.Tensor) -> torch.Tensor:
         if self._sends_dense_now():  # a warm-up step that would cost more than dense
             return self._dense_warmup_step(grad)
-        skipped = self._begin(grad)
-        if skipped is not None:
-            return skipped
+        accumulated, bad = self._begin_riding(grad)
         k = self.step_k  # k, or more during a density warm-up
         fetch = self.feedback.tables  # FetchSGD's tables in sketch space, or None
-        with self._timed("compress"):
-            accumulated = self._error_compensated(grad)
         kept = self.kept_candidates
         if kept is not None and k == self.k and not self.sketches_at(self.options, self.steps):
             kept = kept.to(accumulated.device)  # reuse: no sketch, the exact round at ``kept``
-            update, _ = self._recover_and_update(accumulated, None, k, kept.numel(), kept)
+            # the ranks' flags ride with the exact round, this step's only message
+            exact, bad_ranks = self._allreduce_flagged(accumulated[kept], bad)
+            skipped = self._guard(grad, bad_ranks)
+            if skipped is not None:
+                return skipped
+            update, _ = self._recover_and_update(accumulated, None, k, kept.numel(), kept,
+                                                 exact)
             return self._finish(update)
         with self._timed("compress"):
             sketch, num_candidates = self._sketch_of_step(accumulated)
             sketch.accumulate(self._prefiltered(accumulated, k))
 
-        summed = sketch.with_table(self._sum_tables(sketch.table))
+        table, bad_ranks = self._sum_tables(sketch.table, bad)
+        skipped = self._guard(grad, bad_ranks)
+        if skipped is not None:
+            return skipped
+        summed = sketch.with_table(table)
 
         if fetch is not None:
             with self._timed("decompress"):
@@ -418,7 +440,7 @@ class GlobalSketchSGD(SketchingAggregator):
 
     def _recover_and_update(
         self, accumulated: torch.Tensor, summed: Any, k: int, num_candidates: int,
-        candidates: torch.Tensor | None = None,
+        candidates: torch.Tensor | None = None, exact: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, float | None]:
         """Steps 4-6 on the all-reduced sketch: recover, fetch exact values, update, audit.
 
@@ -431,6 +453,8 @@ class GlobalSketchSGD(SketchingAggregator):
             k: coordinates to deliver this step; num_candidates: the m*k of the exact round.
             candidates: the kept candidate set of a reusing step (sorted by index); None:
                 recover them from ``summed`` (and keep them when ``reuse`` > 1).
+            exact: the exact round's sums at ``candidates`` where the step already has
+                them (a reusing step's, sent with the flags); None: all-reduce them here.
 
         Returns:
             ``(update, delivered fraction)``: the dense update (the k values / P, in the
@@ -453,7 +477,8 @@ class GlobalSketchSGD(SketchingAggregator):
                     candidates = self._candidates(summed, num_candidates)
                 if self.options.reuse > 1 and k == self.k:
                     self.kept_candidates = candidates
-            exact = self._allreduce(accumulated[candidates])
+            if exact is None:
+                exact = self._allreduce(accumulated[candidates])
             with self._timed("decompress"):
                 keep = self._largest(exact.abs(), candidates, k)
                 chosen, values = candidates[keep], exact[keep]

@@ -13,7 +13,10 @@ Steps (per rank p, each step):
     5. Update: the final list / P. Error feedback: ``e_p = a_p`` with only the delivered
        coordinates zeroed; contributions cut during a merge stay in the residual.
 
-Each rank sends about 8k bytes per round for log2(P) rounds.
+Each rank sends about 8k bytes per round for log2(P) rounds. The index messages end with
+the ranks' non-finite flags, one bit per rank OR-ed at every merge, so after the last round
+every rank knows whether to skip the step (its ``nonfinite`` policy) without a message of
+their own.
 
 ``exchange="tree"`` runs gTop-k as its authors' code does (gtopkssgd,
 ``gtopk_sparse_allreduce``): step 3 sends the list *up* a binomial tree to rank 0 in
@@ -31,7 +34,7 @@ from dataclasses import dataclass
 
 import torch
 
-from gssgd.aggregators.base import Aggregator, index_dtype, present_in
+from gssgd.aggregators.base import Aggregator, flag_mask_words, index_dtype, present_in
 from gssgd.aggregators.topk import TopkOptions
 from gssgd.comm import (
     Traffic,
@@ -87,6 +90,18 @@ def merge_topk(mine: list[torch.Tensor], theirs: list[torch.Tensor], k: int,
     return [union[keep].to(mine[0].dtype), summed[keep]]
 
 
+def _packed(pair: list[torch.Tensor], mask: torch.Tensor) -> list[torch.Tensor]:
+    """An (index, value) list as it travels: the ranks' non-finite flags (``mask``,
+    :meth:`~gssgd.aggregators.base.Aggregator._flag_mask`) after the indices."""
+    return [torch.cat([pair[0], mask.to(pair[0].device)]), *pair[1:]]
+
+
+def _unpacked(message: list[torch.Tensor], words: int
+              ) -> tuple[list[torch.Tensor], torch.Tensor]:
+    """A received :func:`_packed` list (and whatever travels after it), and its mask."""
+    return [message[0][:-words], *message[1:]], message[0][-words:]
+
+
 def _cut_dropped(kept: torch.Tensor, merged_idx: torch.Tensor, tracked: list[torch.Tensor],
                  alive: list[torch.Tensor]) -> None:
     """After a merge: each tracked list's survival flags (``alive``, in place) lose the
@@ -119,6 +134,7 @@ class GlobalTopk(Aggregator):
     """Global top-k: every rank applies the same k coordinates of the summed gradient."""
 
     name = "gtopk"
+    flags_ride = True
     Options = GlobalTopkOptions
     options: GlobalTopkOptions
 
@@ -127,32 +143,34 @@ class GlobalTopk(Aggregator):
         cls, d: int, k: int, options: GlobalTopkOptions, world_size: int, *,
         step: int | None = None
     ) -> Traffic:
-        """Recursive doubling of (index, value) lists, two messages each; a folded rank also
-        gets k survival flags (uint8, a third message) back with the final list (the
-        step's k). ``exchange="tree"``: the list up a binomial tree and the final list down
-        it, two messages each time."""
+        """Recursive doubling of (index, value) lists, two messages each, the indices
+        followed by the ranks' non-finite flags as bits (:func:`flag_mask_words`); a folded
+        rank also gets k survival flags (uint8, a third message) back with the final list
+        (the step's k). ``exchange="tree"``: the list up a binomial tree and the final list
+        down it, two messages each time."""
         k = cls.k_at_step(d, k, options, step)
-        pair = k * (index_dtype(d).itemsize + 4)
+        index_bytes = index_dtype(d).itemsize
+        pair = k * (index_bytes + 4) + flag_mask_words(world_size, index_bytes) * index_bytes
         if options.exchange == "tree":
-            return cls.control_traffic(world_size) + tree_reduce_broadcast(
-                pair, world_size, tensors=2)
-        return cls.control_traffic(world_size) + recursive_doubling(
-            pair, world_size, k, tensors=2, result_tensors=3)
+            return tree_reduce_broadcast(pair, world_size, tensors=2)
+        return recursive_doubling(pair, world_size, k, tensors=2, result_tensors=3)
 
     def step(self, grad: torch.Tensor) -> torch.Tensor:
         if self._sends_dense_now():  # a warm-up step that would cost more than dense
             return self._dense_warmup_step(grad)
-        skipped = self._begin(grad)
-        if skipped is not None:
-            return skipped
+        accumulated, bad = self._begin_riding(grad)
         k = self.step_k  # k, or more during a density warm-up
         with self._timed("compress"):
-            accumulated = self._error_compensated(grad)
             own_pos = topk_indices(accumulated.abs(), k)
             own = [own_pos.to(index_dtype(self.d)), accumulated[own_pos]]
+            mask = self._flag_mask([self.rank] if bad else [], own[0].dtype, own[0].device)
 
         tree = self.options.exchange == "tree"
-        merged, own_alive = self._tree_exchange(own, k) if tree else self._doubling(own, k)
+        exchange = self._tree_exchange if tree else self._doubling
+        merged, own_alive, mask = exchange(own, mask, k)
+        skipped = self._guard(grad, self._ranks_in_mask(mask))
+        if skipped is not None:
+            return skipped
         with self._timed("decompress"):
             final_idx, final_vals = merged[0].to(torch.int64), merged[1]
             update = torch.zeros_like(accumulated)  # in the residual's dtype
@@ -162,53 +180,65 @@ class GlobalTopk(Aggregator):
             self.feedback.keep(accumulated, own_pos[own_alive])
         return self._finish(update)
 
-    def _doubling(self, own: list[torch.Tensor], k: int
-                  ) -> tuple[list[torch.Tensor], torch.Tensor]:
-        """Steps 3-4 by recursive doubling: the final list, and which of this rank's k
-        contributions survived every merge it took part in."""
-        merged, own_pos = own, own[0].to(torch.int64)
+    def _doubling(self, own: list[torch.Tensor], mask: torch.Tensor, k: int
+                  ) -> tuple[list[torch.Tensor], torch.Tensor, torch.Tensor]:
+        """Steps 3-4 by recursive doubling: the final list, which of this rank's k
+        contributions survived every merge it took part in, and every rank's non-finite
+        flag (``mask``, this rank's, OR-ed with each partner's on the way)."""
+        merged, own_pos, words = own, own[0].to(torch.int64), mask.numel()
         own_alive = torch.ones(k, dtype=torch.bool, device=own_pos.device)
         plan = recursive_doubling_plan(self.rank, self.world_size)
         self.comm.count_rounds(plan.rounds)
         if plan.fold_into is not None:
             # An extra rank: fold in, then receive the final list and what of ours survived.
-            self.comm.send(merged, plan.fold_into)
-            *merged, alive_u8 = self.comm.recv([*merged, own_alive.to(torch.uint8)], plan.fold_into)
-            return merged, alive_u8.bool()
+            self.comm.send(_packed(merged, mask), plan.fold_into)
+            like = [*_packed(merged, mask), own_alive.to(torch.uint8)]
+            (*merged, alive_u8), mask = _unpacked(self.comm.recv(like, plan.fold_into), words)
+            return merged, alive_u8.bool(), mask
         # whose contributions this rank tracks: its own, and a folded-in rank's
         tracked, alive = [own_pos], [own_alive]
         kept = torch.zeros(self.d, dtype=torch.bool, device=own_pos.device)  # one mask a step
         if plan.folded_from is not None:
-            folded = self.comm.recv(merged, plan.folded_from)
+            folded, theirs = _unpacked(self.comm.recv(_packed(merged, mask), plan.folded_from),
+                                       words)
+            mask = mask | theirs
             tracked.append(folded[0].to(torch.int64))
             alive.append(torch.ones(folded[0].numel(), dtype=torch.bool, device=own_pos.device))
             merged = merge_topk(merged, folded, k, self.d)
             _cut_dropped(kept, merged[0], tracked, alive)
         for peer in plan.partners:
-            merged = merge_topk(merged, self.comm.exchange(merged, peer), k, self.d)
+            partner, theirs = _unpacked(self.comm.exchange(_packed(merged, mask), peer), words)
+            mask = mask | theirs
+            merged = merge_topk(merged, partner, k, self.d)
             _cut_dropped(kept, merged[0], tracked, alive)
         if plan.folded_from is not None:
-            self.comm.send([*merged, alive[1].to(torch.uint8)], plan.folded_from)
-        return merged, own_alive
+            self.comm.send([*_packed(merged, mask), alive[1].to(torch.uint8)],
+                           plan.folded_from)
+        return merged, own_alive, mask
 
-    def _tree_exchange(self, own: list[torch.Tensor], k: int
-                       ) -> tuple[list[torch.Tensor], None]:
+    def _tree_exchange(self, own: list[torch.Tensor], mask: torch.Tensor, k: int
+                       ) -> tuple[list[torch.Tensor], None, torch.Tensor]:
         """Step 3 with ``exchange="tree"`` (the authors' pattern, see the module doc): the
-        final list (who contributed is decided against it, by their rule)."""
-        device, host = own[0].device, torch.device("cpu")
+        final list (who contributed is decided against it, by their rule) and every rank's
+        non-finite flag (``mask``: OR-ed up the tree, the root's sent down with the list)."""
+        device, host, words = own[0].device, torch.device("cpu"), mask.numel()
         plan = tree_plan(self.rank, self.world_size)
         self.comm.count_rounds(plan.rounds)
+        like = _packed(own, mask)  # what every message of the exchange looks like
         with self._timed("compress"):  # the selection goes to the host, as theirs
             merged = [t.to(host) for t in own]
         for child in plan.children:  # the reduce: merge what each child sends, on the host
-            theirs = [t.to(host) for t in self.comm.recv(own, child)]
+            theirs, their_mask = _unpacked([t.to(host) for t in self.comm.recv(like, child)],
+                                           words)
+            mask = mask | their_mask.to(device)
             with self._timed("compress"):
                 merged = merge_topk(merged, theirs, k, self.d)
         if plan.parent is not None:
-            self.comm.send([t.to(device) for t in merged], plan.parent)
-            merged = self.comm.recv(own, plan.parent)  # the final list, down the tree
+            self.comm.send(_packed([t.to(device) for t in merged], mask), plan.parent)
+            # the final list and every rank's flags, down the tree
+            merged, mask = _unpacked(self.comm.recv(like, plan.parent), words)
         else:
             merged = [t.to(device) for t in merged]
         for child in reversed(plan.children):  # the broadcast: the largest subtree first
-            self.comm.send(merged, child)
-        return merged, None
+            self.comm.send(_packed(merged, mask), child)
+        return merged, None, mask

@@ -9,7 +9,10 @@ Steps (per rank p, each step; W ranks):
        dimensions is a matrix ``M`` (``n = shape[0]`` rows, ``m`` the rest); it is
        compressed when its rank-r factors are smaller than ``M`` by ``min_compression_rate``;
        every other tensor (biases, small matrices) goes dense.
-    3. Dense part: all-reduce the dense tensors as one flat buffer (sum), divide by W.
+    3. Dense part: all-reduce the dense tensors as one flat buffer (sum), divide by W. The
+       ranks' non-finite flags ride at the end of this first all-reduce (of step 5's when
+       no tensor goes dense): when a gradient is not finite on any rank, every rank skips
+       the step there (its ``nonfinite`` policy), its state and random stream untouched.
     4. Queries: each matrix's ``Q`` (``m x r``) is last step's (``warm_start``) or, at the
        first step, drawn from a generator seeded with ``seed`` (alike on every rank);
        orthogonalised.
@@ -342,6 +345,7 @@ class PowerSGD(Aggregator):
     """
 
     name = "powersgd"
+    flags_ride = True
     Options = PowerSGDOptions
     sends_all = True  # no k: the rank sets the message
     takes_shapes = True
@@ -352,14 +356,16 @@ class PowerSGD(Aggregator):
         cls, d: int, k: int, options: PowerSGDOptions, world_size: int, *,
         step: int | None = None,
     ) -> Traffic:
-        """The non-finite flag, then a ring all-reduce each of the dense tensors, every P
-        and every Q (float32 values; an empty one is not sent), the same at every step."""
+        """A ring all-reduce each of the dense tensors, every P and every Q (float32 values;
+        an empty one is not sent), the first with the ranks' ``P`` non-finite flags at its
+        end, the same at every step."""
         assert options.shapes is not None, "resolve the options first (build_options)"
         plan = plan_lowrank(options.shapes, options.rank, options.min_compression_rate)
-        out = cls.control_traffic(world_size)
+        out, flags = Traffic.none(world_size), world_size
         for numel in (plan.dense_numel, plan.p_numel, plan.q_numel):
             if numel:
-                out = out + ring_allreduce(4 * numel, world_size)
+                out = out + ring_allreduce(4 * (numel + flags), world_size)
+                flags = 0
         return out
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
@@ -371,24 +377,31 @@ class PowerSGD(Aggregator):
         self.generator = torch.Generator().manual_seed(opts.seed)
 
     def step(self, grad: torch.Tensor) -> torch.Tensor:
-        skipped = self._begin(grad)
-        if skipped is not None:
-            return skipped
+        accumulated, bad = self._begin_riding(grad)  # a_p = e_p + g_p (+ momentum)
         plan, world = self.plan, self.world_size
+        drawn_from = self.generator.get_state()  # a skipped step draws nothing
         with self._timed("compress"):
-            accumulated = self._error_compensated(grad)  # a_p = e_p + g_p (+ momentum)
             matrices = [accumulated[f.offset : f.offset + f.n * f.m].view(1, f.n, f.m)
                         for f in plan.factors]
-            dense = torch.cat([accumulated[o : o + n] for o, n in plan.dense]
-                              or [accumulated[:0]])
+            # the ranks' flags ride at the end of the first all-reduce: the dense tensors',
+            # or every P's when there are none
+            flags = self._flag_slots(bad, accumulated.dtype, accumulated.device)
+            with_dense = plan.dense_numel > 0
+            dense = torch.cat([*(accumulated[o : o + n] for o, n in plan.dense), flags])
             queries, q_previous = self._queries(accumulated)  # orthogonalised Q
-            p_flat = accumulated.new_empty(plan.p_numel)
+            p_sent = accumulated.new_empty(plan.p_numel + (0 if with_dense else world))
+            p_flat = p_sent[: plan.p_numel]
+            if not with_dense:
+                p_sent[plan.p_numel :] = flags
             ps = self._views(p_flat, "p")
             for m_, q, p in zip(matrices, queries, ps, strict=True):
                 torch.bmm(m_, q, out=p)  # P = M Q
-        if plan.dense_numel:
-            dense = self.comm.allreduce_backend(dense)
-        if plan.p_numel:
+        first = self.comm.allreduce_backend(dense if with_dense else p_sent)  # in place
+        skipped = self._guard(grad, self._flags_of(first))
+        if skipped is not None:
+            self.generator.set_state(drawn_from)
+            return skipped
+        if with_dense and plan.p_numel:
             self.comm.allreduce_backend(p_flat)  # in place: ps now hold the sum
         with self._timed("compress"):
             for p in ps:
@@ -434,7 +447,8 @@ class PowerSGD(Aggregator):
         """
         warm = self.options.warm_start and self.q_memory is not None
         if warm:
-            flat = self.q_memory.to(like.device, like.dtype)  # type: ignore[union-attr]
+            # a copy: orthogonalised in place, and the memory stays for a skipped step
+            flat = self.q_memory.to(like.device, like.dtype, copy=True)  # type: ignore[union-attr]
         else:
             flat = like.new_empty(self.plan.q_numel)
         queries = self._views(flat, "q")

@@ -20,6 +20,10 @@ Steps (per rank p, each step):
 The server's link carries P-1 sketches in and P-1 copies of each reply out per step: the
 bottleneck gs-SGD removes.
 
+The ranks' non-finite flags ride along: one more value after each sketch (step 3), and the
+server's first reply carries every rank's as bits after its indices, so when a gradient is
+not finite on any rank every rank skips the step (its ``nonfinite`` policy) from there.
+
 With ``feedback="fetchsgd"`` (FetchSGD, Rothchild et al. 2020, which uses this topology) the
 ranks sketch their plain gradients and keep no residual; the server keeps the momentum and
 the error in sketch space (:class:`~gssgd.aggregators.feedback.SketchFeedback`), recovers the k
@@ -31,7 +35,7 @@ from __future__ import annotations
 
 import torch
 
-from gssgd.aggregators.base import index_dtype
+from gssgd.aggregators.base import flag_mask_words, index_dtype
 from gssgd.aggregators.sketching import SketchedOptions, SketchingAggregator
 from gssgd.comm import Payload, Traffic, star_broadcast, star_gather
 from gssgd.selection import topk_indices
@@ -44,6 +48,7 @@ class SketchedSGD(SketchingAggregator):
     """Sketched-SGD with a star (parameter-server) topology through rank 0."""
 
     name = "sketched"
+    flags_ride = True
     Options = SketchedOptions
     options: SketchedOptions
 
@@ -51,47 +56,50 @@ class SketchedSGD(SketchingAggregator):
     def message_traffic(
         cls, d: int, k: int, options: SketchedOptions, world_size: int, *, step: int | None = None
     ) -> Traffic:
-        """Four star phases through rank 0: sketches in, candidate indices out, candidate
-        values in, the final (index, value) list out as two messages (the step's k and
-        sketch shape)."""
+        """Four star phases through rank 0: sketches in (each with its rank's non-finite
+        flag), candidate indices out (with every rank's flag as bits:
+        :func:`flag_mask_words`), candidate values in, the final (index, value) list out as
+        two messages (the step's k and sketch shape)."""
         p, i, v = world_size, index_dtype(d).itemsize, 4
         k_t = cls.k_at_step(d, k, options, step)
         cols, c = options.shape_at(d, k, k_t)
-        k, table = k_t, options.rows * cols * options.table_dtype.itemsize
-        final = star_broadcast(k * (i + v), p, tensors=2)
+        k, item = k_t, options.table_dtype.itemsize
+        sketches = star_gather((options.rows * cols + 1) * item, p)
+        flags = flag_mask_words(p, i) * i
         if options.feedback == "fetchsgd":  # tables in, (index, value) out
-            return cls.control_traffic(p) + star_gather(table, p) + final
+            return sketches + star_broadcast(k * (i + v) + flags, p, tensors=2)
         return (
-            cls.control_traffic(p)
-            + star_gather(table, p)
-            + star_broadcast(c * i, p)
+            sketches
+            + star_broadcast(c * i + flags, p)
             + star_gather(c * v, p)
-            + final
+            + star_broadcast(k * (i + v), p, tensors=2)
         )
 
     def step(self, grad: torch.Tensor) -> torch.Tensor:
         if self._sends_dense_now():  # a warm-up step that would cost more than dense
             return self._dense_warmup_step(grad)
-        skipped = self._begin(grad)
-        if skipped is not None:
-            return skipped
+        accumulated, bad = self._begin_riding(grad)
         is_server = self.rank == 0
         k = self.step_k  # k, or more during a density warm-up
         with self._timed("compress"):
-            accumulated = self._error_compensated(grad)
             sketch, num_candidates = self._sketch_of_step(accumulated)
             sketch.accumulate(self._prefiltered(accumulated, k))
+            table = self._table_payload(sketch.table)
+            message = torch.cat([table.reshape(-1), table.new_tensor([int(bad)])])
 
-        tables = self.comm.gather_to_root([self._table_payload(sketch.table)])
+        gathered = self.comm.gather_to_root([message])  # the last value: the rank's flag
+        tables, bad_ranks = self._received(gathered, table)
         if self.feedback.tables is not None:  # FetchSGD: recover through the error tables
-            return self._fetch_step(sketch, tables, accumulated, k)
-        candidates = torch.empty(num_candidates, dtype=index_dtype(self.d), device=grad.device)
-        if is_server:
+            return self._fetch_step(sketch, tables, bad_ranks, accumulated, grad, k)
+        candidates = torch.zeros(num_candidates, dtype=index_dtype(self.d), device=grad.device)
+        if is_server and not bad_ranks:
             with self._timed("decompress"):
                 summed = self._summed_sketch(sketch, tables)
                 found = summed.heavy_hitters(num_candidates, ordered=False)[0]
                 candidates = found.sort().values.to(candidates.dtype)  # canonical order
-        (candidates,) = self.comm.broadcast_from_root([candidates])
+        (candidates,), skipped = self._reply_with_flags([candidates], bad_ranks, grad)
+        if skipped is not None:
+            return skipped
 
         cand64 = candidates.to(torch.int64)
         values = self.comm.gather_to_root([accumulated[cand64]])
@@ -115,6 +123,28 @@ class SketchedSGD(SketchingAggregator):
             self.feedback.keep(accumulated, final_idx)
         return self._finish(update)
 
+    def _received(self, gathered: list[Payload] | None, table: torch.Tensor
+                  ) -> tuple[list[Payload] | None, list[int]]:
+        """The server's view of the gathered messages: each rank's table (shaped like
+        ``table``) and the ranks whose flag was set; ``(None, [])`` on the other ranks."""
+        if gathered is None:
+            return None, []
+        flags = torch.stack([message[-1] for (message,) in gathered])
+        tables = [[message[:-1].view_as(table)] for (message,) in gathered]
+        return tables, self._flags_of(flags)
+
+    def _reply_with_flags(self, reply: list[torch.Tensor], bad_ranks: list[int],
+                          grad: torch.Tensor) -> tuple[list[torch.Tensor], torch.Tensor | None]:
+        """Broadcast the server's first reply (``reply``, indices first), the indices
+        followed by every rank's flag (``bad_ranks``, known to the server) as bits; return
+        the reply and, when a flag is set, the skipped step's update (:meth:`_guard`, on
+        every rank alike)."""
+        indices, *rest = reply
+        mask = self._flag_mask(bad_ranks, indices.dtype, indices.device)
+        packed, *rest = self.comm.broadcast_from_root([torch.cat([indices, mask]), *rest])
+        words = mask.numel()
+        return [packed[:-words], *rest], self._guard(grad, self._ranks_in_mask(packed[-words:]))
+
     def _summed_sketch(self, sketch: CountSketch, tables: list[Payload]) -> CountSketch:
         """The server's sum of the gathered tables (its own first), in rank order, in the
         sketch's dtype (16-bit tables are summed as float32 means, then times P)."""
@@ -127,23 +157,26 @@ class SketchedSGD(SketchingAggregator):
         return sketch.with_table(total)
 
     def _fetch_step(self, sketch: CountSketch, tables: list[Payload] | None,
-                    accumulated: torch.Tensor, k: int) -> torch.Tensor:
+                    bad_ranks: list[int], accumulated: torch.Tensor, grad: torch.Tensor,
+                    k: int) -> torch.Tensor:
         """FetchSGD's server step: sum the tables in rank order, recover from the error
         sketch (:class:`~gssgd.aggregators.feedback.SketchFeedback`, on rank 0
-        only), and send the k (index, value) pairs to every rank."""
+        only), and send the k (index, value) pairs to every rank, the indices followed by
+        the ranks' flags (a step some rank skips leaves the error sketch untouched)."""
         device = accumulated.device
-        final = [
-            torch.empty(k, dtype=index_dtype(self.d), device=device),
-            torch.empty(k, dtype=accumulated.dtype, device=device),
-        ]
-        if self.rank == 0:
+        final_idx = torch.zeros(k, dtype=index_dtype(self.d), device=device)
+        final_vals = torch.zeros(k, dtype=accumulated.dtype, device=device)
+        if self.rank == 0 and not bad_ranks:
             with self._timed("decompress"):
                 summed = self._summed_sketch(sketch, tables)
                 error_tables = self.feedback.tables
                 assert error_tables is not None
-                chosen, values = error_tables.recover(summed, k)
-                final = [chosen.to(final[0].dtype), values]
-        final_idx, final_vals = self.comm.broadcast_from_root(final)
+                chosen, final_vals = error_tables.recover(summed, k)
+                final_idx = chosen.to(final_idx.dtype)
+        (final_idx, final_vals), skipped = self._reply_with_flags(
+            [final_idx, final_vals], bad_ranks, grad)
+        if skipped is not None:
+            return skipped
         with self._timed("decompress"):
             update = torch.zeros_like(accumulated)
             update[final_idx.to(torch.int64)] = final_vals / self.world_size

@@ -4,7 +4,9 @@ Steps (per rank p, each step):
     1. Accumulate: ``a_p = e_p + u_p`` (``u_p = rho*u_p + g_p`` with local momentum).
     2. Compress: the k largest ``|a_p|`` (ties by lower index) and their values.
     3. Communicate: all-gather the (index, value) lists of every rank: each rank sends 2k
-       numbers and receives 2k(P-1).
+       numbers and receives 2k(P-1). The index list ends with the rank's non-finite flag,
+       so when any rank's gradient is not finite every rank skips the step (its ``nonfinite``
+       policy) before the values go.
     4. Decompress: sum the P lists in rank order; the update is the sum / P.
     5. Error feedback: ``e_p = a_p`` with the k sent coordinates zeroed (all were delivered).
 
@@ -119,6 +121,7 @@ class LocalTopk(Aggregator):
     """Each rank sends its own top-k; the update sums all of them."""
 
     name = "topk"
+    flags_ride = True
     Options = TopkOptions
     options: TopkOptions
 
@@ -126,15 +129,12 @@ class LocalTopk(Aggregator):
     def message_traffic(
         cls, d: int, k: int, options: TopkOptions, world_size: int, *, step: int | None = None
     ) -> Traffic:
-        """An all-gather of k indices, then one of k values (the step's k: see
+        """An all-gather of k indices and the rank's non-finite flag (one more index), then
+        one of k values (the step's k: see
         :meth:`~gssgd.aggregators.base.Aggregator.traffic`)."""
         k = cls.k_at_step(d, k, options, step)
         index_bytes = index_dtype(d).itemsize
-        return (
-            cls.control_traffic(world_size)
-            + allgather(k * index_bytes, world_size)
-            + allgather(k * 4, world_size)
-        )
+        return allgather((k + 1) * index_bytes, world_size) + allgather(k * 4, world_size)
 
     def _warmup_selection(self, total: torch.Tensor, k: int) -> None:
         """A warm-up step sent dense delivers every contribution: the sum of the ranks' own
@@ -144,19 +144,20 @@ class LocalTopk(Aggregator):
     def step(self, grad: torch.Tensor) -> torch.Tensor:
         if self._sends_dense_now():  # a warm-up step that would cost more than dense
             return self._dense_warmup_step(grad)
-        skipped = self._begin(grad)
-        if skipped is not None:
-            return skipped
+        accumulated, bad = self._begin_riding(grad)
         with self._timed("compress"):
-            accumulated = self._error_compensated(grad)
             idx = topk_indices(accumulated.abs(), self.step_k)
             vals = accumulated[idx]
-        all_idx = self.comm.allgather_backend(idx.to(index_dtype(self.d)))
+            message = torch.cat([idx, idx.new_tensor([int(bad)])]).to(index_dtype(self.d))
+        all_idx = self.comm.allgather_backend(message)  # the last entry: the rank's flag
+        skipped = self._guard(grad, self._flags_of(torch.stack([m[-1] for m in all_idx])))
+        if skipped is not None:
+            return skipped
         all_vals = self.comm.allgather_backend(vals)
         with self._timed("decompress"):
             update = torch.zeros_like(accumulated)  # in the residual's dtype
             for rank_idx, rank_vals in zip(all_idx, all_vals, strict=True):  # rank order
-                update.index_add_(0, rank_idx.to(torch.int64), rank_vals)
+                update.index_add_(0, rank_idx[:-1].to(torch.int64), rank_vals)
             update /= self.world_size
             self.feedback.keep(accumulated, idx)
         return self._finish(update)

@@ -17,8 +17,11 @@ emulated links and checked there on held-out runs (:mod:`gssgd.costmodel.fit`, s
 The byte figures per rank (:func:`traffic`) are the ones :mod:`gssgd.comm` records in
 ``agg.last_stats`` on every step after the first (the first step adds the rank-agreement
 check): what each rank's process puts on the wire, control messages and forwarded data
-included; a method whose flags do not ride in its payload starts its step with gloo's ring
-all-gather of a 4-byte non-finite flag, ``(P-1) * 4`` bytes each way (not in the table).
+included. Every built-in method's non-finite flags ride in its first message (not in the
+table): ``P`` more values at the end of an all-reduced payload (dense, gs, PowerSGD), one
+more index in local Top-k's list, ``ceil(P / 31)`` int32 of bits after gTop-k's and
+Sketched-SGD's indices; a method of your own that does not carry them starts its step with
+gloo's ring all-gather of a 4-byte flag, ``(P-1) * 4`` bytes each way.
 ``I`` is the index size (4 bytes when ``d < 2^31``, else 8), ``V`` the value size (4, or 2 for a 16-bit dense payload),
 ``S = rows * cols * T`` a sketch table (``T`` = 4, or 2 for 16-bit tables),
 ``C = min(m * k, d)`` the candidates, ``P2`` the largest power of two ``<= P`` and
@@ -54,7 +57,7 @@ check), :mod:`.evidence` (each method's measured steps to the target) and :mod:`
 Example:
     >>> spec = method_spec("gs", d=10**8, density=0.001)
     >>> traffic(spec, world_size=64).rounds
-    315
+    252
 """
 
 from __future__ import annotations

@@ -72,7 +72,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from gssgd.aggregators.base import state_dtype
+from gssgd.aggregators.base import all_finite, state_dtype
 from gssgd.aggregators.gs import GlobalSketchSGD, GSOptions
 from gssgd.comm import Traffic, recursive_doubling, ring_allreduce
 from gssgd.sketch.partitioned import PartitionedSketch, region_columns
@@ -91,7 +91,7 @@ def stream_traffic(
 ) -> Traffic:
     """What one streaming step moves: one ring all-reduce per region (``rows * c_b``
     entries of ``table_dtype``, the last region ``P`` more: the ranks' non-finite flags,
-    which whole-model gs all-gathers) and, with ``exact``, the candidates' round
+    which whole-model gs sends after its table) and, with ``exact``, the candidates' round
     (``allreduce=``'s pattern), as :meth:`GlobalSketchSGD.traffic` counts whole-model gs."""
     out = Traffic.none(world_size)
     size = options.table_dtype.itemsize
@@ -232,7 +232,8 @@ class StreamingGS(GlobalSketchSGD):
         region = it.sketch.region_table(index)
         payload = self._table_payload(region)
         if index == len(self.sizes) - 1:  # every bucket is in: the flags ride along
-            payload = torch.cat([payload.reshape(-1), self._flag_slots(it.grad, payload.dtype)])
+            flags = self._flag_slots(not all_finite(it.grad), payload.dtype, payload.device)
+            payload = torch.cat([payload.reshape(-1), flags])
         it.seconds_compress += time.perf_counter() - start
         it.payloads.append(payload)
         it.started.append(time.perf_counter())

@@ -124,9 +124,10 @@ def default_sketch(d: int, k: int, world_size: int = 1) -> dict:
 def _summed_table(tables: list[np.ndarray], wire16: bool, server: bool = False) -> np.ndarray:
     """The sum of the ranks' tables: exact (float64), or as a float16 wire carries it: each
     table scaled by 1/P and rounded to float16, summed in float16 in the order of gloo's
-    ring all-reduce (:func:`_ring_sum`, the simulated world's order), widened and scaled
-    back by P; ``server`` (Sketched-SGD): the float16 tables widened to float32 and summed
-    there, in rank order."""
+    ring all-reduce (:func:`_ring_sum`, the simulated world's order; the ranks' ``P``
+    non-finite flags, all 0 here, ride after the table and so move the ring's cuts), widened
+    and scaled back by P; ``server`` (Sketched-SGD): the float16 tables widened to float32
+    and summed there, in rank order."""
     if not wire16:
         return sum(tables)
     world = len(tables)
@@ -136,7 +137,9 @@ def _summed_table(tables: list[np.ndarray], wire16: bool, server: bool = False) 
         for m in wire[1:]:
             acc = acc + m.astype(np.float32)
         return acc * np.float32(world)
-    return _ring_sum(wire).astype(np.float32) * np.float32(world)
+    flags = np.zeros(world, dtype=np.float16)
+    summed = _ring_sum([np.concatenate([w.reshape(-1), flags]) for w in wire])
+    return summed[: tables[0].size].reshape(tables[0].shape).astype(np.float32) * np.float32(world)
 
 
 def _ring_sum(parts: list[np.ndarray]) -> np.ndarray:

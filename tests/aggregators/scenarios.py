@@ -183,35 +183,70 @@ def mismatched_density(rank: int, world_size: int, method: str) -> str:
     return "no error"
 
 
-def nonfinite_step(rank: int, world_size: int, method: str) -> dict:
-    """Rank 1 produces NaN at step 1 (Inf at step 2): every rank skips those steps."""
-    opts = {} if method in ("dense", "topk", "gtopk") else dict(SKETCH)
-    agg = gssgd.make_aggregator(method, D, density=None if method == "dense" else 0.01, **opts)
-    out = {"updates": [], "residuals": []}
+#: The fault scenarios' methods (``label -> (method, options)``), each way the ranks'
+#: non-finite flags ride with a first message: the all-reduced payload (dense, gs on the ring
+#: and, reusing candidates, on its exact round, PowerSGD's dense part or its P), the
+#: all-gathered index list (local Top-k), the merged lists (gTop-k both ways), the server's
+#: replies (Sketched-SGD, FetchSGD). With local momentum, EF21 and PowerSGD's warm start,
+#: a skipped step must leave more than the residual as it was.
+NONFINITE_METHODS: dict[str, tuple[str, dict]] = {
+    "dense": ("dense", {}),
+    "topk": ("topk", {"density": 0.01, "momentum": 0.9}),
+    "gtopk": ("gtopk", {"density": 0.01, "momentum": 0.9}),
+    "gtopk_tree": ("gtopk", {"density": 0.01, "exchange": "tree"}),
+    "sketched": ("sketched", {"density": 0.01, "momentum": 0.9, **SKETCH}),
+    "sketched_fetchsgd": ("sketched", {"density": 0.01, "feedback": "fetchsgd",
+                                       "momentum": 0.9, **SKETCH}),
+    "gs": ("gs", {"density": 0.01, "momentum": 0.9}),
+    "gs_ef21_reuse": ("gs", {**GS_SKETCH, "density": 0.01, "feedback": "ef21",
+                             "momentum": 0.9, "reuse": 2}),
+    "powersgd": ("powersgd", {"rank": 2, "shapes": [(30, 100)]}),
+    "powersgd_dense_part": ("powersgd", {"rank": 2, "shapes": [(29, 100), (100,)]}),
+}
+
+
+def _make(label: str, **more) -> gssgd.Aggregator:
+    method, opts = NONFINITE_METHODS[label]
+    return gssgd.make_aggregator(method, D, **{**opts, **more})
+
+
+def _same_state(a: object, b: object) -> bool:
+    """Whether two state dicts (nested dicts, lists, tensors) hold the same values."""
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(_same_state(a[key], b[key]) for key in a)
+    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
+        return len(a) == len(b) and all(_same_state(x, y) for x, y in zip(a, b, strict=True))
+    if isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor):
+        return torch.equal(a, b)
+    return a == b
+
+
+def nonfinite_step(rank: int, world_size: int, label: str) -> dict:
+    """Rank P-1 produces NaN at step 1 (Inf at step 2): every rank skips those steps once
+    the flags riding in the step's first message are in. Beside it a twin aggregator skips
+    the same steps without sending anything (its ``nonfinite_step`` straight away, as a
+    separate flag exchange did): per step, whether the update and the whole state are
+    bitwise the twin's."""
+    agg, twin = _make(label), _make(label)
+    out: dict = {"updates": [], "same_as_twin": [], "skipped": []}
     for t in range(4):
         g = make_grad(rank, t, D)
         if rank == world_size - 1 and t == 1:
             g[5] = float("nan")
         if rank == world_size - 1 and t == 2:
             g[7] = float("inf")
-        out["updates"].append(agg.step(g))
-        res = agg.state_dict().get("residual")
-        out["residuals"].append(None if res is None else res.clone())
-        out.setdefault("skipped", []).append(agg.last_stats.skipped)
+        update = agg.step(g)
+        twin_update = twin.nonfinite_step(g, [world_size - 1]) if t in (1, 2) else twin.step(g)
+        out["updates"].append(update)
+        out["same_as_twin"].append(torch.equal(update, twin_update)
+                                   and _same_state(agg.state_dict(), twin.state_dict()))
+        out["skipped"].append(agg.last_stats.skipped)
     return out
 
 
-def persistent_nonfinite(rank: int, world_size: int, method: str, nonfinite: str) -> str:
+def persistent_nonfinite(rank: int, world_size: int, label: str, nonfinite: str) -> str:
     """Rank 0's gradient is NaN from step 2 on: every rank must stop alike."""
-    opts = {} if method in ("dense", "topk", "gtopk") else dict(SKETCH)
-    agg = gssgd.make_aggregator(
-        method,
-        D,
-        density=None if method == "dense" else 0.01,
-        nonfinite=nonfinite,
-        max_consecutive_skips=3,
-        **opts,
-    )
+    agg = _make(label, nonfinite=nonfinite, max_consecutive_skips=3)
     for t in range(10):
         g = make_grad(rank, t, D)
         if rank == 0 and t >= 2:
@@ -227,9 +262,12 @@ METHODS = ["dense", "topk", "gtopk", "sketched", "gs"]
 
 
 def for_every_method(rank: int, world_size: int, scenario_name: str, *args) -> dict:
-    """Run one scenario for every method in a single spawn (spawning costs seconds)."""
+    """Run one scenario for every method in a single spawn (spawning costs seconds): the
+    non-finite scenarios for every label of :data:`NONFINITE_METHODS`, the others for
+    :data:`METHODS`."""
     scenario = globals()[scenario_name]
-    return {m: scenario(rank, world_size, m, *args) for m in METHODS}
+    labels = NONFINITE_METHODS if "nonfinite" in scenario_name else METHODS
+    return {m: scenario(rank, world_size, m, *args) for m in labels}
 
 
 #: Per world size, the fault scenarios (``for_every_method`` arguments) that run after

@@ -14,7 +14,6 @@ import torch
 
 import gssgd
 from gssgd.aggregators.base import index_dtype
-from gssgd.aggregators.gtopk import GlobalTopk
 from gssgd.comm import tree_plan, tree_reduce_broadcast
 from gssgd.simulated import SimulatedWorld
 from tests.dist_utils import raise_worker_errors, run_workers
@@ -120,13 +119,13 @@ def test_the_tree_on_gloo_matches_the_reference_and_counts_its_formula(world_siz
     results = run_workers(world_size, _gloo_rank)
     raise_worker_errors(results)
     want = reference(world_size)
-    pair = K * (index_dtype(D).itemsize + 4)  # the indices and float32 values
+    # the indices, one int32 of the ranks' non-finite flags as bits, the float32 values
+    pair = (K + 1) * index_dtype(D).itemsize + K * 4
     formula = tree_reduce_broadcast(pair, world_size, tensors=2)
-    control = GlobalTopk.control_traffic(world_size)  # the non-finite flags' all-gather
     for r, res in enumerate(results):
         for t in range(STEPS):
             assert torch.equal(res["updates"][t], want[r][t]), (r, t)
         stats = res["stats"]
-        assert stats.bytes_sent == formula.sent[r] + control.sent[r]
-        assert stats.bytes_received == formula.received[r] + control.received[r]
-    assert results[0]["stats"].rounds == 2 * (world_size - 1).bit_length() + control.rounds
+        assert stats.bytes_sent == formula.sent[r]
+        assert stats.bytes_received == formula.received[r]
+    assert results[0]["stats"].rounds == 2 * (world_size - 1).bit_length()  # no flag exchange

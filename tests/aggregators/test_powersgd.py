@@ -154,17 +154,18 @@ def test_the_plan_follows_pytorchs_rule_and_order() -> None:
     assert plan_lowrank(SHAPES, rank=1, min_compression_rate=100).factors == ()
 
 
-def test_traffic_is_three_ring_all_reduces_after_the_flag() -> None:
+def test_traffic_is_three_ring_all_reduces_the_first_with_the_flags() -> None:
     _, k, opts = build_options("powersgd", D, rank=2, shapes=SHAPES)
     for world in (1, 2, 3, 16):
         t = PowerSGD.traffic(D, k, opts, world)
-        flag = 4 * (world - 1)  # the flag's all-gather: every other rank's 4 bytes forwarded
-        rings = [ring_allreduce(4 * n, world) for n in (182, 184, 128)]
-        assert t.sent == tuple(flag + sum(r.sent[q] for r in rings) for q in range(world))
+        # the dense part carries the P non-finite flags; then every P, every Q
+        sizes = (182 + world, 184, 128)
+        rings = [ring_allreduce(4 * n, world) for n in sizes]
+        assert t.sent == tuple(sum(r.sent[q] for r in rings) for q in range(world))
         # on average over the ranks each ring sends the ideal floor(2(P-1)/P * n)
-        ideal = sum(ring_allreduce_bytes(4 * n, world) for n in (182, 184, 128))
-        assert abs(sum(t.sent) / world - flag - ideal) < 3
-        assert t.rounds == (world - 1) + 3 * 2 * (world - 1)
+        ideal = sum(ring_allreduce_bytes(4 * n, world) for n in sizes)
+        assert abs(sum(t.sent) / world - ideal) < 3
+        assert t.rounds == 3 * 2 * (world - 1)  # no flag exchange
 
 
 # ---------------------------------------------------------------------------- orthogonalise

@@ -63,11 +63,13 @@ def test_byte_formulas_match_the_documented_figures():
     d, k, p = 1_000_000, 1000, 8
     gs = method_spec("gs-rd", d, k=k, cols=5000, candidates=4)
     rows_cols = gs.rows * 5000
-    flag = (p - 1) * 4  # the non-finite flag's all-gather
-    assert traffic(gs, p).critical_bytes == 3 * (rows_cols + 4 * k) * 4 + flag
+    # the ranks' non-finite flags ride in each method's first message: P values after gs's
+    # table, one index after local Top-k's list, one int32 of bits after gTop-k's and
+    # Sketched-SGD's indices and a value after each sketch
+    assert traffic(gs, p).critical_bytes == 3 * (rows_cols + p + 4 * k) * 4
     topk = traffic(method_spec("topk", d, k=k), p)  # a ring all-gather forwards the others'
-    assert topk.sent[0] == topk.received[0] == (p - 1) * 2 * k * 4 + flag
-    assert traffic(method_spec("gtopk", d, k=k), p).critical_bytes == 3 * 2 * k * 4 + flag
+    assert topk.sent[0] == topk.received[0] == (p - 1) * (2 * k * 4 + 4)
+    assert traffic(method_spec("gtopk", d, k=k), p).critical_bytes == 3 * (2 * k * 4 + 4)
     # dense: the flags ride at the end of its all-reduce (gloo's segments move a rank's
     # share by a few elements)
     dense = traffic(method_spec("dense", d), p)
@@ -76,8 +78,8 @@ def test_byte_formulas_match_the_documented_figures():
     sketched_spec = method_spec("sketched", d, k=k, cols=5000, candidates=4)
     sketched = traffic(sketched_spec, p)  # float16 tables by default: 2 bytes a cell
     assert sketched_spec.table_bytes == 2
-    assert sketched.received[0] == (p - 1) * (rows_cols * 2 + 4 * k * 4) + flag
-    assert sketched.received[1] == 4 * k * 4 + 2 * k * 4 + flag
+    assert sketched.received[0] == (p - 1) * ((rows_cols + 1) * 2 + 4 * k * 4)
+    assert sketched.received[1] == 4 * k * 4 + 4 + 2 * k * 4
 
 
 @pytest.mark.parametrize("rate", [None, 10**8, 10**9])
