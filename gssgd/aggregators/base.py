@@ -261,9 +261,10 @@ class Aggregator:
 
     @classmethod
     def control_traffic(cls, world_size: int) -> Traffic:
-        """The all-gather of the 4-byte non-finite flag that starts every step: gloo's ring
-        all-gather, so each rank sends and receives ``(P - 1) * 4`` bytes; nothing for a
-        method whose flags ride with its first collective (:attr:`flags_ride`)."""
+        """The all-gather of the 4-byte non-finite flag that starts the step of a method
+        whose flags do not ride in its messages (:meth:`_begin`): gloo's ring all-gather, so
+        each rank sends and receives ``(P - 1) * 4`` bytes; nothing for a method whose flags
+        ride with its first collective (:attr:`flags_ride`, every built-in method)."""
         if cls.flags_ride:
             return Traffic.none(world_size)
         return allgather(CONTROL_BYTES, world_size)
@@ -339,8 +340,9 @@ class Aggregator:
 
         A rank whose gradient is not finite compensates zeros in its place, so the messages
         it sends until every rank has read the flags are well formed (the others merge and
-        select on them); the step is then skipped on every rank (:meth:`_guard`). The rule's
-        state is untouched until ``feedback.keep``, so the skip leaves no trace.
+        select on them); the step is then skipped on every rank (:meth:`_guard`).
+        ``compensate`` changes no state and nothing else does before :meth:`_guard` passes,
+        so the skip leaves no trace.
 
         Raises:
             ValueError: wrong shape, or ranks disagree.
@@ -353,10 +355,12 @@ class Aggregator:
 
     def _guard(self, grad: torch.Tensor, bad_ranks: list[int]) -> torch.Tensor | None:
         """The non-finite guard, once every rank's flag is known (``bad_ranks``, the same
-        list on every rank): None to go on with the step, else :meth:`nonfinite_step`'s
+        list on every rank): None to go on with the step (the rule stores what this step's
+        ``compensate`` computed: ``feedback.commit_step``), else :meth:`nonfinite_step`'s
         update."""
         if not bad_ranks:
             self.consecutive_skips = 0
+            self.feedback.commit_step()
             return None
         return self.nonfinite_step(grad, bad_ranks)
 
@@ -543,6 +547,7 @@ class Aggregator:
         EF21's estimate, the global velocity, ...) in the gradient's dtype (sparse methods
         build it in the residual's dtype)."""
         self.steps += 1
+        self.feedback.commit_step()  # a rule whose own keep did not store it
         self._record(skipped=False, delivered_fraction=delivered_fraction)
         return self.feedback.returned(update).to(self._grad_dtype)
 

@@ -64,9 +64,12 @@ class ErrorFeedback:
     compresses (:meth:`~ErrorFeedback.compensate`), what it keeps
     (:meth:`~ErrorFeedback.keep`) and what the step returns (:meth:`~ErrorFeedback.returned`).
     Aggregators call these three in their ``step``; nothing else about the rule leaks into them.
-    :meth:`~ErrorFeedback.compensate` only computes: the state changes in
-    :meth:`~ErrorFeedback.keep`, so a step that learns from its first message that some rank's
-    gradient was not finite, and is skipped, leaves the rule as it was.
+    :meth:`~ErrorFeedback.compensate` only computes (a new velocity waits in
+    ``_step_velocity``); the aggregator stores it (:meth:`~ErrorFeedback.commit_step`) once
+    the step's flags say every rank's gradient was finite, and :meth:`~ErrorFeedback.keep`
+    and the step's end store it too, so a step that learns from its first message that some
+    rank's gradient was not finite, and is skipped, leaves the rule as it was. A rule of your
+    own keeps that contract: its ``compensate`` changes no state.
 
     The residual ``e`` and (with momentum) the velocity ``u`` of one rank.
 
@@ -96,7 +99,7 @@ class ErrorFeedback:
         self.momentum, self.masking = momentum, masking
         self.residual: torch.Tensor | None = None
         self.velocity: torch.Tensor | None = None
-        #: the velocity :meth:`compensate` computed, stored by :meth:`keep`
+        #: the velocity :meth:`compensate` computed, stored by :meth:`commit_step`
         self._step_velocity: torch.Tensor | None = None
 
     @classmethod
@@ -125,7 +128,7 @@ class ErrorFeedback:
             accumulated: this step's ``a_p`` (from :meth:`compensate`).
             delivered: indices (int64) of the coordinates of ``a_p`` the step delivered.
         """
-        self._take_step_velocity()
+        self.commit_step()
         accumulated[delivered] = 0
         self.residual = accumulated
         if self.velocity is not None and self.masking:
@@ -140,8 +143,10 @@ class ErrorFeedback:
         gradient not finite on some rank), so the state stays as it was."""
         self._step_velocity = None
 
-    def _take_step_velocity(self) -> None:
-        """Store the velocity this step's :meth:`compensate` computed (if it computed one)."""
+    def commit_step(self) -> None:
+        """Store the velocity this step's :meth:`compensate` computed (if it computed one):
+        the step is taken. Called by the aggregator once the flags are in, by :meth:`keep`
+        and at the step's end; the first call stores, the others find nothing."""
         if self._step_velocity is not None:
             self.velocity, self._step_velocity = self._step_velocity, None
 
@@ -167,12 +172,12 @@ class ErrorFeedback:
                 (its ``part`` is written here; the taken step stores it as
                 :attr:`velocity`); else None.
         """
-        residual = self._residual_like(out)
         if velocity is not None:
-            torch.mul(self._velocity_like(out)[part], self.momentum, out=velocity[part])
+            torch.mul(self._part_of(self.velocity, out, part), self.momentum,
+                      out=velocity[part])
             velocity[part].add_(grad)
             grad = velocity[part]
-        torch.add(residual[part], grad, out=out[part])
+        torch.add(self._part_of(self.residual, out, part), grad, out=out[part])
 
     # ------------------------------------------------------------------ state
     def _residual_like(self, grad: torch.Tensor) -> torch.Tensor:
@@ -183,6 +188,14 @@ class ErrorFeedback:
         if self.residual.device != grad.device or self.residual.dtype != grad.dtype:
             self.residual = self.residual.to(grad.device, grad.dtype)
         return self.residual
+
+    @staticmethod
+    def _part_of(state: torch.Tensor | None, out: torch.Tensor, part: slice) -> torch.Tensor:
+        """``state[part]`` on ``out``'s device and dtype (zeros of the part's length before
+        the first step: a streamed first step allocates no whole-vector zeros per bucket)."""
+        if state is None:
+            return torch.zeros_like(out[part])
+        return state[part].to(out.device, out.dtype)
 
     def _velocity_like(self, grad: torch.Tensor) -> torch.Tensor:
         """The velocity on ``grad``'s device and dtype (zeros, not stored, before the
@@ -224,8 +237,9 @@ class EF21Feedback(ErrorFeedback):
     returns the same dense estimate of their mean.
 
     Steps (per rank p, each step):
-        1. Compensate: ``v_p = rho*v_p + g_p`` (``v_p = g_p`` without momentum) and compress
-           ``a_p = e_p + (v_p - v_p_prev)``: what the shared estimate still lacks.
+        1. Compensate: ``v_p = rho*v_p + g_p`` (``v_p = g_p`` without momentum; stored once
+           the step is taken) and compress ``a_p = e_p + (v_p - v_p_prev)``: what the shared
+           estimate still lacks.
         2. (The method compresses and communicates ``a_p``; its averaged update is ``delta``.)
         3. Keep: ``e_p = a_p`` with the delivered coordinates zeroed (the velocity is never
            masked).
@@ -361,7 +375,7 @@ class OneBitFeedback(ErrorFeedback):
         own = grad * (1 - self.momentum)
         if self.velocity is not None:
             own.add_(self.velocity[part].to(own.device, own.dtype), alpha=self.momentum)
-        torch.add(self._residual_like(out)[part], own, out=out[part])
+        torch.add(self._part_of(self.residual, out, part), own, out=out[part])
 
 
 class SketchFeedback:
@@ -528,7 +542,7 @@ class QuantisedFeedback(ErrorFeedback):
             accumulated: this step's ``a_p``.
             delivered: ``C(a_p)``, the dense vector the message stands for (same shape).
         """
-        self._take_step_velocity()
+        self.commit_step()
         self.residual = accumulated - delivered
 
 

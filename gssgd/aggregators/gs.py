@@ -10,7 +10,8 @@ Steps (per rank p, each step):
     3. Communicate: all-reduce the tables, no indices (by default the backend's ring, in
        float16; or recursive doubling: log2(P) rounds of rows*cols numbers). ``P`` more
        values ride at the end: the ranks' non-finite flags, so when a gradient is not
-       finite on any rank every rank skips the step here (its ``nonfinite`` policy).
+       finite on any rank every rank skips the step here (its ``nonfinite`` policy; on a
+       step that reuses its candidates, with the exact round's values).
     4. Recover: every rank takes the same top ``m*k`` candidates by |estimate| from the
        summed sketch (ties by lower index), in the canonical order of increasing index.
     5. Exact round (``exact=True``): all-reduce ``a_p`` at the candidates (m*k numbers, no
@@ -615,8 +616,8 @@ def audit_interval(audit_bytes: int, step_bytes: int) -> int:
     :data:`MIN_AUDIT_EVERY`.
 
     Example: the MNIST CNN (d = 80,602) at density 0.001 on 64 workers: an audit moves
-    635 kB per rank (a ring all-reduce of 322 kB), gs's many-workers step 10.4 kB, so later
-    audits come every 1,225 steps.
+    635 kB per rank (a ring all-reduce of 322 kB), gs's many-workers step 10.6 kB (its
+    non-finite flags included), so later audits come every 1,196 steps.
     """
     if step_bytes <= 0:
         return MIN_AUDIT_EVERY

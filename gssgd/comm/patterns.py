@@ -4,8 +4,9 @@ round) and as a formula (:class:`Traffic`: what each rank sends and receives).
 A :class:`Traffic` is what one step of a pattern moves, per rank; patterns run one after
 the other add up (``+``), each built from :func:`phase`. The byte counts are payload only;
 on the wire gloo's TCP transport adds a fixed preamble per message and direction
-(:data:`HEADER_BYTES`, :func:`wire_overhead`), and every step of an aggregator starts with
-a small control message (:data:`CONTROL_BYTES`). The :class:`~gssgd.comm.Communicator`
+(:data:`HEADER_BYTES`, :func:`wire_overhead`), and the step of a method whose non-finite
+flags do not ride in its messages starts with a small control message
+(:data:`CONTROL_BYTES`). The :class:`~gssgd.comm.Communicator`
 runs these patterns and counts them with these same formulas. In the order below:
 
 * **gloo's ring** (:func:`ring_allreduce`, segment by segment; :func:`allgather`): the
@@ -76,7 +77,8 @@ __all__ = [
 FORMULA_CACHE = 64
 
 
-#: Bytes of the int32 non-finite flag every aggregator step all-gathers first.
+#: Bytes of the int32 non-finite flag a method whose flags do not ride in its messages
+#: all-gathers before its step (no built-in method: theirs ride in the first message).
 CONTROL_BYTES = 4
 
 #: The bytes gloo puts in front of every message on the wire: the 48-byte preamble of its TCP

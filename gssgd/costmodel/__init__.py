@@ -20,7 +20,8 @@ check): what each rank's process puts on the wire, control messages and forwarde
 included. Every built-in method's non-finite flags ride in its first message (not in the
 table): ``P`` more values at the end of an all-reduced payload (dense, gs, PowerSGD), one
 more index in local Top-k's list, ``ceil(P / 31)`` int32 of bits after gTop-k's and
-Sketched-SGD's indices; a method of your own that does not carry them starts its step with
+Sketched-SGD's indices (``ceil(P / 63)`` int64 from ``d = 2^31``), one value after each
+Sketched-SGD sketch; a method of your own that does not carry them starts its step with
 gloo's ring all-gather of a 4-byte flag, ``(P-1) * 4`` bytes each way.
 ``I`` is the index size (4 bytes when ``d < 2^31``, else 8), ``V`` the value size (4, or 2 for a 16-bit dense payload),
 ``S = rows * cols * T`` a sketch table (``T`` = 4, or 2 for 16-bit tables),

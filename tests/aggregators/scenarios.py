@@ -200,7 +200,12 @@ NONFINITE_METHODS: dict[str, tuple[str, dict]] = {
     "gs": ("gs", {"density": 0.01, "momentum": 0.9}),
     "gs_ef21_reuse": ("gs", {**GS_SKETCH, "density": 0.01, "feedback": "ef21",
                              "momentum": 0.9, "reuse": 2}),
+    "gs_estimate_hd": ("gs", {"density": 0.01, "exact": False, "allreduce": "halving_doubling"}),
+    "gs_fetchsgd": ("gs", {**GS_SKETCH, "density": 0.01, "feedback": "fetchsgd",
+                           "momentum": 0.9, "exact": False}),
     "powersgd": ("powersgd", {"rank": 2, "shapes": [(30, 100)]}),
+    "powersgd_onebit": ("powersgd", {"rank": 2, "shapes": [(30, 100)], "feedback": "onebit",
+                                     "momentum": 0.9}),
     "powersgd_dense_part": ("powersgd", {"rank": 2, "shapes": [(29, 100), (100,)]}),
 }
 

@@ -155,3 +155,28 @@ def test_compensating_piece_by_piece_equals_compensating_the_whole(name: str) ->
 
 def test_the_rules_that_cannot_stream_say_so() -> None:
     assert sorted(n for n, r in RULES.items() if r.streams) == ["ef", "onebit"]
+
+
+class _KeepWithoutSuper(ErrorFeedback):
+    """A rule of a user's that writes its own ``keep`` and never calls the base's."""
+
+    def keep(self, accumulated: torch.Tensor, delivered: torch.Tensor) -> None:
+        accumulated[delivered] = 0
+        self.residual = accumulated
+
+
+def test_a_rule_whose_keep_skips_the_base_still_keeps_its_velocity() -> None:
+    """compensate only computes the new velocity; the aggregator stores it once the step is
+    taken, whatever the rule's keep does."""
+    from gssgd import make_aggregator
+    from gssgd.simulated import SimulatedWorld
+
+    world = SimulatedWorld(2)
+    aggs = [make_aggregator("topk", 6, k=2, momentum=RHO, group=world.rank(r)) for r in range(2)]
+    for agg in aggs:
+        agg.feedback = _KeepWithoutSuper(RHO)
+    grads = _grads(2)
+    world.run(lambda rank: [aggs[rank.rank].step(g.float()) for g in grads])
+    u = RHO * grads[0].float() + grads[1].float()  # never masked by this rule
+    for agg in aggs:
+        assert torch.allclose(agg.feedback.velocity, u)
