@@ -378,6 +378,12 @@ class Aggregator:
         carried :meth:`_flag_slots`."""
         return summed[-self.world_size:].nonzero().flatten().tolist()
 
+    def _flags_in_lists(self, messages: list[torch.Tensor]) -> list[int]:
+        """The ranks whose flag is set in the last entry of their gathered message (each
+        rank's list, by rank, ending with its flag: local Top-k's indices, Sketched-SGD's
+        sketches)."""
+        return self._flags_of(torch.stack([message[-1] for message in messages]))
+
     def _flag_mask(self, bad_ranks: list[int], dtype: torch.dtype, device: torch.device
                    ) -> torch.Tensor:
         """The ranks' non-finite flags as bits (:func:`flag_mask_words` integers of

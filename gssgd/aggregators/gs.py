@@ -342,9 +342,11 @@ class GlobalSketchSGD(SketchingAggregator):
             )
         )
 
-    def _allreduce(self, tensor: torch.Tensor) -> torch.Tensor:
+    def _allreduce(self, tensor: torch.Tensor, own: bool = False) -> torch.Tensor:
+        """The sum over ranks of ``tensor`` by the options' all-reduce; ``own``: the tensor
+        is this call's to overwrite (the backend sums in place; else it sums a copy)."""
         if self.options.allreduce == "backend":
-            return self.comm.allreduce_backend(tensor.clone())
+            return self.comm.allreduce_backend(tensor if own else tensor.clone())
         if self.options.allreduce == "halving_doubling":
             return self.comm.allreduce_halving_doubling(tensor)
         return self.comm.allreduce_recursive_doubling(tensor)
@@ -357,7 +359,7 @@ class GlobalSketchSGD(SketchingAggregator):
         flat = values.reshape(-1)
         with self._timed("compress"):
             payload = torch.cat([flat, self._flag_slots(bad, flat.dtype, flat.device)])
-        summed = self._allreduce(payload)
+        summed = self._allreduce(payload, own=True)  # a new tensor: no copy for the backend
         return summed[: flat.numel()].view_as(values), self._flags_of(summed)
 
     def _sum_tables(self, table: torch.Tensor, bad: bool) -> tuple[torch.Tensor, list[int]]:

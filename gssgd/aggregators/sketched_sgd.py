@@ -129,9 +129,9 @@ class SketchedSGD(SketchingAggregator):
         ``table``) and the ranks whose flag was set; ``(None, [])`` on the other ranks."""
         if gathered is None:
             return None, []
-        flags = torch.stack([message[-1] for (message,) in gathered])
-        tables = [[message[:-1].view_as(table)] for (message,) in gathered]
-        return tables, self._flags_of(flags)
+        messages = [message for (message,) in gathered]
+        tables = [[message[:-1].view_as(table)] for message in messages]
+        return tables, self._flags_in_lists(messages)
 
     def _reply_with_flags(self, reply: list[torch.Tensor], bad_ranks: list[int],
                           grad: torch.Tensor) -> tuple[list[torch.Tensor], torch.Tensor | None]:

@@ -150,7 +150,7 @@ class LocalTopk(Aggregator):
             vals = accumulated[idx]
             message = torch.cat([idx, idx.new_tensor([int(bad)])]).to(index_dtype(self.d))
         all_idx = self.comm.allgather_backend(message)  # the last entry: the rank's flag
-        skipped = self._guard(grad, self._flags_of(torch.stack([m[-1] for m in all_idx])))
+        skipped = self._guard(grad, self._flags_in_lists(all_idx))
         if skipped is not None:
             return skipped
         all_vals = self.comm.allgather_backend(vals)
